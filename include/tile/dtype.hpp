@@ -1,0 +1,59 @@
+// Element types of tensors in memory and their conversions to and from fp32.
+//
+// All arithmetic in Tile is fp32; fp16 and bf16 exist only in memory. The conversions here
+// round to nearest even, as the GPU's cvt.rn instructions do, so the CPU backend stores the
+// same bits the CUDA backend stores for the same fp32 value.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace tile {
+
+enum class DType : uint8_t { f32, f16, bf16 };
+
+constexpr int dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+std::string_view dtype_name(DType t);
+// Parses "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16"; throws tile::Error otherwise.
+DType parse_dtype(std::string_view name);
+
+inline float bf16_bits_to_float(uint16_t bits) {
+  uint32_t u = uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t float_to_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0)
+    return uint16_t((u >> 16) | 0x0040u);  // quiet NaN, sign kept
+  uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t((u + rounding) >> 16);
+}
+
+float f16_bits_to_float(uint16_t bits);
+uint16_t float_to_f16_bits(float f);
+
+// Reads element i of a buffer of type t as fp32.
+inline float load_as_float(const void* base, int64_t i, DType t) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(base)[i];
+    case DType::bf16: return bf16_bits_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::f16: return f16_bits_to_float(static_cast<const uint16_t*>(base)[i]);
+  }
+  return 0.0f;
+}
+
+inline void store_from_float(void* base, int64_t i, DType t, float v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(base)[i] = v; break;
+    case DType::bf16: static_cast<uint16_t*>(base)[i] = float_to_bf16_bits(v); break;
+    case DType::f16: static_cast<uint16_t*>(base)[i] = float_to_f16_bits(v); break;
+  }
+}
+
+}  // namespace tile

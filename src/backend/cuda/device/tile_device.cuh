@@ -1,0 +1,1 @@
+// Device helpers included by every generated kernel.

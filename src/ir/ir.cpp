@@ -1,0 +1,206 @@
+#include "ir/ir.hpp"
+
+#include <algorithm>
+
+namespace tile::ir {
+
+const char* type_name(Type t) {
+  switch (t) {
+    case Type::f32: return "f32";
+    case Type::i32: return "i32";
+    case Type::i64: return "i64";
+    case Type::b1: return "b1";
+  }
+  return "?";
+}
+
+const char* special_name(Special s) {
+  switch (s) {
+    case Special::group_index: return "group_index";
+    case Special::program_in_group: return "program_in_group";
+    case Special::worker_in_program: return "worker_in_program";
+    case Special::warp_in_program: return "warp_in_program";
+    case Special::lane: return "lane";
+  }
+  return "?";
+}
+
+const char* unop_name(UnOp op) {
+  static const char* names[] = {"neg", "exp", "log", "rsqrt", "sqrt", "not"};
+  return names[int(op)];
+}
+
+const char* binop_name(BinOp op) {
+  static const char* names[] = {"add", "sub", "mul", "div", "rem", "min", "max",
+                                "lt",  "le",  "eq",  "ne",  "and", "or"};
+  return names[int(op)];
+}
+
+namespace {
+ExprPtr make(Expr e) { return std::make_shared<const Expr>(std::move(e)); }
+bool is_comparison(BinOp op) {
+  return op == BinOp::lt || op == BinOp::le || op == BinOp::eq || op == BinOp::ne;
+}
+}  // namespace
+
+ExprPtr f32_const(double v) {
+  Expr e{Expr::Kind::constant, Type::f32};
+  e.f = v;
+  return make(e);
+}
+ExprPtr i32_const(int64_t v) {
+  Expr e{Expr::Kind::constant, Type::i32};
+  e.i = v;
+  return make(e);
+}
+ExprPtr i64_const(int64_t v) {
+  Expr e{Expr::Kind::constant, Type::i64};
+  e.i = v;
+  return make(e);
+}
+ExprPtr b1_const(bool v) {
+  Expr e{Expr::Kind::constant, Type::b1};
+  e.i = v;
+  return make(e);
+}
+ExprPtr reg(int id, Type t) {
+  Expr e{Expr::Kind::reg, t};
+  e.id = id;
+  return make(e);
+}
+ExprPtr special(Special s) {
+  Expr e{Expr::Kind::special, s == Special::group_index ? Type::i64 : Type::i32};
+  e.id = int(s);
+  return make(e);
+}
+ExprPtr param(int id, Type t) {
+  Expr e{Expr::Kind::param, t};
+  e.id = id;
+  return make(e);
+}
+ExprPtr unary(UnOp op, ExprPtr a) {
+  Expr e{Expr::Kind::unary, a->type};
+  e.unop = op;
+  e.args = {std::move(a)};
+  return make(e);
+}
+ExprPtr binary(BinOp op, ExprPtr a, ExprPtr b) {
+  Expr e{Expr::Kind::binary, is_comparison(op) ? Type::b1 : a->type};
+  e.binop = op;
+  e.args = {std::move(a), std::move(b)};
+  return make(e);
+}
+ExprPtr select(ExprPtr c, ExprPtr a, ExprPtr b) {
+  Expr e{Expr::Kind::select, a->type};
+  e.args = {std::move(c), std::move(a), std::move(b)};
+  return make(e);
+}
+ExprPtr cast(Type t, ExprPtr a) {
+  Expr e{Expr::Kind::cast, t};
+  e.args = {std::move(a)};
+  return make(e);
+}
+ExprPtr row_aligned(int buffer, ExprPtr offset, int bytes) {
+  Expr e{Expr::Kind::row_aligned, Type::b1};
+  e.id = buffer;
+  e.i = bytes;
+  e.args = {std::move(offset)};
+  return make(e);
+}
+
+int Kernel::shared_elems() const {
+  int end = 0;
+  for (const SharedRegion& r : shared)
+    end = std::max(end, r.base + (programs_per_group - 1) * r.program_stride + r.elems);
+  return end;
+}
+
+int Kernel::add_reg(std::string name, Type type, bool cached) {
+  regs.push_back({std::move(name), type, cached});
+  return int(regs.size()) - 1;
+}
+
+int Kernel::param_index(const std::string& name) const {
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].name == name) return int(i);
+  return -1;
+}
+
+Stmt assign(int dst, ExprPtr value) {
+  Stmt s{Stmt::Kind::assign};
+  s.dst = dst;
+  s.value = std::move(value);
+  return s;
+}
+Stmt load(std::vector<int> dsts, int buffer, ExprPtr index, ExprPtr valid, ExprPtr aligned,
+          bool clamp, float fill) {
+  Stmt s{Stmt::Kind::load};
+  s.width = int(dsts.size());
+  s.dsts = std::move(dsts);
+  s.buffer = buffer;
+  s.index = std::move(index);
+  s.valid = std::move(valid);
+  s.aligned = std::move(aligned);
+  s.clamp = clamp;
+  s.fill = fill;
+  return s;
+}
+Stmt store(std::vector<int> srcs, int buffer, ExprPtr index, ExprPtr valid, ExprPtr aligned) {
+  Stmt s{Stmt::Kind::store};
+  s.width = int(srcs.size());
+  s.dsts = std::move(srcs);
+  s.buffer = buffer;
+  s.index = std::move(index);
+  s.valid = std::move(valid);
+  s.aligned = std::move(aligned);
+  return s;
+}
+Stmt shfl_xor(int dst, int src, int offset, int width) {
+  Stmt s{Stmt::Kind::shfl_xor};
+  s.dst = dst;
+  s.src = src;
+  s.offset = offset;
+  s.width = width;
+  return s;
+}
+Stmt shared_store(int region, ExprPtr index, ExprPtr value) {
+  Stmt s{Stmt::Kind::shared_store};
+  s.region = region;
+  s.index = std::move(index);
+  s.value = std::move(value);
+  return s;
+}
+Stmt shared_load(int dst, int region, ExprPtr index) {
+  Stmt s{Stmt::Kind::shared_load};
+  s.dst = dst;
+  s.region = region;
+  s.index = std::move(index);
+  return s;
+}
+Stmt barrier(BarrierKind kind) {
+  Stmt s{Stmt::Kind::barrier};
+  s.barrier = kind;
+  return s;
+}
+Stmt if_(ExprPtr cond, std::vector<Stmt> body, std::vector<Stmt> else_body) {
+  Stmt s{Stmt::Kind::if_};
+  s.cond = std::move(cond);
+  s.body = std::move(body);
+  s.else_body = std::move(else_body);
+  return s;
+}
+Stmt for_(int var, ExprPtr begin, ExprPtr end, std::vector<Stmt> body) {
+  Stmt s{Stmt::Kind::for_};
+  s.dst = var;
+  s.begin = std::move(begin);
+  s.end = std::move(end);
+  s.body = std::move(body);
+  return s;
+}
+Stmt comment(std::string text) {
+  Stmt s{Stmt::Kind::comment};
+  s.text = std::move(text);
+  return s;
+}
+
+}  // namespace tile::ir

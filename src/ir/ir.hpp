@@ -1,0 +1,176 @@
+// The raw IR: typed per-worker (SPMD) code for one kernel.
+//
+// Every worker (thread) of a group runs `Kernel::body`. Registers are mutable typed slots
+// private to a worker. Memory is global buffers (kernel arguments, addressed in elements) and
+// per-program shared-memory regions. Synchronisation is explicit: `barrier` statements (group
+// scope = every worker of the group; program scope = every worker of one packed program) and
+// `shfl_xor` (all 32 lanes of a warp exchange a register). Control flow is structured
+// (`if_`, `for_`). The CPU backend (src/backend/cpu/executor.cpp) defines what each node
+// means; the CUDA emitter prints the same nodes as CUDA C++; the verifier proves the rules
+// listed in src/ir/verifier.hpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tile/dtype.hpp"
+#include "tile/plan.hpp"
+
+namespace tile::ir {
+
+// Register types. Memory dtypes (f32/f16/bf16) appear only on buffers; loads convert to f32.
+enum class Type : uint8_t { f32, i32, i64, b1 };
+const char* type_name(Type t);
+
+// Per-worker built-in values; their uniformity is fixed (see verifier.hpp).
+enum class Special : uint8_t {
+  group_index,        // i64: index of this group in the grid               (group-uniform)
+  program_in_group,   // i32: which packed program this worker belongs to   (program-uniform)
+  worker_in_program,  // i32: 0 .. workers_per_program-1                     (varying)
+  warp_in_program,    // i32: worker_in_program / 32                         (warp-uniform)
+  lane,               // i32: threadIdx.x % 32                               (varying)
+};
+const char* special_name(Special s);
+
+enum class UnOp : uint8_t { neg, exp, log, rsqrt, sqrt, not_ };
+enum class BinOp : uint8_t { add, sub, mul, div, rem, min, max, lt, le, eq, ne, and_, or_ };
+const char* unop_name(UnOp op);
+const char* binop_name(BinOp op);
+
+struct Expr;
+using ExprPtr = std::shared_ptr<const Expr>;
+
+struct Expr {
+  enum class Kind : uint8_t {
+    constant,     // f32/i32/i64/b1 literal: `f` for f32, `i` for the others
+    reg,          // register `id`
+    special,      // Special(`id`)
+    param,        // scalar kernel parameter `id`
+    unary,        // op(args[0]); not_ is b1 -> b1, the rest f32 -> f32
+    binary,       // args[0] op args[1]; both operands of `type` except comparisons (-> b1)
+    select,       // args[0] (b1) ? args[1] : args[2]
+    cast,         // convert args[0] to `type` (f32 <-> i32/i64, i32 <-> i64)
+    row_aligned,  // b1: buffer `id` + element offset args[0] (i64) is aligned to `i` bytes
+  };
+  Kind kind;
+  Type type;
+  int id = -1;
+  double f = 0.0;
+  int64_t i = 0;
+  UnOp unop = UnOp::neg;
+  BinOp binop = BinOp::add;
+  std::vector<ExprPtr> args;
+};
+
+// Expression builders. They do not type-check; the verifier does.
+ExprPtr f32_const(double v);
+ExprPtr i32_const(int64_t v);
+ExprPtr i64_const(int64_t v);
+ExprPtr b1_const(bool v);
+ExprPtr reg(int id, Type t);
+ExprPtr special(Special s);
+ExprPtr param(int id, Type t);
+ExprPtr unary(UnOp op, ExprPtr a);
+ExprPtr binary(BinOp op, ExprPtr a, ExprPtr b);  // result type: b1 for comparisons, else a's
+ExprPtr select(ExprPtr c, ExprPtr a, ExprPtr b);
+ExprPtr cast(Type t, ExprPtr a);
+ExprPtr row_aligned(int buffer, ExprPtr offset, int bytes);
+
+enum class BarrierKind : uint8_t { group, program };
+
+struct Stmt {
+  enum class Kind : uint8_t {
+    assign,        // regs[dst] = value
+    load,          // regs[dsts[j]] = buffer[index + j] for j < width (see below)
+    store,         // buffer[index + j] = regs[srcs[j]] for j < min(width, valid)
+    shfl_xor,      // regs[dst] = regs[src] of lane (lane ^ offset) within segments of `width`
+    shared_store,  // shared[region][index] = value
+    shared_load,   // regs[dst] = shared[region][index]
+    barrier,       // wait for every worker of the scope
+    if_,           // if (cond) body else else_body
+    for_,          // for (regs[dst] = begin; regs[dst] < end; ++regs[dst]) body
+    comment,       // text, printed only
+  };
+  Kind kind;
+  int dst = -1;
+  int src = -1;
+  std::vector<int> dsts;  // load destinations / store sources (f32 registers), one per lane
+  ExprPtr value, index, valid, aligned, cond, begin, end;
+  int buffer = -1;
+  int width = 1;   // vector width (load/store) or segment width (shfl_xor)
+  int offset = 0;  // shfl_xor lane offset
+  int region = -1; // shared region
+  bool clamp = false;
+  float fill = 0.0f;
+  BarrierKind barrier = BarrierKind::group;
+  std::vector<Stmt> body, else_body;
+  std::string text;
+};
+// Load/store semantics. `index` (i64) is the element offset of element 0 in the buffer,
+// `valid` (i64) how many of the `width` elements lie inside the row, `aligned` (b1) whether
+// the access may be one vector instruction. When aligned && valid >= width the access is one
+// vector access of width elements; it is an error if the address is then not aligned to
+// width * dtype bytes. Otherwise it is `width` scalar accesses: element j is accessed when
+// j < valid. A load with `clamp` instead reads element min(j, valid - 1) for every j (so every
+// lane issues the same loads) and keeps the value only for j < valid. Elements not kept are
+// set to `fill`.
+
+struct Buffer {
+  std::string name;
+  DType dtype;
+  bool output;
+};
+
+struct ScalarParam {
+  std::string name;
+  Type type;
+};
+
+struct Register {
+  std::string name;
+  Type type;
+  bool cached = false;  // holds cached input; counted against the private budget
+};
+
+// A shared-memory region of f32 slots, one copy per packed program:
+// program p's copy occupies [base + p * program_stride, base + p * program_stride + elems).
+struct SharedRegion {
+  std::string name;
+  int base = 0;
+  int elems = 0;
+  int program_stride = 0;
+};
+
+struct Kernel {
+  std::string name;
+  int programs_per_group = 1;
+  int workers_per_program = 32;
+  int private_budget = 64;
+  std::vector<Buffer> buffers;
+  std::vector<ScalarParam> params;
+  std::vector<Register> regs;
+  std::vector<SharedRegion> shared;
+  std::vector<Stmt> body;
+
+  int threads_per_group() const { return programs_per_group * workers_per_program; }
+  int shared_elems() const;  // f32 slots the group needs
+  int add_reg(std::string name, Type type, bool cached = false);
+  int param_index(const std::string& name) const;  // -1 when absent
+};
+
+// Statement builders.
+Stmt assign(int dst, ExprPtr value);
+Stmt load(std::vector<int> dsts, int buffer, ExprPtr index, ExprPtr valid, ExprPtr aligned,
+          bool clamp, float fill);
+Stmt store(std::vector<int> srcs, int buffer, ExprPtr index, ExprPtr valid, ExprPtr aligned);
+Stmt shfl_xor(int dst, int src, int offset, int width);
+Stmt shared_store(int region, ExprPtr index, ExprPtr value);
+Stmt shared_load(int dst, int region, ExprPtr index);
+Stmt barrier(BarrierKind kind);
+Stmt if_(ExprPtr cond, std::vector<Stmt> body, std::vector<Stmt> else_body = {});
+Stmt for_(int var, ExprPtr begin, ExprPtr end, std::vector<Stmt> body);
+Stmt comment(std::string text);
+
+}  // namespace tile::ir
