@@ -1,1 +1,318 @@
-// placeholder
+#include "ir/verifier.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <sstream>
+
+#include "ir/printer.hpp"
+#include "tile/error.hpp"
+
+namespace tile::ir {
+
+namespace {
+
+// Uniformity as the set of scopes across which a value is the same for every worker.
+enum : unsigned { kGroup = 1, kProgram = 2, kWarp = 4 };
+constexpr unsigned kUniform = kGroup | kProgram | kWarp;
+
+struct Interval {
+  int64_t lo, hi;  // inclusive
+};
+constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
+
+class Verifier {
+ public:
+  explicit Verifier(const Kernel& k) : k_(k), uni_(k.regs.size(), kUniform) {
+    const int W = k.workers_per_program;
+    // A program-uniform value is warp-uniform when programs span whole warps, and a
+    // warp-uniform value program-uniform when a program lies inside one warp.
+    program_ = kProgram | (W >= 32 ? kWarp : 0u);
+    warp_ = kWarp | (W <= 32 ? kProgram : 0u);
+  }
+
+  std::vector<std::string> run() {
+    check_decls();
+    // Uniformity of registers: iterate assignments to a fixed point (loops feed back).
+    for (int round = 0; round < 64; ++round) {
+      changed_ = false;
+      walk(k_.body, kUniform, /*check=*/false);
+      if (!changed_) break;
+    }
+    walk(k_.body, kUniform, /*check=*/true);
+    return errors_;
+  }
+
+ private:
+  void error(const std::string& msg) { errors_.push_back(msg); }
+
+  void check_decls() {
+    int cached = 0;
+    for (const Register& r : k_.regs) cached += r.cached;
+    if (cached > k_.private_budget)
+      error("cached input registers (" + std::to_string(cached) + ") exceed the private budget of " +
+            std::to_string(k_.private_budget) + " scalars");
+    const int P = k_.programs_per_group;
+    for (size_t a = 0; a < k_.shared.size(); ++a) {
+      const SharedRegion& ra = k_.shared[a];
+      if (ra.elems < 1 || ra.base < 0) error("shared region '" + ra.name + "' has no slots");
+      for (size_t b = a; b < k_.shared.size(); ++b) {
+        const SharedRegion& rb = k_.shared[b];
+        for (int p = 0; p < P; ++p)
+          for (int q = 0; q < P; ++q) {
+            if (a == b && p >= q) continue;
+            int64_t a0 = ra.base + int64_t(p) * ra.program_stride, b0 = rb.base + int64_t(q) * rb.program_stride;
+            if (a0 < b0 + rb.elems && b0 < a0 + ra.elems) {
+              error("shared region '" + ra.name + "' of program " + std::to_string(p) + " [" +
+                    std::to_string(a0) + ", " + std::to_string(a0 + ra.elems) + ") overlaps '" + rb.name +
+                    "' of program " + std::to_string(q) + " [" + std::to_string(b0) + ", " +
+                    std::to_string(b0 + rb.elems) + ")");
+              return;
+            }
+          }
+      }
+    }
+  }
+
+  unsigned special_uniformity(Special s) const {
+    switch (s) {
+      case Special::group_index: return kUniform;
+      case Special::program_in_group: return program_;
+      case Special::warp_in_program: return warp_;
+      case Special::worker_in_program:
+      case Special::lane: return 0;
+    }
+    return 0;
+  }
+
+  // Type-checks `e` (when checking) and returns its uniformity.
+  unsigned visit(const Expr& e, bool check) {
+    auto type_error = [&](const std::string& what) {
+      if (check) error("type error in '" + print(e) + "': " + what);
+    };
+    unsigned u = kUniform;
+    for (const ExprPtr& a : e.args) u &= visit(*a, check);
+    switch (e.kind) {
+      case Expr::Kind::constant: return kUniform;
+      case Expr::Kind::reg:
+        if (e.id < 0 || e.id >= int(k_.regs.size())) {
+          type_error("no register " + std::to_string(e.id));
+          return 0;
+        }
+        if (k_.regs[e.id].type != e.type)
+          type_error("register " + k_.regs[e.id].name + " is " + type_name(k_.regs[e.id].type) + ", used as " + type_name(e.type));
+        return uni_[e.id];
+      case Expr::Kind::special: return special_uniformity(Special(e.id));
+      case Expr::Kind::param:
+        if (e.id < 0 || e.id >= int(k_.params.size()))
+          type_error("no parameter " + std::to_string(e.id));
+        else if (k_.params[e.id].type != e.type)
+          type_error("parameter " + k_.params[e.id].name + " is " + type_name(k_.params[e.id].type));
+        return kUniform;
+      case Expr::Kind::unary:
+        if (e.unop == UnOp::not_ ? e.args[0]->type != Type::b1 : e.args[0]->type != Type::f32 && e.unop != UnOp::neg)
+          type_error(std::string(unop_name(e.unop)) + " of " + type_name(e.args[0]->type));
+        if (e.type != e.args[0]->type) type_error("unary result type differs from its operand");
+        return u;
+      case Expr::Kind::binary: {
+        Type a = e.args[0]->type, b = e.args[1]->type;
+        if (a != b) type_error(std::string(binop_name(e.binop)) + " of " + type_name(a) + " and " + type_name(b));
+        bool logical = e.binop == BinOp::and_ || e.binop == BinOp::or_;
+        bool compare = e.binop == BinOp::lt || e.binop == BinOp::le || e.binop == BinOp::eq || e.binop == BinOp::ne;
+        if (logical != (a == Type::b1) && !(compare && a == Type::b1 && (e.binop == BinOp::eq || e.binop == BinOp::ne)))
+          type_error(std::string(binop_name(e.binop)) + " of " + type_name(a));
+        if (e.binop == BinOp::rem && a == Type::f32) type_error("rem of f32");
+        if (e.type != (compare ? Type::b1 : a)) type_error("result type " + std::string(type_name(e.type)));
+        return u;
+      }
+      case Expr::Kind::select:
+        if (e.args[0]->type != Type::b1) type_error("select condition is " + std::string(type_name(e.args[0]->type)));
+        if (e.args[1]->type != e.args[2]->type || e.type != e.args[1]->type) type_error("select arms differ in type");
+        return u;
+      case Expr::Kind::cast:
+        if (e.type == Type::b1 || e.args[0]->type == Type::b1) type_error("cast to or from b1");
+        return u;
+      case Expr::Kind::row_aligned:
+        if (e.args[0]->type != Type::i64) type_error("row_aligned offset is " + std::string(type_name(e.args[0]->type)));
+        if (e.id < 0 || e.id >= int(k_.buffers.size())) type_error("no buffer " + std::to_string(e.id));
+        return u;
+    }
+    return 0;
+  }
+
+  std::optional<Interval> range(const Expr& e) {
+    switch (e.kind) {
+      case Expr::Kind::constant: return Interval{e.i, e.i};
+      case Expr::Kind::special:
+        switch (Special(e.id)) {
+          case Special::lane: return Interval{0, 31};
+          case Special::worker_in_program: return Interval{0, k_.workers_per_program - 1};
+          case Special::warp_in_program: return Interval{0, std::max(0, k_.workers_per_program / 32 - 1)};
+          case Special::program_in_group: return Interval{0, k_.programs_per_group - 1};
+          case Special::group_index: return Interval{0, kInf};
+        }
+        return std::nullopt;
+      case Expr::Kind::binary: {
+        auto a = range(*e.args[0]), b = range(*e.args[1]);
+        if (!a || !b) return std::nullopt;
+        switch (e.binop) {
+          case BinOp::add: return Interval{a->lo + b->lo, a->hi + b->hi};
+          case BinOp::sub: return Interval{a->lo - b->hi, a->hi - b->lo};
+          case BinOp::min: return Interval{std::min(a->lo, b->lo), std::min(a->hi, b->hi)};
+          case BinOp::max: return Interval{std::max(a->lo, b->lo), std::max(a->hi, b->hi)};
+          case BinOp::mul:
+            if (a->lo >= 0 && b->lo >= 0) return Interval{a->lo * b->lo, a->hi * b->hi};
+            return std::nullopt;
+          default: return std::nullopt;
+        }
+      }
+      case Expr::Kind::cast: return range(*e.args[0]);
+      default: return std::nullopt;
+    }
+  }
+
+  void shared_index(const Stmt& s, bool check) {
+    if (!check) return;
+    if (s.region < 0 || s.region >= int(k_.shared.size())) {
+      error("shared access to region " + std::to_string(s.region) + ", which does not exist");
+      return;
+    }
+    if (s.index->type != Type::i32) error("shared index '" + print(*s.index) + "' is not i32");
+    const SharedRegion& r = k_.shared[s.region];
+    auto iv = range(*s.index);
+    if (!iv || iv->lo < 0 || iv->hi >= r.elems)
+      error("shared index '" + print(*s.index) + "' of region '" + r.name + "' is not provably in [0, " +
+            std::to_string(r.elems) + ")");
+  }
+
+  void define(int reg, unsigned u) {
+    if (reg < 0 || reg >= int(uni_.size())) return;
+    unsigned next = uni_[reg] & u;
+    if (next != uni_[reg]) {
+      uni_[reg] = next;
+      changed_ = true;
+    }
+  }
+
+  void expect_type(bool check, const Expr& e, Type t, const std::string& what) {
+    if (check && e.type != t)
+      error(what + " '" + print(e) + "' is " + type_name(e.type) + ", expected " + type_name(t));
+  }
+
+  void expect_reg(bool check, int reg, Type t, const std::string& what) {
+    if (!check) return;
+    if (reg < 0 || reg >= int(k_.regs.size()))
+      error(what + ": no register " + std::to_string(reg));
+    else if (k_.regs[reg].type != t)
+      error(what + ": register " + k_.regs[reg].name + " is " + type_name(k_.regs[reg].type) + ", expected " + type_name(t));
+  }
+
+  void walk(const std::vector<Stmt>& body, unsigned control, bool check) {
+    for (const Stmt& s : body) {
+      switch (s.kind) {
+        case Stmt::Kind::assign: {
+          unsigned u = visit(*s.value, check);
+          expect_reg(check, s.dst, s.value->type, "assignment of '" + print(*s.value) + "'");
+          define(s.dst, u & control);
+          break;
+        }
+        case Stmt::Kind::load:
+        case Stmt::Kind::store: {
+          bool is_load = s.kind == Stmt::Kind::load;
+          unsigned u = visit(*s.index, check) & visit(*s.valid, check) & visit(*s.aligned, check) & control;
+          expect_type(check, *s.index, Type::i64, "index");
+          expect_type(check, *s.valid, Type::i64, "valid count");
+          expect_type(check, *s.aligned, Type::b1, "alignment condition");
+          if (check && (s.buffer < 0 || s.buffer >= int(k_.buffers.size())))
+            error("access to buffer " + std::to_string(s.buffer) + ", which does not exist");
+          else if (check && !is_load && !k_.buffers[s.buffer].output)
+            error("store to input buffer '" + k_.buffers[s.buffer].name + "'");
+          if (check && int(s.dsts.size()) != s.width) error("vector access of width " + std::to_string(s.width) + " with " + std::to_string(s.dsts.size()) + " registers");
+          for (int r : s.dsts) {
+            expect_reg(check, r, Type::f32, is_load ? "load destination" : "store source");
+            if (is_load) define(r, u);
+          }
+          break;
+        }
+        case Stmt::Kind::shfl_xor:
+          if (check && (control & kWarp) == 0)
+            error("shfl_xor of " + reg_name(s.src) + " under control flow that is not uniform across the warp");
+          if (check && (s.offset < 1 || s.offset >= s.width || s.width > 32 || (s.width & (s.width - 1))))
+            error("shfl_xor offset " + std::to_string(s.offset) + " outside its width " + std::to_string(s.width));
+          expect_reg(check, s.src, Type::f32, "shfl_xor source");
+          expect_reg(check, s.dst, Type::f32, "shfl_xor destination");
+          define(s.dst, 0);
+          break;
+        case Stmt::Kind::shared_store:
+          visit(*s.index, check);
+          visit(*s.value, check);
+          expect_type(check, *s.value, Type::f32, "shared value");
+          shared_index(s, check);
+          break;
+        case Stmt::Kind::shared_load: {
+          unsigned u = visit(*s.index, check) & control;
+          expect_reg(check, s.dst, Type::f32, "shared load destination");
+          shared_index(s, check);
+          define(s.dst, u);
+          break;
+        }
+        case Stmt::Kind::barrier:
+          if (check && s.barrier == BarrierKind::group && (control & kGroup) == 0)
+            error("group barrier under control flow that is not uniform across the group "
+                  "(some workers, e.g. a guard program's, would skip it)");
+          if (check && s.barrier == BarrierKind::program && (control & kProgram) == 0)
+            error("program barrier under control flow that is not uniform across its program");
+          if (check && s.barrier == BarrierKind::program && k_.workers_per_program % 32 != 0)
+            error("program barrier in a program of " + std::to_string(k_.workers_per_program) +
+                  " workers (a named barrier counts whole warps)");
+          break;
+        case Stmt::Kind::if_: {
+          unsigned u = visit(*s.cond, check) & control;
+          expect_type(check, *s.cond, Type::b1, "if condition");
+          walk(s.body, u, check);
+          walk(s.else_body, u, check);
+          break;
+        }
+        case Stmt::Kind::for_: {
+          unsigned u = visit(*s.begin, check) & visit(*s.end, check) & control;
+          expect_type(check, *s.end, s.begin->type, "loop bound");
+          expect_reg(check, s.dst, s.begin->type, "loop variable");
+          define(s.dst, u);
+          walk(s.body, u, check);
+          break;
+        }
+        case Stmt::Kind::comment: break;
+      }
+    }
+  }
+
+  std::string print(const Expr& e) {
+    struct Access : IRPrinter {
+      using IRPrinter::IRPrinter;
+      std::string str(const Expr& e) { return expr(e); }
+    };
+    std::ostringstream sink;
+    return Access(sink, k_).str(e);
+  }
+  std::string reg_name(int r) const { return r >= 0 && r < int(k_.regs.size()) ? k_.regs[r].name : "?"; }
+
+  const Kernel& k_;
+  std::vector<unsigned> uni_;
+  unsigned program_ = 0, warp_ = 0;
+  bool changed_ = false;
+  std::vector<std::string> errors_;
+};
+
+}  // namespace
+
+std::vector<std::string> verify(const Kernel& kernel) { return Verifier(kernel).run(); }
+
+void verify_or_throw(const Kernel& kernel) {
+  std::vector<std::string> errors = verify(kernel);
+  if (errors.empty()) return;
+  std::string msg = "kernel " + kernel.name + " failed verification:";
+  for (const std::string& e : errors) msg += "\n  " + e;
+  throw InternalError(msg);
+}
+
+}  // namespace tile::ir

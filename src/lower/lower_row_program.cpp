@@ -1,1 +1,352 @@
-// placeholder
+#include "lower/lower_row_program.hpp"
+
+#include <cmath>
+#include <limits>
+#include <functional>
+#include <map>
+
+#include "tile/error.hpp"
+
+namespace tile {
+
+namespace {
+
+using namespace ir;
+
+class RowLowering {
+ public:
+  RowLowering(const RowProgram& program, const KernelSignature& sig, const MappingPlan& plan)
+      : prog_(program), sig_(sig), plan_(plan) {}
+
+  Kernel run();
+
+ private:
+  // Values of one element position (stripe slot) during one pass.
+  struct Slot {
+    std::vector<int> x;                     // registers holding the input elements
+    ExprPtr col;                            // i64 column of element 0
+    std::map<int, std::vector<int>> column; // loaded column operands by buffer
+    std::map<int, std::vector<int>> memo;   // element node -> registers
+  };
+
+  ExprPtr i64(int64_t v) { return i64_const(v); }
+  ExprPtr r(int id) { return reg(id, k_.regs[id].type); }
+  int temp(const std::string& name, Type t) { return k_.add_reg(name + std::to_string(k_.regs.size()), t); }
+  int assign_new(std::vector<Stmt>& out, const std::string& name, ExprPtr value) {
+    int id = temp(name, value->type);
+    out.push_back(assign(id, std::move(value)));
+    return id;
+  }
+
+  void prologue();
+  ExprPtr stripe_col(ExprPtr stripe);
+  void load_slot(std::vector<Stmt>& out, Slot& slot, std::vector<int> x_regs);
+  ExprPtr row_scalar(std::vector<Stmt>& out, int node);
+  void hoist_row_scalars(std::vector<Stmt>& out, int element_node);
+  const std::vector<int>& element(std::vector<Stmt>& out, Slot& slot, int node);
+  ExprPtr in_row(const Slot& slot, int j);
+  void accumulate(std::vector<Stmt>& out, Slot& slot, int node, int acc);
+  int reduce_across_workers(std::vector<Stmt>& out, int acc, Reduction kind);
+  void store_output(std::vector<Stmt>& out, Slot& slot);
+  std::vector<Stmt> reread_loop(const std::function<void(std::vector<Stmt>&, Slot&)>& body);
+
+  ExprPtr identity(Reduction kind) {
+    return f32_const(kind == Reduction::sum ? 0.0 : -std::numeric_limits<double>::infinity());
+  }
+  BinOp combine(Reduction kind) { return kind == Reduction::sum ? BinOp::add : BinOp::max; }
+
+  const RowProgram& prog_;
+  const KernelSignature& sig_;
+  const MappingPlan& plan_;
+  Kernel k_;
+  int p_rows_ = 0, p_cols_ = 0, p_xs_ = 0, p_ys_ = 0;
+  int row_ = -1, row_valid_ = -1, load_cols_ = -1, store_cols_ = -1;
+  int x_off_ = -1, y_off_ = -1, x_aligned_ = -1, y_aligned_ = -1;
+  std::map<int, int> column_buffer_;   // column name index -> buffer
+  std::map<int, int> column_aligned_;  // buffer -> b1 register
+  std::map<int, int> scalars_;         // row-scalar node -> register
+  std::vector<Slot> cached_;           // register caching: one slot per stripe
+  int next_shared_ = 0;
+};
+
+Kernel RowLowering::run() {
+  const int W = plan_.workers_per_program;
+  k_.name = "tile_" + prog_.name() + "_" + std::string(dtype_name(sig_.x)) + "_" +
+            std::string(dtype_name(sig_.y)) + "_p" + std::to_string(plan_.programs_per_group) + "w" +
+            std::to_string(W) + "v" + std::to_string(plan_.vector_elems) + "s" +
+            std::to_string(plan_.stripes) + (plan_.caching == InputCaching::registers ? "c" : "r");
+  k_.programs_per_group = plan_.programs_per_group;
+  k_.workers_per_program = W;
+  k_.private_budget = plan_.private_budget;
+  k_.buffers.push_back({"x", sig_.x, false});
+  k_.buffers.push_back({"y", sig_.y, true});
+  TILE_CHECK(sig_.columns.size() == prog_.columns().size(), "signature has ", sig_.columns.size(),
+             " column dtypes for ", prog_.columns().size(), " columns");
+  for (size_t c = 0; c < prog_.columns().size(); ++c) {
+    column_buffer_[int(c)] = int(k_.buffers.size());
+    k_.buffers.push_back({prog_.columns()[c], sig_.columns[c], false});
+  }
+  k_.params = {{"rows", Type::i64}, {"cols", Type::i64}, {"x_stride", Type::i64}, {"y_stride", Type::i64}};
+  for (const std::string& s : prog_.scalars()) k_.params.push_back({s, Type::f32});
+  p_rows_ = 0, p_cols_ = 1, p_xs_ = 2, p_ys_ = 3;
+
+  prologue();
+  std::vector<Stmt>& body = k_.body;
+
+  // Reductions in creation order; each is one pass over the row.
+  std::vector<int> reductions;
+  for (size_t n = 0; n < prog_.nodes().size(); ++n)
+    if (prog_.nodes()[n].kind == RowNode::Kind::reduce) reductions.push_back(int(n));
+
+  if (plan_.caching == InputCaching::registers) {
+    body.push_back(comment("load the row slice once into cached registers"));
+    for (int s = 0; s < plan_.stripes; ++s) {
+      Slot slot;
+      slot.col = stripe_col(i64(s));
+      std::vector<int> x_regs;
+      for (int j = 0; j < plan_.vector_elems; ++j)
+        x_regs.push_back(k_.add_reg("x" + std::to_string(s) + "_" + std::to_string(j), Type::f32, true));
+      load_slot(body, slot, x_regs);
+      cached_.push_back(std::move(slot));
+    }
+  }
+  for (int node : reductions) row_scalar(body, node);
+  body.push_back(comment("output pass"));
+  hoist_row_scalars(body, prog_.output_node());
+  if (plan_.caching == InputCaching::registers) {
+    for (Slot& slot : cached_) {
+      slot.memo.clear();
+      slot.column.clear();
+      store_output(body, slot);
+    }
+  } else {
+    for (Stmt& s : reread_loop([&](std::vector<Stmt>& out, Slot& slot) { store_output(out, slot); }))
+      body.push_back(std::move(s));
+  }
+  return std::move(k_);
+}
+
+void RowLowering::prologue() {
+  std::vector<Stmt>& b = k_.body;
+  const int P = plan_.programs_per_group, V = plan_.vector_elems;
+  b.push_back(comment("row owned by this program; guard programs past the last row run masked"));
+  row_ = assign_new(b, "row", binary(BinOp::add, binary(BinOp::mul, special(Special::group_index), i64(P)),
+                                     cast(Type::i64, special(Special::program_in_group))));
+  row_valid_ = assign_new(b, "row_valid", binary(BinOp::lt, r(row_), param(p_rows_, Type::i64)));
+  ExprPtr cols = param(p_cols_, Type::i64);
+  store_cols_ = assign_new(b, "store_cols", select(r(row_valid_), cols, i64(0)));
+  ExprPtr load_row = r(row_);
+  if (plan_.tail == TailHandling::clamp) {
+    // Guard programs read the last row and discard it; every lane issues the same loads.
+    load_row = binary(BinOp::min, r(row_), binary(BinOp::sub, param(p_rows_, Type::i64), i64(1)));
+    load_cols_ = assign_new(b, "load_cols", cols);
+  } else {
+    load_cols_ = store_cols_;
+  }
+  x_off_ = assign_new(b, "x_off", binary(BinOp::mul, load_row, param(p_xs_, Type::i64)));
+  y_off_ = assign_new(b, "y_off", binary(BinOp::mul, r(row_), param(p_ys_, Type::i64)));
+  auto aligned = [&](int buffer, ExprPtr offset) -> ExprPtr {
+    if (plan_.alignment == Alignment::require) return b1_const(true);
+    return row_aligned(buffer, std::move(offset), V * dtype_size(k_.buffers[buffer].dtype));
+  };
+  x_aligned_ = assign_new(b, "x_aligned", aligned(0, r(x_off_)));
+  y_aligned_ = assign_new(b, "y_aligned", aligned(1, r(y_off_)));
+  for (auto& [c, buffer] : column_buffer_) column_aligned_[buffer] = assign_new(b, "w_aligned", aligned(buffer, i64(0)));
+}
+
+ExprPtr RowLowering::stripe_col(ExprPtr stripe) {
+  // (stripe * W + worker) * V: worker w owns vector_elems consecutive elements per stripe.
+  ExprPtr w = cast(Type::i64, special(Special::worker_in_program));
+  return binary(BinOp::mul,
+                binary(BinOp::add, binary(BinOp::mul, stripe, i64(plan_.workers_per_program)), w),
+                i64(plan_.vector_elems));
+}
+
+void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, std::vector<int> x_regs) {
+  int col = assign_new(out, "col", slot.col);
+  slot.col = r(col);
+  out.push_back(load(x_regs, 0, binary(BinOp::add, r(x_off_), slot.col),
+                     binary(BinOp::sub, r(load_cols_), slot.col), r(x_aligned_),
+                     plan_.tail == TailHandling::clamp, 0.0f));
+  slot.x = std::move(x_regs);
+}
+
+ExprPtr RowLowering::in_row(const Slot& slot, int j) {
+  return binary(BinOp::lt, binary(BinOp::add, slot.col, i64(j)), r(load_cols_));
+}
+
+ExprPtr RowLowering::row_scalar(std::vector<Stmt>& out, int node) {
+  if (auto it = scalars_.find(node); it != scalars_.end()) return r(it->second);
+  const RowNode& n = prog_.nodes()[node];
+  TILE_CHECK(!prog_.is_element(node), "row_scalar of an element node");
+  ExprPtr value;
+  switch (n.kind) {
+    case RowNode::Kind::constant: return f32_const(n.value);
+    case RowNode::Kind::cols: value = cast(Type::f32, param(p_cols_, Type::i64)); break;
+    case RowNode::Kind::scalar: return param(k_.param_index(n.name), Type::f32);
+    case RowNode::Kind::unary: {
+      ExprPtr a = row_scalar(out, n.a);
+      static const UnOp ops[] = {UnOp::neg, UnOp::exp, UnOp::log, UnOp::rsqrt, UnOp::sqrt};
+      value = unary(ops[int(n.unary)], a);
+      break;
+    }
+    case RowNode::Kind::binary: {
+      ExprPtr a = row_scalar(out, n.a), b = row_scalar(out, n.b);
+      static const BinOp ops[] = {BinOp::add, BinOp::sub, BinOp::mul, BinOp::div, BinOp::max, BinOp::min};
+      value = binary(ops[int(n.binary)], a, b);
+      break;
+    }
+    case RowNode::Kind::reduce: {
+      out.push_back(comment("reduction %" + std::to_string(node) + " (" +
+                            (n.reduction == Reduction::sum ? "sum" : "max") + ")"));
+      hoist_row_scalars(out, n.a);
+      int acc = assign_new(out, "acc", identity(n.reduction));
+      if (plan_.caching == InputCaching::registers) {
+        for (Slot& slot : cached_) {
+          slot.memo.clear();
+          slot.column.clear();
+          accumulate(out, slot, node, acc);
+        }
+      } else {
+        for (Stmt& s : reread_loop([&](std::vector<Stmt>& body, Slot& slot) { accumulate(body, slot, node, acc); }))
+          out.push_back(std::move(s));
+      }
+      scalars_[node] = reduce_across_workers(out, acc, n.reduction);
+      return r(scalars_[node]);
+    }
+    default: TILE_CHECK(false, "unexpected row node kind");
+  }
+  scalars_[node] = assign_new(out, "s", value);
+  return r(scalars_[node]);
+}
+
+// Computes every row scalar an element expression uses before the pass that needs it, so
+// none is first defined inside a stripe loop.
+void RowLowering::hoist_row_scalars(std::vector<Stmt>& out, int node) {
+  const RowNode& n = prog_.nodes()[node];
+  for (int operand : {n.a, n.b}) {
+    if (operand < 0 || n.kind == RowNode::Kind::reduce) continue;
+    if (prog_.is_element(operand))
+      hoist_row_scalars(out, operand);
+    else
+      row_scalar(out, operand);
+  }
+}
+
+const std::vector<int>& RowLowering::element(std::vector<Stmt>& out, Slot& slot, int node) {
+  if (auto it = slot.memo.find(node); it != slot.memo.end()) return it->second;
+  const RowNode& n = prog_.nodes()[node];
+  const int V = plan_.vector_elems;
+  std::vector<int> regs;
+  switch (n.kind) {
+    case RowNode::Kind::input: regs = slot.x; break;
+    case RowNode::Kind::column: {
+      int c = 0;
+      while (prog_.columns()[c] != n.name) ++c;
+      int buffer = column_buffer_[c];
+      auto& loaded = slot.column[buffer];
+      if (loaded.empty()) {
+        for (int j = 0; j < V; ++j) loaded.push_back(temp(n.name, Type::f32));
+        out.push_back(load(loaded, buffer, slot.col, binary(BinOp::sub, r(load_cols_), slot.col),
+                           r(column_aligned_[buffer]), plan_.tail == TailHandling::clamp, 0.0f));
+      }
+      regs = loaded;
+      break;
+    }
+    case RowNode::Kind::unary: {
+      std::vector<int> a = element(out, slot, n.a);
+      static const UnOp ops[] = {UnOp::neg, UnOp::exp, UnOp::log, UnOp::rsqrt, UnOp::sqrt};
+      for (int j = 0; j < V; ++j) regs.push_back(assign_new(out, "e", unary(ops[int(n.unary)], r(a[j]))));
+      break;
+    }
+    case RowNode::Kind::binary: {
+      static const BinOp ops[] = {BinOp::add, BinOp::sub, BinOp::mul, BinOp::div, BinOp::max, BinOp::min};
+      auto operand = [&](int id, int j) -> ExprPtr {
+        if (prog_.is_element(id)) return r(element(out, slot, id)[j]);
+        return row_scalar(out, id);
+      };
+      for (int j = 0; j < V; ++j) {
+        ExprPtr a = operand(n.a, j), b = operand(n.b, j);
+        regs.push_back(assign_new(out, "e", binary(ops[int(n.binary)], a, b)));
+      }
+      break;
+    }
+    default: TILE_CHECK(false, "node %", node, " is not an element node");
+  }
+  return slot.memo[node] = regs;
+}
+
+void RowLowering::accumulate(std::vector<Stmt>& out, Slot& slot, int node, int acc) {
+  const RowNode& n = prog_.nodes()[node];
+  const std::vector<int> values = element(out, slot, n.a);
+  for (int j = 0; j < plan_.vector_elems; ++j) {
+    // Elements past the row end (and of guard programs) leave the accumulator unchanged.
+    out.push_back(assign(acc, select(in_row(slot, j), binary(combine(n.reduction), r(acc), r(values[j])), r(acc))));
+  }
+}
+
+int RowLowering::reduce_across_workers(std::vector<Stmt>& out, int acc, Reduction kind) {
+  const int W = plan_.workers_per_program;
+  const int segment = std::min(W, 32);
+  auto butterfly = [&](int value, int width) {
+    for (int offset = width / 2; offset >= 1; offset /= 2) {
+      int other = temp("t", Type::f32);
+      out.push_back(shfl_xor(other, value, offset, width));
+      out.push_back(assign(value, binary(combine(kind), r(value), r(other))));
+    }
+  };
+  butterfly(acc, segment);
+  if (W <= 32) return acc;
+
+  // One slot per warp of each program; a region per reduction so no pass overwrites slots
+  // another warp may still read.
+  const int warps = W / 32;
+  SharedRegion region{"partials" + std::to_string(k_.shared.size()), next_shared_, warps, warps};
+  next_shared_ += warps * plan_.programs_per_group;
+  int id = int(k_.shared.size());
+  k_.shared.push_back(region);
+  out.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)),
+                    {shared_store(id, special(Special::warp_in_program), r(acc))}));
+  out.push_back(barrier(plan_.barrier_scope == BarrierScope::group ? BarrierKind::group : BarrierKind::program));
+  int partial = temp("partial", Type::f32);
+  out.push_back(shared_load(partial, id, binary(BinOp::min, special(Special::lane), i32_const(warps - 1))));
+  int total = assign_new(out, "total",
+                         select(binary(BinOp::lt, special(Special::lane), i32_const(warps)), r(partial), identity(kind)));
+  butterfly(total, 32);
+  return total;
+}
+
+void RowLowering::store_output(std::vector<Stmt>& out, Slot& slot) {
+  const std::vector<int> values = element(out, slot, prog_.output_node());
+  out.push_back(store(values, 1, binary(BinOp::add, r(y_off_), slot.col),
+                      binary(BinOp::sub, r(store_cols_), slot.col), r(y_aligned_)));
+}
+
+std::vector<Stmt> RowLowering::reread_loop(const std::function<void(std::vector<Stmt>&, Slot&)>& body) {
+  // for it in 0..ceil(cols / (W*V*U)): U stripes per iteration, all loads issued first.
+  const int U = plan_.stripe_unroll;
+  const int64_t step = plan_.elems_per_stripe() * U;
+  std::vector<Stmt> out;
+  int it = temp("it", Type::i64);
+  ExprPtr count = binary(BinOp::div, binary(BinOp::add, param(p_cols_, Type::i64), i64(step - 1)), i64(step));
+  std::vector<Stmt> loop;
+  std::vector<Slot> slots(U);
+  for (int u = 0; u < U; ++u) {
+    slots[u].col = stripe_col(binary(BinOp::add, binary(BinOp::mul, r(it), i64(U)), i64(u)));
+    std::vector<int> x_regs;
+    for (int j = 0; j < plan_.vector_elems; ++j) x_regs.push_back(temp("x", Type::f32));
+    load_slot(loop, slots[u], x_regs);
+  }
+  for (int u = 0; u < U; ++u) body(loop, slots[u]);
+  out.push_back(for_(it, i64(0), count, std::move(loop)));
+  return out;
+}
+
+}  // namespace
+
+ir::Kernel lower_row_program(const RowProgram& program, const KernelSignature& signature,
+                             const MappingPlan& plan) {
+  return RowLowering(program, signature, plan).run();
+}
+
+}  // namespace tile

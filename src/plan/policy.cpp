@@ -1,1 +1,151 @@
-// placeholder
+// The analytic policy. Every choice is a closed form of the call's shape and the device
+// limits; nothing is timed. The reasoning behind each constant is in
+// docs/source/internals/tile/policy.md.
+#include "tile/policy.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "tile/error.hpp"
+
+namespace tile {
+
+namespace {
+
+// Stripes a multi-warp program aims for: enough independent 16-byte loads in flight per
+// worker to cover memory latency, few enough that the cached row fits the private budget.
+constexpr int64_t kTargetStripes = 4;
+// Threads a group of packed short-row programs aims for.
+constexpr int kTargetGroupThreads = 256;
+// Groups per SM below which packing more rows per group would leave SMs idle.
+constexpr int64_t kGroupsPerSm = 2;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+int pow2_at_least(int64_t v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+int widest_elem_bytes(const PlanInputs& in) {
+  int b = std::max(dtype_size(in.x_dtype), dtype_size(in.y_dtype));
+  return in.has_columns ? std::max(b, dtype_size(in.column_dtype)) : b;
+}
+bool valid_width(int w) { return (w >= 1 && w <= 16 && (w & (w - 1)) == 0) || (w >= 32 && w <= 1024 && w % 32 == 0); }
+
+}  // namespace
+
+bool rows_aligned(const PlanInputs& in, int v) {
+  auto ok = [&](DType t, int64_t stride) {
+    return in.base_alignment % (int64_t(v) * dtype_size(t)) == 0 && stride % v == 0;
+  };
+  return ok(in.x_dtype, in.x_stride) && ok(in.y_dtype, in.y_stride) &&
+         (!in.has_columns || ok(in.column_dtype, 0));
+}
+
+MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const DeviceLimits& limits) {
+  MappingPlan p;
+  const int64_t cols = std::max<int64_t>(in.cols, 1);
+
+  // Widest access of at most 16 bytes on every operand whose rows all start aligned to it,
+  // and no wider than the row.
+  if (req.vector_elems) {
+    p.vector_elems = *req.vector_elems;
+  } else {
+    int v = 16 / widest_elem_bytes(in);
+    while (v > 1 && (!rows_aligned(in, v) || v > cols)) v /= 2;
+    p.vector_elems = v;
+  }
+  const int64_t vectors = ceil_div(cols, p.vector_elems);
+
+  // Cooperating width: one worker per vector up to a warp (sub-warp programs for short rows),
+  // then whole warps, about kTargetStripes vectors per worker, at most one group.
+  if (req.workers_per_program) {
+    p.workers_per_program = *req.workers_per_program;
+    p.width_mode = WidthMode::exact;
+  } else {
+    int64_t stripes_wanted = req.stripes ? *req.stripes : kTargetStripes;
+    if (vectors <= 16 && !req.stripes)
+      p.workers_per_program = pow2_at_least(vectors);
+    else
+      p.workers_per_program = int(std::clamp<int64_t>(round_up(ceil_div(vectors, stripes_wanted), 32), 32,
+                                                      limits.max_threads_per_group));
+    p.width_mode = WidthMode::automatic;
+  }
+  p.stripes = req.stripes ? *req.stripes : int(std::max<int64_t>(1, ceil_div(vectors, p.workers_per_program)));
+  p.private_budget = req.private_budget.value_or(64);
+  p.caching = req.caching.value_or(int64_t(p.stripes) * p.vector_elems <= p.private_budget
+                                       ? InputCaching::registers
+                                       : InputCaching::reread);
+  p.stripe_unroll = req.stripe_unroll.value_or(p.caching == InputCaching::reread ? std::min(4, p.stripes) : 1);
+  p.barrier_scope = req.barrier_scope.value_or(BarrierScope::group);
+  p.tail = req.tail.value_or(TailHandling::predicate);
+  p.alignment = req.alignment.value_or(Alignment::scalar_fallback);
+
+  // Packing: short-row programs share a group of about kTargetGroupThreads threads, unless
+  // that would leave fewer than kGroupsPerSm groups per SM; sub-warp programs fill whole warps.
+  if (req.programs_per_group) {
+    p.programs_per_group = *req.programs_per_group;
+  } else if (p.workers_per_program > 0 && p.workers_per_program <= limits.max_threads_per_group) {
+    int64_t packed = std::max(1, kTargetGroupThreads / p.workers_per_program);
+    int64_t spread = std::max<int64_t>(1, ceil_div(in.rows, kGroupsPerSm * limits.sm_count));
+    int64_t n = std::min(packed, spread);
+    if (p.workers_per_program < 32) n = round_up(n, 32 / p.workers_per_program);
+    if (p.barrier_scope == BarrierScope::program) n = std::min<int64_t>(n, limits.named_barriers - 1);
+    p.programs_per_group = int(std::max<int64_t>(1, n));
+  }
+  return p;
+}
+
+void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimits& limits,
+                   const std::string& op) {
+  auto fail = [&](const char* field, const std::string& expected, const std::string& given) {
+    throw_argument_error(op, std::string("plan.") + field, expected, given);
+  };
+  auto str = [](auto v) { return std::to_string(v); };
+  const int W = p.workers_per_program, P = p.programs_per_group, V = p.vector_elems;
+  if (!valid_width(W))
+    fail("workers_per_program", "1, 2, 4, 8, 16 or a multiple of 32 up to 1024", str(W));
+  if (P < 1) fail("programs_per_group", "at least 1", str(P));
+  if (int64_t(P) * W > limits.max_threads_per_group)
+    fail("programs_per_group", "at most " + str(limits.max_threads_per_group) +
+                                   " threads per group (programs_per_group x workers_per_program)",
+         str(P) + " x " + str(W) + " = " + str(int64_t(P) * W));
+  if ((int64_t(P) * W) % 32 != 0)
+    fail("programs_per_group", "whole warps per group (programs_per_group x workers_per_program a multiple of 32)",
+         str(P) + " x " + str(W) + " = " + str(int64_t(P) * W));
+  if (V != 1 && V != 2 && V != 4 && V != 8) fail("vector_elems", "1, 2, 4 or 8", str(V));
+  if (V * widest_elem_bytes(in) > 16)
+    fail("vector_elems", "an access of at most 16 bytes on every operand",
+         str(V) + " elements of " + str(widest_elem_bytes(in)) + " bytes");
+  if (p.stripes < 1) fail("stripes", "at least 1", str(p.stripes));
+  if (p.stripe_unroll < 1 || p.stripe_unroll > 16) fail("stripe_unroll", "1 to 16", str(p.stripe_unroll));
+  if (p.private_budget < 1 || p.private_budget > 255) fail("private_budget", "1 to 255 scalars", str(p.private_budget));
+  if (p.caching == InputCaching::registers) {
+    int64_t covered = int64_t(p.stripes) * W * V;
+    if (covered < in.cols)
+      fail("stripes", "stripes x workers_per_program x vector_elems >= cols = " + str(in.cols),
+           str(p.stripes) + " x " + str(W) + " x " + str(V) + " = " + str(covered));
+    if (p.stripes * V > p.private_budget)
+      fail("caching", "a cached row slice within private_budget = " + str(p.private_budget) +
+                          " scalars (or caching \"reread\")",
+           "stripes x vector_elems = " + str(p.stripes * V) + " scalars per worker");
+  }
+  if (p.barrier_scope == BarrierScope::program) {
+    if (W % 32 != 0) fail("barrier_scope", "\"group\" for sub-warp programs (a named barrier counts whole warps)", "\"program\"");
+    if (P > limits.named_barriers - 1)
+      fail("programs_per_group", "at most " + str(limits.named_barriers - 1) +
+                                     " programs with program-scope barriers (one named barrier each)",
+           str(P));
+  }
+  if (p.alignment == Alignment::require && !rows_aligned(in, V))
+    fail("alignment", "every row of every operand aligned to vector_elems = " + str(V) +
+                          " elements for \"require\"",
+         "base alignment " + str(in.base_alignment) + " bytes, x stride " + str(in.x_stride) +
+             ", y stride " + str(in.y_stride));
+  int reductions = 2;  // the most any operator of the library uses
+  if (int64_t(reductions) * P * std::max(1, W / 32) * 4 > limits.max_shared_bytes)
+    fail("programs_per_group", "shared memory within " + str(limits.max_shared_bytes) + " bytes", str(P));
+}
+
+}  // namespace tile

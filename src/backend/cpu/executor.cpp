@@ -1,1 +1,792 @@
-// placeholder
+#include "backend/cpu/executor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <sstream>
+
+namespace tile::cpu {
+namespace {
+
+using ir::BinOp;
+using ir::Expr;
+using ir::Stmt;
+using ir::Type;
+using ir::UnOp;
+
+// One register-file entry. Integers and b1 are kept sign-extended in `i` (i32 wraps to 32
+// bits after every op), f32 in `f`.
+union Slot {
+  int64_t i;
+  float f;
+};
+
+enum class Op : uint8_t {
+  mov,
+  fneg, fexp, flog, frsqrt, fsqrt, fadd, fsub, fmul, fdiv, frem, fmin, fmax, flt, fle, feq, fne,
+  neg32, add32, sub32, mul32, div32, rem32,
+  neg64, add64, sub64, mul64, div64, rem64,
+  imin, imax, ilt, ile, ieq, ine, band, bor, bnot,  // i32, i64 and b1 alike
+  select,
+  f_to_i32, f_to_i64, f_to_b1, i_to_f, i_to_i32, i_to_b1,
+  row_aligned,  // d = aligned(buffer b, offset a, bytes c)
+  jump,         // pc = a
+  branch_false, // if (!a) pc = b
+  inc32, inc64,
+  load, store,  // a = MemOp index
+  shared_load,  // d = shared[region b][a]
+  shared_store, // shared[region b][a] = d
+  shfl,         // d = src a of lane ^ (b & 255), segment width b >> 8, label c
+  group_barrier, program_barrier,  // a = sync label
+  halt,
+};
+
+// Three-address instruction; operands are slots of the worker's register file.
+struct Ins {
+  Op op;
+  int32_t d = 0, a = 0, b = 0, c = 0;
+};
+
+struct MemOp {
+  int buffer;
+  int width;
+  bool clamp;
+  float fill;
+  int32_t index, valid, aligned;  // slots
+  int32_t regs;                   // offset in Code::lists of `width` f32 register slots
+};
+
+// Slot layout of a worker: [registers | specials | constants | parameters | temporaries].
+struct Code {
+  std::vector<Ins> ins;
+  std::vector<MemOp> mem;
+  std::vector<int32_t> lists;
+  std::vector<std::string> labels;  // names of barrier and shfl_xor statements
+  std::vector<std::pair<int32_t, Slot>> consts;
+  int32_t special_base = 0, param_base = 0, num_slots = 0;
+};
+
+constexpr int kSpecials = 5;
+
+std::string ranges(const std::vector<int>& ids) {  // sorted ids -> "1-31, 33"
+  std::ostringstream os;
+  for (size_t k = 0; k < ids.size();) {
+    size_t e = k;
+    while (e + 1 < ids.size() && ids[e + 1] == ids[e] + 1) ++e;
+    os << (k ? ", " : "") << ids[k];
+    if (e > k) os << "-" << ids[e];
+    k = e + 1;
+  }
+  return os.str();
+}
+
+class Compiler {
+ public:
+  explicit Compiler(const ir::Kernel& k) : k_(k) {}
+
+  Code run() {
+    code_.special_base = int32_t(k_.regs.size());
+    int32_t next = code_.special_base + kSpecials;
+    for (const Stmt& s : k_.body) collect_consts(s, next);
+    code_.param_base = next;
+    temp_base_ = next + int32_t(k_.params.size());
+    for (const ir::SharedRegion& r : k_.shared)
+      need(r.base >= 0 && r.elems >= 0 && r.program_stride >= 0,
+           "shared region '" + r.name + "' has a negative base, size or stride");
+    block(k_.body);
+    code_.ins.push_back({Op::halt});
+    code_.num_slots = temp_base_ + max_temps_;
+    return std::move(code_);
+  }
+
+ private:
+  void need(bool ok, const std::string& what) const {
+    if (!ok) throw ExecutionError("cpu executor: malformed IR in kernel '" + k_.name + "': " + what);
+  }
+
+  static std::pair<int, int64_t> const_key(const Expr& e) {
+    if (e.type != Type::f32) return {int(e.type), e.type == Type::i32 ? int64_t(int32_t(e.i)) : e.i};
+    float f = float(e.f);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    return {int(e.type), bits};
+  }
+  void collect_consts(const Expr* e, int32_t& next) {
+    if (!e) return;
+    if (e->kind == Expr::Kind::constant && !const_slots_.count(const_key(*e))) {
+      Slot v{};
+      if (e->type == Type::f32) v.f = float(e->f);
+      else if (e->type == Type::i32) v.i = int32_t(e->i);
+      else if (e->type == Type::b1) v.i = e->i != 0;
+      else v.i = e->i;
+      const_slots_[const_key(*e)] = next;
+      code_.consts.push_back({next++, v});
+    }
+    for (const ir::ExprPtr& a : e->args) collect_consts(a.get(), next);
+  }
+  void collect_consts(const Stmt& s, int32_t& next) {
+    for (const Expr* e : {s.value.get(), s.index.get(), s.valid.get(), s.aligned.get(),
+                          s.cond.get(), s.begin.get(), s.end.get()})
+      collect_consts(e, next);
+    for (const Stmt& b : s.body) collect_consts(b, next);
+    for (const Stmt& b : s.else_body) collect_consts(b, next);
+  }
+
+  int32_t temp() {
+    max_temps_ = std::max(max_temps_, ++temps_);
+    return temp_base_ + temps_ - 1;
+  }
+  int32_t reg_slot(int id, Type t, const char* what) const {
+    need(id >= 0 && id < int(k_.regs.size()), std::string(what) + " names register " +
+                                                  std::to_string(id) + " which does not exist");
+    need(k_.regs[id].type == t, std::string(what) + " uses register '" + k_.regs[id].name +
+                                    "' of type " + ir::type_name(k_.regs[id].type) + " as " +
+                                    ir::type_name(t));
+    return id;
+  }
+  static bool is_int(Type t) { return t == Type::i32 || t == Type::i64; }
+
+  Op binop_code(BinOp op, Type t) const {
+    bool f = t == Type::f32, i32 = t == Type::i32, num = t != Type::b1;
+    switch (op) {
+      case BinOp::add: need(num, "add on b1"); return f ? Op::fadd : i32 ? Op::add32 : Op::add64;
+      case BinOp::sub: need(num, "sub on b1"); return f ? Op::fsub : i32 ? Op::sub32 : Op::sub64;
+      case BinOp::mul: need(num, "mul on b1"); return f ? Op::fmul : i32 ? Op::mul32 : Op::mul64;
+      case BinOp::div: need(num, "div on b1"); return f ? Op::fdiv : i32 ? Op::div32 : Op::div64;
+      case BinOp::rem: need(num, "rem on b1"); return f ? Op::frem : i32 ? Op::rem32 : Op::rem64;
+      case BinOp::min: need(num, "min on b1"); return f ? Op::fmin : Op::imin;
+      case BinOp::max: need(num, "max on b1"); return f ? Op::fmax : Op::imax;
+      case BinOp::lt: return f ? Op::flt : Op::ilt;
+      case BinOp::le: return f ? Op::fle : Op::ile;
+      case BinOp::eq: return f ? Op::feq : Op::ieq;
+      case BinOp::ne: return f ? Op::fne : Op::ine;
+      case BinOp::and_: need(!f, "and on f32"); return Op::band;
+      case BinOp::or_: need(!f, "or on f32"); return Op::bor;
+    }
+    return Op::mov;
+  }
+  Op unop_code(UnOp op, Type t) const {
+    if (op == UnOp::not_) return need(t == Type::b1, "not on a non-b1 value"), Op::bnot;
+    if (op == UnOp::neg) return t == Type::f32 ? Op::fneg : t == Type::i32 ? Op::neg32 : Op::neg64;
+    need(t == Type::f32, std::string(ir::unop_name(op)) + " on a non-f32 value");
+    switch (op) {
+      case UnOp::exp: return Op::fexp;
+      case UnOp::log: return Op::flog;
+      case UnOp::rsqrt: return Op::frsqrt;
+      default: return Op::fsqrt;
+    }
+  }
+  static Op cast_code(Type from, Type to) {
+    if (from == to) return Op::mov;
+    if (from == Type::f32) return to == Type::i32 ? Op::f_to_i32 : to == Type::i64 ? Op::f_to_i64 : Op::f_to_b1;
+    if (to == Type::f32) return Op::i_to_f;
+    if (to == Type::b1) return Op::i_to_b1;
+    return to == Type::i32 && from == Type::i64 ? Op::i_to_i32 : Op::mov;
+  }
+
+  // Evaluates `e` into `dst` (or a fresh temporary, or a leaf's own slot when dst < 0).
+  int32_t expr(const Expr* e, int32_t dst = -1) {
+    need(e != nullptr, "missing expression");
+    int32_t leaf = -1;
+    switch (e->kind) {
+      case Expr::Kind::constant: leaf = const_slots_.at(const_key(*e)); break;
+      case Expr::Kind::reg: leaf = reg_slot(e->id, e->type, "an expression"); break;
+      case Expr::Kind::special:
+        need(e->id >= 0 && e->id < kSpecials, "unknown special value");
+        leaf = code_.special_base + e->id;
+        break;
+      case Expr::Kind::param:
+        need(e->id >= 0 && e->id < int(k_.params.size()) && k_.params[e->id].type == e->type,
+             "parameter " + std::to_string(e->id) + " does not exist or has another type");
+        leaf = code_.param_base + e->id;
+        break;
+      default: break;
+    }
+    if (leaf >= 0) {
+      if (dst >= 0 && dst != leaf) code_.ins.push_back({Op::mov, dst, leaf});
+      return dst >= 0 ? dst : leaf;
+    }
+    const size_t n = e->kind == Expr::Kind::select ? 3 : e->kind == Expr::Kind::binary ? 2 : 1;
+    need(e->args.size() == n, "expression with the wrong number of operands");
+    int32_t a[3] = {0, 0, 0};
+    for (size_t j = 0; j < n; ++j) a[j] = expr(e->args[j].get());
+    Type t0 = e->args[0]->type;
+    if (e->kind == Expr::Kind::cast && cast_code(t0, e->type) == Op::mov && dst < 0) return a[0];
+    Ins in{Op::mov, 0, a[0], a[1], a[2]};
+    switch (e->kind) {
+      case Expr::Kind::unary: in.op = unop_code(e->unop, t0); break;
+      case Expr::Kind::binary:
+        need(e->args[1]->type == t0, std::string(ir::binop_name(e->binop)) + " of " +
+                                         ir::type_name(t0) + " and " +
+                                         ir::type_name(e->args[1]->type));
+        in.op = binop_code(e->binop, t0);
+        break;
+      case Expr::Kind::select:
+        need(t0 == Type::b1 && e->args[1]->type == e->args[2]->type, "ill-typed select");
+        in.op = Op::select;
+        break;
+      case Expr::Kind::cast: in.op = cast_code(t0, e->type); break;
+      case Expr::Kind::row_aligned:
+        need(e->id >= 0 && e->id < int(k_.buffers.size()) && e->i > 0 && is_int(t0),
+             "row_aligned with a bad buffer, offset or byte count");
+        in = {Op::row_aligned, 0, a[0], e->id, int32_t(e->i)};
+        break;
+      default: need(false, "unknown expression kind");
+    }
+    in.d = dst >= 0 ? dst : temp();
+    code_.ins.push_back(in);
+    return in.d;
+  }
+
+  int32_t here() const { return int32_t(code_.ins.size()); }
+  int32_t label(std::string name) {
+    code_.labels.push_back(std::move(name));
+    return int32_t(code_.labels.size()) - 1;
+  }
+
+  void mem(const Stmt& s, bool is_load) {
+    need(s.buffer >= 0 && s.buffer < int(k_.buffers.size()), "access to a buffer that does not exist");
+    need(s.width >= 1 && int(s.dsts.size()) == s.width, "access width does not match its registers");
+    need(is_load || !s.clamp, "clamp on a store");
+    MemOp m{s.buffer, s.width, s.clamp, s.fill, 0, 0, 0, int32_t(code_.lists.size())};
+    for (int r : s.dsts) code_.lists.push_back(reg_slot(r, Type::f32, is_load ? "a load" : "a store"));
+    need(is_int(s.index->type) && is_int(s.valid->type) && s.aligned->type == Type::b1,
+         "load/store index and valid must be integers and aligned b1");
+    m.index = expr(s.index.get());
+    m.valid = expr(s.valid.get());
+    m.aligned = expr(s.aligned.get());
+    code_.ins.push_back({is_load ? Op::load : Op::store, 0, int32_t(code_.mem.size())});
+    code_.mem.push_back(m);
+  }
+
+  void block(const std::vector<Stmt>& body) {
+    for (const Stmt& s : body) stmt(s);
+  }
+
+  void stmt(const Stmt& s) {
+    temps_ = 0;  // temporaries live within one statement
+    switch (s.kind) {
+      case Stmt::Kind::assign:
+        need(s.value != nullptr, "assign without a value");
+        need(s.dst >= 0 && s.dst < int(k_.regs.size()), "assign to a register that does not exist");
+        need(s.value->type == k_.regs[s.dst].type, "assign of " + std::string(ir::type_name(s.value->type)) +
+                                                       " to register '" + k_.regs[s.dst].name + "'");
+        expr(s.value.get(), s.dst);
+        break;
+      case Stmt::Kind::load: mem(s, true); break;
+      case Stmt::Kind::store: mem(s, false); break;
+      case Stmt::Kind::shfl_xor: {
+        need(s.src >= 0 && s.src < int(k_.regs.size()), "shfl_xor of a register that does not exist");
+        Type t = k_.regs[s.src].type;
+        int32_t d = reg_slot(s.dst, t, "shfl_xor");
+        need(s.width >= 1 && s.width <= 32 && (s.width & (s.width - 1)) == 0,
+             "shfl_xor width " + std::to_string(s.width) + " is not a power of two <= 32");
+        need(s.offset >= 0 && s.offset < 32, "shfl_xor offset " + std::to_string(s.offset));
+        int32_t l = label("shfl_xor #" + std::to_string(shfls_++) + " of '" + k_.regs[s.src].name +
+                          "' (offset " + std::to_string(s.offset) + ", width " +
+                          std::to_string(s.width) + ")");
+        code_.ins.push_back({Op::shfl, d, s.src, s.offset | (s.width << 8), l});
+        break;
+      }
+      case Stmt::Kind::shared_store:
+      case Stmt::Kind::shared_load: {
+        need(s.region >= 0 && s.region < int(k_.shared.size()), "shared region that does not exist");
+        need(s.index && is_int(s.index->type), "shared index must be an integer");
+        bool st = s.kind == Stmt::Kind::shared_store;
+        int32_t v = st ? (need(s.value && s.value->type == Type::f32, "shared store of a non-f32 value"),
+                          expr(s.value.get()))
+                       : reg_slot(s.dst, Type::f32, "shared_load");
+        int32_t i = expr(s.index.get());
+        code_.ins.push_back({st ? Op::shared_store : Op::shared_load, v, i, s.region});
+        break;
+      }
+      case Stmt::Kind::barrier: {
+        bool g = s.barrier == ir::BarrierKind::group;
+        int& n = g ? group_barriers_ : program_barriers_;
+        int32_t l = label((g ? "group barrier #" : "program barrier #") + std::to_string(n++));
+        code_.ins.push_back({g ? Op::group_barrier : Op::program_barrier, 0, l});
+        break;
+      }
+      case Stmt::Kind::if_: {
+        need(s.cond && s.cond->type == Type::b1, "if condition must be b1");
+        int32_t c = expr(s.cond.get());
+        int32_t br = here();
+        code_.ins.push_back({Op::branch_false, 0, c});
+        block(s.body);
+        if (!s.else_body.empty()) {
+          int32_t j = here();
+          code_.ins.push_back({Op::jump});
+          code_.ins[br].b = here();
+          block(s.else_body);
+          code_.ins[j].a = here();
+        } else {
+          code_.ins[br].b = here();
+        }
+        break;
+      }
+      case Stmt::Kind::for_: {
+        need(s.dst >= 0 && s.dst < int(k_.regs.size()) && is_int(k_.regs[s.dst].type),
+             "for_ variable must be an integer register");
+        Type t = k_.regs[s.dst].type;
+        need(s.begin && s.end && s.begin->type == t && s.end->type == t,
+             "for_ bounds must have the variable's type");
+        expr(s.begin.get(), s.dst);
+        int32_t top = here();
+        temps_ = 0;
+        int32_t e = expr(s.end.get());  // re-evaluated every iteration, as C does
+        int32_t c = temp();
+        code_.ins.push_back({Op::ilt, c, s.dst, e});
+        int32_t br = here();
+        code_.ins.push_back({Op::branch_false, 0, c});
+        block(s.body);
+        code_.ins.push_back({t == Type::i32 ? Op::inc32 : Op::inc64, s.dst});
+        code_.ins.push_back({Op::jump, 0, top});
+        code_.ins[br].b = here();
+        break;
+      }
+      case Stmt::Kind::comment: break;
+    }
+  }
+
+  const ir::Kernel& k_;
+  Code code_;
+  std::map<std::pair<int, int64_t>, int32_t> const_slots_;
+  int32_t temp_base_ = 0, temps_ = 0, max_temps_ = 0;
+  int shfls_ = 0, group_barriers_ = 0, program_barriers_ = 0;
+};
+
+class Runner {
+ public:
+  Runner(const ir::Kernel& k, const Code& code, const LaunchArgs& args)
+      : k_(k), code_(code), args_(args), W_(k.workers_per_program), T_(k.threads_per_group()),
+        S_(code.num_slots), slots_(size_t(T_) * S_), pc_(T_), state_(T_),
+        shared_(k.shared_elems()), logs_(shared_.size()), pgen_(k.programs_per_group) {
+    for (int t = 0; t < T_; ++t) {
+      Slot* r = &slots_[size_t(t) * S_];
+      for (auto [slot, v] : code.consts) r[slot] = v;
+      for (size_t p = 0; p < k.params.size(); ++p) {
+        Slot& v = r[code.param_base + p];
+        const ScalarArg& a = args.params[p];
+        switch (k.params[p].type) {
+          case Type::f32: v.f = float(a.f); break;
+          case Type::i32: v.i = int32_t(a.i); break;
+          case Type::i64: v.i = a.i; break;
+          case Type::b1: v.i = a.i != 0; break;
+        }
+      }
+    }
+  }
+
+  ExecStats run() {
+    for (group_ = 0; group_ < args_.groups; ++group_) {
+      start_group();
+      for (;;) {
+        for (int t = 0; t < T_; ++t)
+          if (state_[t] == kReady) run_worker(t);
+        if (release()) continue;
+        if (std::all_of(state_.begin(), state_.end(), [](uint8_t s) { return s == kDone; })) break;
+        diagnose();
+      }
+    }
+    return stats_;
+  }
+
+ private:
+  enum : uint8_t { kReady, kWaiting, kDone };
+  struct Read {
+    int32_t worker;
+    uint32_t pgen;
+  };
+  struct SlotLog {  // accesses to one shared slot since the last group barrier that matter
+    int32_t writer = -1;
+    uint32_t w_ggen = 0, w_pgen = 0, r_ggen = 0;
+    std::vector<Read> reads;  // reads in group generation r_ggen, one entry per run of a worker
+  };
+
+  void start_group() {
+    ++ggen_;  // invalidates every SlotLog entry of the previous group
+    std::fill(shared_.begin(), shared_.end(), std::numeric_limits<float>::quiet_NaN());
+    std::fill(pc_.begin(), pc_.end(), 0);
+    std::fill(state_.begin(), state_.end(), kReady);
+    for (int t = 0; t < T_; ++t) {
+      Slot* r = &slots_[size_t(t) * S_];
+      for (size_t j = 0; j < k_.regs.size(); ++j) {
+        if (k_.regs[j].type == Type::f32) r[j].f = std::numeric_limits<float>::quiet_NaN();
+        else r[j].i = 0;
+      }
+      Slot* sp = r + code_.special_base;
+      sp[int(ir::Special::group_index)].i = group_;
+      sp[int(ir::Special::program_in_group)].i = t / W_;
+      sp[int(ir::Special::worker_in_program)].i = t % W_;
+      sp[int(ir::Special::warp_in_program)].i = (t % W_) / 32;
+      sp[int(ir::Special::lane)].i = t % 32;
+    }
+  }
+
+  [[noreturn]] void fail(int t, const std::string& what) const {
+    throw ExecutionError(what + ", by worker " + std::to_string(t) + " (program " +
+                         std::to_string(t / W_) + ", lane " + std::to_string(t % 32) +
+                         ") of group " + std::to_string(group_) + " in kernel '" + k_.name + "'");
+  }
+
+  // Runs worker t until it waits at a barrier or shfl_xor, or finishes.
+  void run_worker(int t) {
+    Slot* r = &slots_[size_t(t) * S_];
+    const Ins* code = code_.ins.data();
+    int32_t pc = pc_[t];
+    for (;; ++pc) {
+      const Ins& in = code[pc];
+      Slot& d = r[in.d];
+#define A r[in.a]  // read lazily: some ops keep a jump target or table index in a / b
+#define B r[in.b]
+      switch (in.op) {
+        case Op::mov: d = A; break;
+        case Op::fneg: d.f = -A.f; break;
+        case Op::fexp: d.f = std::exp(A.f); break;
+        case Op::flog: d.f = std::log(A.f); break;
+        case Op::frsqrt: d.f = 1.0f / std::sqrt(A.f); break;
+        case Op::fsqrt: d.f = std::sqrt(A.f); break;
+        case Op::fadd: d.f = A.f + B.f; break;
+        case Op::fsub: d.f = A.f - B.f; break;
+        case Op::fmul: d.f = A.f * B.f; break;
+        case Op::fdiv: d.f = A.f / B.f; break;
+        case Op::frem: d.f = std::fmod(A.f, B.f); break;
+        case Op::fmin: d.f = std::fmin(A.f, B.f); break;
+        case Op::fmax: d.f = std::fmax(A.f, B.f); break;
+        case Op::flt: d.i = A.f < B.f; break;
+        case Op::fle: d.i = A.f <= B.f; break;
+        case Op::feq: d.i = A.f == B.f; break;
+        case Op::fne: d.i = A.f != B.f; break;
+        case Op::neg32: d.i = int32_t(0u - uint32_t(A.i)); break;
+        case Op::add32: d.i = int32_t(uint32_t(A.i) + uint32_t(B.i)); break;
+        case Op::sub32: d.i = int32_t(uint32_t(A.i) - uint32_t(B.i)); break;
+        case Op::mul32: d.i = int32_t(uint32_t(A.i) * uint32_t(B.i)); break;
+        case Op::div32:  // operands are 32-bit, so the 64-bit quotient cannot trap
+          if (B.i == 0) fail(t, "integer division by zero (i32 div)");
+          d.i = int32_t(A.i / B.i);
+          break;
+        case Op::rem32:
+          if (B.i == 0) fail(t, "integer division by zero (i32 rem)");
+          d.i = int32_t(A.i % B.i);
+          break;
+        case Op::neg64: d.i = int64_t(0ull - uint64_t(A.i)); break;
+        case Op::add64: d.i = int64_t(uint64_t(A.i) + uint64_t(B.i)); break;
+        case Op::sub64: d.i = int64_t(uint64_t(A.i) - uint64_t(B.i)); break;
+        case Op::mul64: d.i = int64_t(uint64_t(A.i) * uint64_t(B.i)); break;
+        case Op::div64:
+          if (B.i == 0) fail(t, "integer division by zero (i64 div)");
+          d.i = B.i == -1 ? int64_t(0ull - uint64_t(A.i)) : A.i / B.i;
+          break;
+        case Op::rem64:
+          if (B.i == 0) fail(t, "integer division by zero (i64 rem)");
+          d.i = B.i == -1 ? 0 : A.i % B.i;
+          break;
+        case Op::imin: d.i = std::min(A.i, B.i); break;
+        case Op::imax: d.i = std::max(A.i, B.i); break;
+        case Op::ilt: d.i = A.i < B.i; break;
+        case Op::ile: d.i = A.i <= B.i; break;
+        case Op::ieq: d.i = A.i == B.i; break;
+        case Op::ine: d.i = A.i != B.i; break;
+        case Op::band: d.i = A.i & B.i; break;
+        case Op::bor: d.i = A.i | B.i; break;
+        case Op::bnot: d.i = !A.i; break;
+        case Op::select: d = A.i ? B : r[in.c]; break;
+        case Op::f_to_i32: d.i = f_to_int<int32_t>(A.f); break;
+        case Op::f_to_i64: d.i = f_to_int<int64_t>(A.f); break;
+        case Op::f_to_b1: d.i = A.f != 0.0f; break;
+        case Op::i_to_f: d.f = float(A.i); break;
+        case Op::i_to_i32: d.i = int32_t(A.i); break;
+        case Op::i_to_b1: d.i = A.i != 0; break;
+        case Op::row_aligned: {
+          const BufferArg& buf = args_.buffers[in.b];
+          uint64_t addr = uint64_t(reinterpret_cast<uintptr_t>(buf.data)) +
+                          uint64_t(A.i) * uint64_t(dtype_size(k_.buffers[in.b].dtype));
+          d.i = addr % uint64_t(in.c) == 0;
+          break;
+        }
+        case Op::jump: pc = in.a - 1; break;
+        case Op::branch_false:
+          if (!A.i) pc = in.b - 1;
+          break;
+        case Op::inc32: d.i = int32_t(uint32_t(d.i) + 1u); break;
+        case Op::inc64: ++d.i; break;
+        case Op::load: load(t, r, code_.mem[in.a]); break;
+        case Op::store: store(t, r, code_.mem[in.a]); break;
+        case Op::shared_load: d.f = shared_[shared_slot(t, in, A.i, false)]; break;
+        case Op::shared_store: shared_[shared_slot(t, in, A.i, true)] = d.f; break;
+        case Op::shfl:
+        case Op::group_barrier:
+        case Op::program_barrier:
+          pc_[t] = pc;
+          state_[t] = kWaiting;
+          return;
+        case Op::halt:
+          pc_[t] = pc;
+          state_[t] = kDone;
+          return;
+      }
+#undef A
+#undef B
+    }
+  }
+
+  // CUDA's cvt.rzi: truncate toward zero, saturate, NaN -> 0.
+  template <typename I>
+  static int64_t f_to_int(float x) {
+    if (std::isnan(x)) return 0;
+    if (x <= float(std::numeric_limits<I>::min())) return std::numeric_limits<I>::min();
+    if (x >= float(std::numeric_limits<I>::max())) return std::numeric_limits<I>::max();
+    return I(x);
+  }
+
+  void check_element(int t, const MemOp& m, int64_t e, const char* what) const {
+    const BufferArg& b = args_.buffers[m.buffer];
+    if (e < b.lo || e >= b.hi)
+      fail(t, std::string("out-of-bounds ") + what + " of buffer '" + k_.buffers[m.buffer].name +
+                  "' element " + std::to_string(e) + " (accessible [" + std::to_string(b.lo) +
+                  ", " + std::to_string(b.hi) + "))");
+  }
+
+  // True for the vector path; checks the alignment and bounds of the whole vector.
+  bool vector_path(int t, const Slot* r, const MemOp& m, const char* what) const {
+    int64_t index = r[m.index].i;
+    if (!(r[m.aligned].i && r[m.valid].i >= m.width)) return false;
+    const BufferArg& b = args_.buffers[m.buffer];
+    DType dt = k_.buffers[m.buffer].dtype;
+    uint64_t bytes = uint64_t(m.width) * dtype_size(dt);
+    uint64_t addr = uint64_t(reinterpret_cast<uintptr_t>(b.data)) + uint64_t(index) * dtype_size(dt);
+    if (addr % bytes != 0) {
+      std::ostringstream os;
+      os << "misaligned vector access: " << what << " of " << m.width << " x " << dtype_name(dt)
+         << " at buffer '" << k_.buffers[m.buffer].name << "' element " << index << " (address 0x"
+         << std::hex << addr << std::dec << ") is not aligned to " << bytes << " bytes";
+      fail(t, os.str());
+    }
+    if (index < b.lo || index > b.hi - m.width)
+      for (int j = 0; j < m.width; ++j) check_element(t, m, index + j, what);
+    return true;
+  }
+
+  void load(int t, Slot* r, const MemOp& m) {
+    const void* data = args_.buffers[m.buffer].data;
+    const DType dt = k_.buffers[m.buffer].dtype;
+    const int32_t* dst = &code_.lists[m.regs];
+    const int64_t index = r[m.index].i, valid = r[m.valid].i;
+    if (vector_path(t, r, m, "load")) {
+      for (int j = 0; j < m.width; ++j) r[dst[j]].f = load_as_float(data, index + j, dt);
+      ++(m.width > 1 ? stats_.vector_accesses : stats_.scalar_accesses);
+      stats_.bytes_loaded += int64_t(m.width) * dtype_size(dt);
+      return;
+    }
+    for (int j = 0; j < m.width; ++j) {
+      float v = m.fill;
+      if (m.clamp || j < valid) {
+        int64_t e = int64_t(uint64_t(index) + (j < valid ? uint64_t(j) : uint64_t(valid) - 1));
+        check_element(t, m, e, "load");
+        float x = load_as_float(data, e, dt);
+        if (j < valid) v = x;
+        ++stats_.scalar_accesses;
+        stats_.bytes_loaded += dtype_size(dt);
+      }
+      r[dst[j]].f = v;
+    }
+  }
+
+  void store(int t, Slot* r, const MemOp& m) {
+    void* data = args_.buffers[m.buffer].data;
+    const DType dt = k_.buffers[m.buffer].dtype;
+    const int32_t* src = &code_.lists[m.regs];
+    const int64_t index = r[m.index].i, valid = r[m.valid].i;
+    if (vector_path(t, r, m, "store")) {
+      for (int j = 0; j < m.width; ++j) store_from_float(data, index + j, dt, r[src[j]].f);
+      ++(m.width > 1 ? stats_.vector_accesses : stats_.scalar_accesses);
+      stats_.bytes_stored += int64_t(m.width) * dtype_size(dt);
+      return;
+    }
+    for (int j = 0; j < m.width && j < valid; ++j) {
+      check_element(t, m, index + j, "store");
+      store_from_float(data, index + j, dt, r[src[j]].f);
+      ++stats_.scalar_accesses;
+      stats_.bytes_stored += dtype_size(dt);
+    }
+  }
+
+  // An access by `a` (program generation a_pgen at the time) happens before the current one
+  // by t iff a == t, or a barrier both passed lies between them.
+  bool ordered(int32_t a, uint32_t a_ggen, uint32_t a_pgen, int t) const {
+    return a == t || a_ggen != ggen_ || (a / W_ == t / W_ && a_pgen != pgen_[a / W_]);
+  }
+
+  [[noreturn]] void race(int t, const Ins& in, int64_t slot, int32_t a, bool a_wrote, bool wrote) const {
+    const ir::SharedRegion& reg = k_.shared[in.b];
+    throw ExecutionError("data race on shared region '" + reg.name + "' slot " + std::to_string(slot) +
+                         ": worker " + std::to_string(a) + (a_wrote ? " write" : " read") +
+                         " and worker " + std::to_string(t) + (wrote ? " write" : " read") +
+                         " with no barrier between them, in group " + std::to_string(group_) +
+                         " of kernel '" + k_.name + "'");
+  }
+
+  // Checks the index and the access against earlier ones, records it, returns the slot.
+  size_t shared_slot(int t, const Ins& in, int64_t i, bool write) {
+    const ir::SharedRegion& reg = k_.shared[in.b];
+    if (i < 0 || i >= reg.elems)
+      fail(t, std::string("out-of-bounds shared ") + (write ? "store" : "load") + " of region '" +
+                  reg.name + "' index " + std::to_string(i) + " (size " + std::to_string(reg.elems) + ")");
+    const int p = t / W_;
+    const size_t slot = size_t(reg.base) + size_t(p) * reg.program_stride + size_t(i);
+    SlotLog& log = logs_[slot];
+    if (log.writer >= 0 && !ordered(log.writer, log.w_ggen, log.w_pgen, t))
+      race(t, in, int64_t(slot), log.writer, true, write);
+    if (log.r_ggen != ggen_) {
+      log.reads.clear();
+      log.r_ggen = ggen_;
+    }
+    if (write) {
+      for (const Read& rd : log.reads)
+        if (!ordered(rd.worker, ggen_, rd.pgen, t)) race(t, in, int64_t(slot), rd.worker, false, true);
+      log.reads.clear();
+      log.writer = t;
+      log.w_ggen = ggen_;
+      log.w_pgen = pgen_[p];
+    } else if (!log.reads.empty() && log.reads.back().worker == t) {
+      log.reads.back().pgen = pgen_[p];  // a later read by the same worker covers the earlier
+    } else {
+      log.reads.push_back({t, pgen_[p]});
+    }
+    return slot;
+  }
+
+  bool all_waiting_at(int begin, int end, int32_t pc) const {
+    for (int t = begin; t < end; ++t)
+      if (state_[t] != kWaiting || pc_[t] != pc) return false;
+    return true;
+  }
+  void resume(int begin, int end) {
+    for (int t = begin; t < end; ++t) {
+      ++pc_[t];
+      state_[t] = kReady;
+    }
+  }
+
+  // Releases every complete shuffle and barrier; false when none was.
+  bool release() {
+    bool any = false;
+    const std::vector<Ins>& code = code_.ins;
+    for (int w0 = 0; w0 < T_; w0 += 32) {
+      const int n = std::min(32, T_ - w0);
+      const int32_t pc = pc_[w0];
+      if (state_[w0] != kWaiting || code[pc].op != Op::shfl || !all_waiting_at(w0, w0 + n, pc)) continue;
+      const Ins& in = code[pc];
+      const int offset = in.b & 255, width = in.b >> 8;
+      Slot src[32];
+      for (int l = 0; l < n; ++l) src[l] = slots_[size_t(w0 + l) * S_ + in.a];
+      for (int l = 0; l < n; ++l) {
+        int j = l ^ offset;
+        if (j > (l | (width - 1))) j = l;  // a later segment: own value (PTX shfl.bfly)
+        if (j >= n)
+          fail(w0 + l, code_.labels[in.c] + " reads lane " + std::to_string(j) +
+                           " of a warp of " + std::to_string(n) + " lanes");
+        slots_[size_t(w0 + l) * S_ + in.d] = src[j];
+      }
+      resume(w0, w0 + n);
+      ++stats_.shuffles;
+      any = true;
+    }
+    for (int p = 0; p < k_.programs_per_group; ++p) {
+      const int b = p * W_;
+      const int32_t pc = pc_[b];
+      if (state_[b] != kWaiting || code[pc].op != Op::program_barrier || !all_waiting_at(b, b + W_, pc)) continue;
+      ++pgen_[p];
+      resume(b, b + W_);
+      ++stats_.barriers;
+      any = true;
+    }
+    if (state_[0] == kWaiting && code[pc_[0]].op == Op::group_barrier && all_waiting_at(0, T_, pc_[0])) {
+      ++ggen_;
+      resume(0, T_);
+      ++stats_.barriers;
+      any = true;
+    }
+    return any;
+  }
+
+  // No worker can proceed: names the first waiting worker's sync point and who did not come.
+  [[noreturn]] void diagnose() const {
+    int t0 = 0;
+    while (state_[t0] != kWaiting) ++t0;
+    const Ins& in = code_.ins[pc_[t0]];
+    int begin = 0, end = T_;
+    if (in.op == Op::program_barrier) begin = t0 / W_ * W_, end = begin + W_;
+    if (in.op == Op::shfl) begin = t0 / 32 * 32, end = std::min(T_, begin + 32);
+    std::vector<int> finished;
+    std::map<int32_t, std::vector<int>> elsewhere;  // label -> workers
+    for (int t = begin; t < end; ++t) {
+      if (state_[t] == kDone) finished.push_back(t - (in.op == Op::shfl ? begin : 0));
+      else if (pc_[t] != pc_[t0]) {
+        const Ins& o = code_.ins[pc_[t]];
+        elsewhere[o.op == Op::shfl ? o.c : o.a].push_back(t - (in.op == Op::shfl ? begin : 0));
+      }
+    }
+    std::string who = in.op == Op::shfl ? "lane(s) " : "worker(s) ";
+    std::ostringstream os;
+    if (in.op == Op::shfl)
+      os << code_.labels[in.c] << " not reached by lanes of warp " << begin / 32 << " of group "
+         << group_ << ": ";
+    else
+      os << code_.labels[in.a] << " skipped"
+         << (in.op == Op::program_barrier ? " by program " + std::to_string(t0 / W_) : std::string())
+         << " of group " << group_ << ": ";
+    if (!finished.empty()) os << who << ranges(finished) << " finished the kernel";
+    bool first = finished.empty();
+    for (const auto& [l, ws] : elsewhere) {
+      os << (first ? "" : "; ") << who << ranges(ws) << " are waiting at " << code_.labels[l];
+      first = false;
+    }
+    os << " (kernel '" << k_.name << "')";
+    throw ExecutionError(os.str());
+  }
+
+  const ir::Kernel& k_;
+  const Code& code_;
+  const LaunchArgs& args_;
+  const int W_, T_, S_;
+  std::vector<Slot> slots_;  // (T_, S_)
+  std::vector<int32_t> pc_;
+  std::vector<uint8_t> state_;
+  std::vector<float> shared_;
+  std::vector<SlotLog> logs_;
+  uint32_t ggen_ = 0;
+  std::vector<uint32_t> pgen_;
+  int64_t group_ = 0;
+  ExecStats stats_;
+};
+
+}  // namespace
+
+ExecStats execute(const ir::Kernel& kernel, const LaunchArgs& args) {
+  auto bad = [&](const std::string& what) {
+    throw ExecutionError("cpu executor: kernel '" + kernel.name + "': " + what);
+  };
+  if (kernel.programs_per_group < 1 || kernel.workers_per_program < 1)
+    bad("programs_per_group and workers_per_program must be positive");
+  if (args.groups < 0) bad("negative group count " + std::to_string(args.groups));
+  if (args.buffers.size() != kernel.buffers.size())
+    bad("expected " + std::to_string(kernel.buffers.size()) + " buffers, got " +
+        std::to_string(args.buffers.size()));
+  if (args.params.size() != kernel.params.size())
+    bad("expected " + std::to_string(kernel.params.size()) + " scalar parameters, got " +
+        std::to_string(args.params.size()));
+  const Code code = Compiler(kernel).run();
+  return Runner(kernel, code, args).run();
+}
+
+std::string describe(const ExecStats& s) {
+  return "loaded " + std::to_string(s.bytes_loaded) + " B, stored " + std::to_string(s.bytes_stored) +
+         " B, " + std::to_string(s.vector_accesses) + " vector + " + std::to_string(s.scalar_accesses) +
+         " scalar accesses, " + std::to_string(s.barriers) + " barriers, " +
+         std::to_string(s.shuffles) + " shuffles";
+}
+
+}  // namespace tile::cpu

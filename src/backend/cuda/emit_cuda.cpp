@@ -1,1 +1,243 @@
-// placeholder
+#include "backend/cuda/emit_cuda.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <sstream>
+
+#include "ir/printer.hpp"
+#include "tile/error.hpp"
+
+namespace tile::cuda {
+
+namespace {
+
+using namespace ir;
+
+const char* word_type(int bytes) {
+  switch (bytes) {
+    case 2: return "unsigned short";
+    case 4: return "unsigned int";
+    case 8: return "uint2";
+    case 16: return "uint4";
+  }
+  TILE_CHECK(false, "no word type of ", bytes, " bytes");
+  return "";
+}
+
+// Component c (32-bit) of a loaded word of `bytes` bytes.
+std::string component(const std::string& w, int bytes, int c) {
+  if (bytes <= 4) return w;
+  static const char* xyzw[] = {".x", ".y", ".z", ".w"};
+  return w + xyzw[c];
+}
+
+class CudaEmitter : public IRPrinter {
+ public:
+  CudaEmitter(std::ostream& os, const Kernel& k) : IRPrinter(os, k) {
+    std::set<std::string> seen;
+    for (size_t i = 0; i < k.regs.size(); ++i) {
+      std::string n = k.regs[i].name;
+      if (!seen.insert(n).second) n += "_" + std::to_string(i);
+      names_.push_back(n);
+    }
+  }
+
+  void print_kernel() override {
+    os_ << device_source() << "\n";
+    std::string sig;
+    for (const Buffer& b : k_.buffers) {
+      std::string t = b.dtype == DType::f32 ? "float" : "unsigned short";
+      sig += std::string(sig.empty() ? "" : ", ") + (b.output ? "" : "const ") + t + "* __restrict__ " + b.name +
+             "  /* " + std::string(dtype_name(b.dtype)) + " */";
+    }
+    for (const ScalarParam& p : k_.params) sig += ", " + type_spelling(p.type) + " " + p.name;
+    os_ << "extern \"C\" __global__ void __launch_bounds__(" << k_.threads_per_group() << ")\n"
+        << k_.name << "(" << sig << ") {\n";
+    indent_ = 1;
+    int shared = k_.shared_elems();
+    if (shared > 0) line("__shared__ float tile_shared[" + std::to_string(shared) + "];");
+    const int W = k_.workers_per_program;
+    line("const int tile_tid = threadIdx.x;");
+    line("const long long group_index = blockIdx.x;");
+    line("const int program_in_group = tile_tid / " + std::to_string(W) + ";");
+    line("const int worker_in_program = tile_tid % " + std::to_string(W) + ";");
+    line("const int warp_in_program = worker_in_program >> 5;");
+    line("const int lane = tile_tid & 31;");
+    line("(void)program_in_group; (void)warp_in_program; (void)lane;");
+    for (size_t i = 0; i < k_.regs.size(); ++i)
+      line(type_spelling(k_.regs[i].type) + " " + names_[i] + ";" +
+           (k_.regs[i].cached ? "  // cached input" : ""));
+    indent_ = 0;
+    print_block(k_.body);
+    os_ << "}\n";
+  }
+
+ protected:
+  std::string reg_name(int id) const override { return names_[id]; }
+  std::string statement_end() const override { return ";"; }
+
+  std::string type_spelling(Type t) const override {
+    switch (t) {
+      case Type::f32: return "float";
+      case Type::i32: return "int";
+      case Type::i64: return "long long";
+      case Type::b1: return "bool";
+    }
+    return "?";
+  }
+
+  std::string constant(const Expr& e) override {
+    if (e.type == Type::f32) {
+      float f = float(e.f);
+      if (std::isinf(f)) return f > 0 ? "__int_as_float(0x7f800000)" : "__int_as_float(0xff800000)";
+      if (std::isnan(f)) return "__int_as_float(0x7fffffff)";
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%af", double(f));
+      return buf;
+    }
+    if (e.type == Type::b1) return e.i ? "true" : "false";
+    if (e.type == Type::i64) return std::to_string(e.i) + "LL";
+    return std::to_string(e.i);
+  }
+
+  std::string unary_expr(UnOp op, const std::string& a, Type) override {
+    switch (op) {
+      case UnOp::neg: return "(-" + a + ")";
+      case UnOp::exp: return "expf(" + a + ")";
+      case UnOp::log: return "logf(" + a + ")";
+      case UnOp::rsqrt: return "rsqrtf(" + a + ")";
+      case UnOp::sqrt: return "sqrtf(" + a + ")";
+      case UnOp::not_: return "(!" + a + ")";
+    }
+    return "?";
+  }
+
+  std::string binary_expr(BinOp op, const std::string& a, const std::string& b, Type t) override {
+    if (op == BinOp::min || op == BinOp::max) {
+      if (t == Type::f32) return std::string(op == BinOp::min ? "fminf(" : "fmaxf(") + a + ", " + b + ")";
+      return "(" + a + (op == BinOp::min ? " < " : " > ") + b + " ? " + a + " : " + b + ")";
+    }
+    return IRPrinter::binary_expr(op, a, b, t);
+  }
+
+  std::string cast_expr(Type to, const std::string& a) override { return "((" + type_spelling(to) + ")" + a + ")"; }
+
+  std::string row_aligned_expr(int buffer, const std::string& offset, int bytes) override {
+    return "tile_aligned(" + k_.buffers[buffer].name + " + " + offset + ", " + std::to_string(bytes) + ")";
+  }
+
+  void print_load(const Stmt& s) override {
+    const Buffer& b = k_.buffers[s.buffer];
+    const std::string dt(dtype_name(b.dtype));
+    const int es = dtype_size(b.dtype), bytes = s.width * es;
+    line("{  // " + std::string(s.clamp ? "clamped " : "") + "load " + b.name + ", " + std::to_string(s.width) + " elements");
+    ++indent_;
+    line("const long long tile_i = " + expr(*s.index) + ";");
+    line("const long long tile_n = " + expr(*s.valid) + ";");
+    line("if (" + expr(*s.aligned) + " && tile_n >= " + std::to_string(s.width) + ") {");
+    ++indent_;
+    line("const " + std::string(word_type(bytes)) + " tile_w = *reinterpret_cast<const " + word_type(bytes) +
+         "*>(" + b.name + " + tile_i);");
+    for (int j = 0; j < s.width; ++j) {
+      std::string word = es == 4 ? component("tile_w", bytes, j) : component("tile_w", bytes, j / 2);
+      if (es == 2 && bytes > 2) word = j % 2 ? "(" + word + " >> 16)" : word;
+      line(reg_name(s.dsts[j]) + " = tile_" + dt + "_to_f32(" + word + ");");
+    }
+    --indent_;
+    line("} else {");
+    ++indent_;
+    std::string fill = constant(*f32_const(s.fill));
+    for (int j = 0; j < s.width; ++j) {
+      std::string jj = std::to_string(j);
+      if (s.clamp) {
+        line(reg_name(s.dsts[j]) + " = tile_" + dt + "_to_f32(" + b.name + "[tile_i + (" + jj +
+             " < tile_n - 1 ? " + jj + " : tile_n - 1)]);");
+        line(reg_name(s.dsts[j]) + " = " + jj + " < tile_n ? " + reg_name(s.dsts[j]) + " : " + fill + ";");
+      } else {
+        line(reg_name(s.dsts[j]) + " = " + jj + " < tile_n ? tile_" + dt + "_to_f32(" + b.name + "[tile_i + " + jj +
+             "]) : " + fill + ";");
+      }
+    }
+    --indent_;
+    line("}");
+    --indent_;
+    line("}");
+  }
+
+  void print_store(const Stmt& s) override {
+    const Buffer& b = k_.buffers[s.buffer];
+    const std::string dt(dtype_name(b.dtype));
+    const int es = dtype_size(b.dtype), bytes = s.width * es;
+    auto bits = [&](int j) { return "tile_f32_bits_" + dt + "(" + reg_name(s.dsts[j]) + ")"; };
+    line("{  // store " + b.name + ", " + std::to_string(s.width) + " elements");
+    ++indent_;
+    line("const long long tile_i = " + expr(*s.index) + ";");
+    line("const long long tile_n = " + expr(*s.valid) + ";");
+    line("if (" + expr(*s.aligned) + " && tile_n >= " + std::to_string(s.width) + ") {");
+    ++indent_;
+    std::vector<std::string> words;
+    if (es == 4) {
+      for (int j = 0; j < s.width; ++j) words.push_back(bits(j));
+    } else if (bytes == 2) {
+      words.push_back("(unsigned short)" + bits(0));
+    } else {
+      for (int j = 0; j < s.width; j += 2) words.push_back("tile_pack2(" + bits(j) + ", " + bits(j + 1) + ")");
+    }
+    std::string value;
+    if (words.size() == 1) {
+      value = words[0];
+    } else {
+      value = std::string(words.size() == 2 ? "make_uint2(" : "make_uint4(");
+      for (size_t w = 0; w < words.size(); ++w) value += (w ? ", " : "") + words[w];
+      value += ")";
+    }
+    line("*reinterpret_cast<" + std::string(word_type(bytes)) + "*>(" + b.name + " + tile_i) = " + value + ";");
+    --indent_;
+    line("} else {");
+    ++indent_;
+    for (int j = 0; j < s.width; ++j) {
+      std::string v = es == 4 ? reg_name(s.dsts[j]) : "(unsigned short)" + bits(j);
+      line("if (" + std::to_string(j) + " < tile_n) " + b.name + "[tile_i + " + std::to_string(j) + "] = " + v + ";");
+    }
+    --indent_;
+    line("}");
+    --indent_;
+    line("}");
+  }
+
+  void print_shfl(const Stmt& s) override {
+    line(reg_name(s.dst) + " = __shfl_xor_sync(0xffffffffu, " + reg_name(s.src) + ", " + std::to_string(s.offset) +
+         ", " + std::to_string(s.width) + ");");
+  }
+
+  std::string shared_slot(const Stmt& s) {
+    const SharedRegion& r = k_.shared[s.region];
+    return "tile_shared[" + std::to_string(r.base) + " + program_in_group * " + std::to_string(r.program_stride) +
+           " + " + expr(*s.index) + "]";
+  }
+  void print_shared_store(const Stmt& s) override { line(shared_slot(s) + " = " + expr(*s.value) + ";"); }
+  void print_shared_load(const Stmt& s) override { line(reg_name(s.dst) + " = " + shared_slot(s) + ";"); }
+
+  void print_barrier(const Stmt& s) override {
+    if (s.barrier == BarrierKind::group)
+      line("__syncthreads();  // group barrier");
+    else
+      line("tile_named_barrier(1 + program_in_group, " + std::to_string(k_.workers_per_program) +
+           ");  // program barrier");
+  }
+
+ private:
+  std::vector<std::string> names_;
+};
+
+}  // namespace
+
+std::string emit_cuda(const Kernel& kernel, const std::string& header_comment) {
+  std::ostringstream os;
+  if (!header_comment.empty()) os << header_comment << "\n";
+  CudaEmitter(os, kernel).print_kernel();
+  return os.str();
+}
+
+}  // namespace tile::cuda

@@ -1,0 +1,41 @@
+// The analytic policy: a closed-form mapping plan for a call, and plan validation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "tile/dtype.hpp"
+#include "tile/plan.hpp"
+#include "tile/spec.hpp"
+
+namespace tile {
+
+struct DeviceLimits {
+  int sm_count = 132;                 // H200
+  int max_threads_per_group = 1024;
+  int named_barriers = 16;            // id 0 is the group barrier, 1.. are per program
+  int max_shared_bytes = 48 * 1024;   // static shared memory per group
+};
+
+// What the policy may look at: the operator, dtypes, shape, strides and the alignment of the
+// operands' base addresses (the largest power of two dividing every base address, in bytes).
+struct PlanInputs {
+  Op op = Op::softmax;
+  DType x_dtype = DType::f32, y_dtype = DType::f32, column_dtype = DType::f32;
+  bool has_columns = false;
+  int64_t rows = 0, cols = 0, x_stride = 0, y_stride = 0;
+  int64_t base_alignment = 16;
+};
+
+// Fills every field the request leaves unset (see docs/source/internals/tile/policy.md).
+MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& request,
+                        const DeviceLimits& limits = {});
+
+// Throws tile::Error naming `op`, the plan field, what was expected and what was given.
+void validate_plan(const MappingPlan& plan, const PlanInputs& in, const DeviceLimits& limits,
+                   const std::string& op);
+
+// True when every row of every operand starts on a `vector_elems`-element boundary.
+bool rows_aligned(const PlanInputs& in, int vector_elems);
+
+}  // namespace tile

@@ -1,0 +1,28 @@
+// Argument checking and the per-call kernel cache shared by every entry point.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "ir/ir.hpp"
+#include "lower/lower_row_program.hpp"
+#include "tile/tile.hpp"
+
+namespace tile {
+
+// Everything derived from a call and a plan request that does not depend on the backend.
+struct PreparedKernel {
+  MappingPlan plan;
+  ir::Kernel kernel;
+  std::string source;         // CUDA C++
+  std::string source_sha256;
+};
+
+// Throws tile::Error naming the operator and argument for any bad argument.
+void check_call(const Call& call);
+PlanInputs plan_inputs(const Call& call);
+float call_eps(const Call& call);
+// Lowered, verified and printed once per (operator, dtypes, operands, plan); memoised.
+std::shared_ptr<const PreparedKernel> prepare(const Call& call, const PlanRequest& request);
+
+}  // namespace tile

@@ -1,0 +1,25 @@
+// verify: the rules every kernel must satisfy before a backend runs it.
+//
+// - types: operands, registers, parameters, indices and conditions have the types ir.hpp gives;
+// - a group barrier sits on control flow uniform across the whole group, so guard programs
+//   (rows past the last) still arrive; a program barrier on control flow uniform across its
+//   program; a shfl_xor on control flow uniform across its warp;
+// - shared regions of packed programs do not overlap and every shared index provably lies
+//   inside its region;
+// - registers holding cached input fit the private budget.
+// Uniformity is a fixed point over register assignments. Tested by tests/ir/verifier_test.cpp.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/ir.hpp"
+
+namespace tile::ir {
+
+// Every rule violation found, one message each; empty when the kernel is valid.
+std::vector<std::string> verify(const Kernel& kernel);
+// Throws tile::InternalError listing the violations: a lowered kernel that fails is a bug.
+void verify_or_throw(const Kernel& kernel);
+
+}  // namespace tile::ir

@@ -1,0 +1,47 @@
+// Host-side matrices for checks: random fill, poisoning and a guard band, used by the tests
+// and by the `tile` command.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "tile/tensor.hpp"
+
+namespace tile::testing {
+
+// A host buffer for a (rows, cols) matrix with row_stride, starting `offset_elems` elements
+// into the allocation (to make misaligned rows), with `guard_elems` poisoned elements after
+// the last row to detect writes past it.
+class HostMatrix {
+ public:
+  HostMatrix(DType dtype, int64_t rows, int64_t cols, int64_t row_stride, int64_t offset_elems = 0,
+             int64_t guard_elems = 64);
+  TensorView view() { return {data(), dtype_, rows_, cols_, stride_}; }
+  void* data() { return bytes_.data() + (offset_ * dtype_size(dtype_)); }
+  std::vector<uint8_t>& bytes() { return bytes_; }
+  int64_t offset_elems() const { return offset_; }
+  int64_t span_elems() const { return rows_ == 0 ? 0 : (rows_ - 1) * stride_ + cols_; }
+
+  void fill_random(std::mt19937_64& rng, double scale = 1.0);  // N(0, scale), never all zeros
+  void poison();                                            // every byte 0xff (NaN in each dtype)
+  // True when no byte outside the rows' [0, cols) elements differs from the poison.
+  bool outside_untouched() const;
+
+ private:
+  DType dtype_;
+  int64_t rows_, cols_, stride_, offset_;
+  std::vector<uint8_t> bytes_;
+};
+
+struct HostVector {
+  HostVector(DType dtype, int64_t size) : dtype(dtype), bytes(size_t(size) * dtype_size(dtype) + 16), size(size) {}
+  DType dtype;
+  std::vector<uint8_t> bytes;
+  int64_t size;
+  void* data() { return bytes.data(); }
+  VectorView view() { return {bytes.data(), dtype, size}; }
+  void fill_random(std::mt19937_64& rng, double mean, double scale);
+};
+
+}  // namespace tile::testing
