@@ -7,7 +7,8 @@
 // shuffle butterfly, then (multi-warp programs) one shared slot per warp, one barrier and a
 // second butterfly that every warp runs, so no broadcast barrier is needed. Guard programs
 // (rows past the last) run every instruction with their loads and stores masked off (or
-// clamped), so they reach every barrier. Tested by tests/lower/lower_row_program_test.cpp.
+// clamped), so they reach every barrier. Tested through the CPU backend by
+// tests/api/cpu_sweep_test.cpp and tests/cost/cost_model_test.cpp.
 #pragma once
 
 #include <vector>

@@ -108,7 +108,9 @@ MappingPlan MappingPlan::from_json(const std::string& text) {
   json j = parse_object(text);
   for (const char* f : kFields)
     if (!j.contains(f)) throw_argument_error("mapping plan", f, "the field to be present", "a plan without it");
-  PlanRequest r = PlanRequest::from_json(text);
+  json fields = j;
+  fields.erase("width_mode");  // in a full plan it records where the width came from
+  PlanRequest r = PlanRequest::from_json(fields.dump());
   MappingPlan p;
   p.programs_per_group = *r.programs_per_group;
   p.workers_per_program = *r.workers_per_program;

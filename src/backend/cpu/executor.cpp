@@ -94,7 +94,7 @@ class Compiler {
     temp_base_ = next + int32_t(k_.params.size());
     for (const ir::SharedRegion& r : k_.shared)
       need(r.base >= 0 && r.elems >= 0 && r.program_stride >= 0,
-           "shared region '" + r.name + "' has a negative base, size or stride");
+           "shared region '", r.name, "' has a negative base, size or stride");
     block(k_.body);
     code_.ins.push_back({Op::halt});
     code_.num_slots = temp_base_ + max_temps_;
@@ -102,8 +102,11 @@ class Compiler {
   }
 
  private:
-  void need(bool ok, const std::string& what) const {
-    if (!ok) throw ExecutionError("cpu executor: malformed IR in kernel '" + k_.name + "': " + what);
+  template <typename... Parts>  // builds the message only on failure
+  void need(bool ok, const Parts&... what) const {
+    if (!ok)
+      throw ExecutionError("cpu executor: malformed IR in kernel '" + k_.name +
+                           "': " + detail::concat(what...));
   }
 
   static std::pair<int, int64_t> const_key(const Expr& e) {
@@ -139,11 +142,9 @@ class Compiler {
     return temp_base_ + temps_ - 1;
   }
   int32_t reg_slot(int id, Type t, const char* what) const {
-    need(id >= 0 && id < int(k_.regs.size()), std::string(what) + " names register " +
-                                                  std::to_string(id) + " which does not exist");
-    need(k_.regs[id].type == t, std::string(what) + " uses register '" + k_.regs[id].name +
-                                    "' of type " + ir::type_name(k_.regs[id].type) + " as " +
-                                    ir::type_name(t));
+    need(id >= 0 && id < int(k_.regs.size()), what, " names register ", id, " which does not exist");
+    need(k_.regs[id].type == t, what, " uses register '", k_.regs[id].name, "' of type ",
+         ir::type_name(k_.regs[id].type), " as ", ir::type_name(t));
     return id;
   }
   static bool is_int(Type t) { return t == Type::i32 || t == Type::i64; }
@@ -170,7 +171,7 @@ class Compiler {
   Op unop_code(UnOp op, Type t) const {
     if (op == UnOp::not_) return need(t == Type::b1, "not on a non-b1 value"), Op::bnot;
     if (op == UnOp::neg) return t == Type::f32 ? Op::fneg : t == Type::i32 ? Op::neg32 : Op::neg64;
-    need(t == Type::f32, std::string(ir::unop_name(op)) + " on a non-f32 value");
+    need(t == Type::f32, ir::unop_name(op), " on a non-f32 value");
     switch (op) {
       case UnOp::exp: return Op::fexp;
       case UnOp::log: return Op::flog;
@@ -199,7 +200,7 @@ class Compiler {
         break;
       case Expr::Kind::param:
         need(e->id >= 0 && e->id < int(k_.params.size()) && k_.params[e->id].type == e->type,
-             "parameter " + std::to_string(e->id) + " does not exist or has another type");
+             "parameter ", e->id, " does not exist or has another type");
         leaf = code_.param_base + e->id;
         break;
       default: break;
@@ -218,9 +219,8 @@ class Compiler {
     switch (e->kind) {
       case Expr::Kind::unary: in.op = unop_code(e->unop, t0); break;
       case Expr::Kind::binary:
-        need(e->args[1]->type == t0, std::string(ir::binop_name(e->binop)) + " of " +
-                                         ir::type_name(t0) + " and " +
-                                         ir::type_name(e->args[1]->type));
+        need(e->args[1]->type == t0, ir::binop_name(e->binop), " of ", ir::type_name(t0), " and ",
+             ir::type_name(e->args[1]->type));
         in.op = binop_code(e->binop, t0);
         break;
       case Expr::Kind::select:
@@ -252,6 +252,7 @@ class Compiler {
     need(is_load || !s.clamp, "clamp on a store");
     MemOp m{s.buffer, s.width, s.clamp, s.fill, 0, 0, 0, int32_t(code_.lists.size())};
     for (int r : s.dsts) code_.lists.push_back(reg_slot(r, Type::f32, is_load ? "a load" : "a store"));
+    need(s.index && s.valid && s.aligned, "load/store without index, valid or aligned");
     need(is_int(s.index->type) && is_int(s.valid->type) && s.aligned->type == Type::b1,
          "load/store index and valid must be integers and aligned b1");
     m.index = expr(s.index.get());
@@ -271,8 +272,8 @@ class Compiler {
       case Stmt::Kind::assign:
         need(s.value != nullptr, "assign without a value");
         need(s.dst >= 0 && s.dst < int(k_.regs.size()), "assign to a register that does not exist");
-        need(s.value->type == k_.regs[s.dst].type, "assign of " + std::string(ir::type_name(s.value->type)) +
-                                                       " to register '" + k_.regs[s.dst].name + "'");
+        need(s.value->type == k_.regs[s.dst].type, "assign of ", ir::type_name(s.value->type),
+             " to register '", k_.regs[s.dst].name, "'");
         expr(s.value.get(), s.dst);
         break;
       case Stmt::Kind::load: mem(s, true); break;
@@ -282,8 +283,8 @@ class Compiler {
         Type t = k_.regs[s.src].type;
         int32_t d = reg_slot(s.dst, t, "shfl_xor");
         need(s.width >= 1 && s.width <= 32 && (s.width & (s.width - 1)) == 0,
-             "shfl_xor width " + std::to_string(s.width) + " is not a power of two <= 32");
-        need(s.offset >= 0 && s.offset < 32, "shfl_xor offset " + std::to_string(s.offset));
+             "shfl_xor width ", s.width, " is not a power of two <= 32");
+        need(s.offset >= 0 && s.offset < 32, "shfl_xor offset ", s.offset, " is not in [0, 32)");
         int32_t l = label("shfl_xor #" + std::to_string(shfls_++) + " of '" + k_.regs[s.src].name +
                           "' (offset " + std::to_string(s.offset) + ", width " +
                           std::to_string(s.width) + ")");
@@ -362,7 +363,10 @@ class Runner {
   Runner(const ir::Kernel& k, const Code& code, const LaunchArgs& args)
       : k_(k), code_(code), args_(args), W_(k.workers_per_program), T_(k.threads_per_group()),
         S_(code.num_slots), slots_(size_t(T_) * S_), pc_(T_), state_(T_),
-        shared_(k.shared_elems()), logs_(shared_.size()), pgen_(k.programs_per_group) {
+        shared_(k.shared_elems()), logs_(shared_.size()), pgen_(k.programs_per_group),
+        reg_init_(k.regs.size()) {
+    for (size_t j = 0; j < k.regs.size(); ++j)
+      if (k.regs[j].type == Type::f32) reg_init_[j].f = std::numeric_limits<float>::quiet_NaN();
     for (int t = 0; t < T_; ++t) {
       Slot* r = &slots_[size_t(t) * S_];
       for (auto [slot, v] : code.consts) r[slot] = v;
@@ -412,10 +416,7 @@ class Runner {
     std::fill(state_.begin(), state_.end(), kReady);
     for (int t = 0; t < T_; ++t) {
       Slot* r = &slots_[size_t(t) * S_];
-      for (size_t j = 0; j < k_.regs.size(); ++j) {
-        if (k_.regs[j].type == Type::f32) r[j].f = std::numeric_limits<float>::quiet_NaN();
-        else r[j].i = 0;
-      }
+      std::copy(reg_init_.begin(), reg_init_.end(), r);
       Slot* sp = r + code_.special_base;
       sp[int(ir::Special::group_index)].i = group_;
       sp[int(ir::Special::program_in_group)].i = t / W_;
@@ -735,9 +736,9 @@ class Runner {
       os << code_.labels[in.c] << " not reached by lanes of warp " << begin / 32 << " of group "
          << group_ << ": ";
     else
-      os << code_.labels[in.a] << " skipped"
-         << (in.op == Op::program_barrier ? " by program " + std::to_string(t0 / W_) : std::string())
-         << " of group " << group_ << ": ";
+      os << code_.labels[in.a]
+         << (in.op == Op::program_barrier ? " of program " + std::to_string(t0 / W_) : std::string())
+         << " in group " << group_ << " skipped: ";
     if (!finished.empty()) os << who << ranges(finished) << " finished the kernel";
     bool first = finished.empty();
     for (const auto& [l, ws] : elsewhere) {
@@ -759,6 +760,7 @@ class Runner {
   std::vector<SlotLog> logs_;
   uint32_t ggen_ = 0;
   std::vector<uint32_t> pgen_;
+  std::vector<Slot> reg_init_;  // NaN for f32 registers, 0 for the others
   int64_t group_ = 0;
   ExecStats stats_;
 };

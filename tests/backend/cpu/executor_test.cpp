@@ -239,7 +239,7 @@ TEST(Executor, GroupBarrierOnDivergentPathIsReported) {
   Kernel k = make_kernel(1, 64);
   k.body = {if_(eq(special(Special::lane), i32_const(0)), {barrier(BarrierKind::group)})};
   const std::string err = error_of([&] { execute(k, {1, {}, {}}); });
-  EXPECT_NE(err.find("group barrier #0 skipped"), std::string::npos) << err;
+  EXPECT_NE(err.find("group barrier #0 in group 0 skipped"), std::string::npos) << err;
   EXPECT_NE(err.find("worker(s) 1-31, 33-63 finished"), std::string::npos) << err;
 
   // Half the workers wait at another barrier.
@@ -257,7 +257,7 @@ TEST(Executor, ProgramBarrierNeedsOnlyItsOwnProgram) {
 
   k.body = {if_(eq(special(Special::worker_in_program), i32_const(0)), {barrier(BarrierKind::program)})};
   const std::string err = error_of([&] { execute(k, {1, {}, {}}); });
-  EXPECT_NE(err.find("program barrier #0 skipped by program 0 of group 0"), std::string::npos) << err;
+  EXPECT_NE(err.find("program barrier #0 of program 0 in group 0 skipped"), std::string::npos) << err;
 }
 
 TEST(Executor, OutOfBoundsStoreIsReported) {
@@ -367,6 +367,19 @@ TEST(Executor, ArithmeticFollowsCudaAndC) {
   k.body.insert(k.body.begin(), assign(r[0], cast(Type::f32, binary(BinOp::div, i32_const(1), param(0, Type::i32)))));
   const std::string err = error_of([&] { execute(k, {1, {{y, 0, 6}}, {{0, 0}, {0, 0}}}); });
   EXPECT_NE(err.find("integer division by zero"), std::string::npos) << err;
+}
+
+TEST(Executor, MalformedIrIsRejected) {
+  Kernel k = make_kernel(1, 32);
+  const int r = k.add_reg("r", Type::f32);
+  k.body = {assign(r, i32_const(1))};
+  std::string err = error_of([&] { execute(k, {1, {}, {}}); });
+  EXPECT_NE(err.find("malformed IR in kernel 'test': assign of i32 to register 'r'"), std::string::npos) << err;
+  k.body = {shfl_xor(r, r, 1, 12)};
+  err = error_of([&] { execute(k, {1, {}, {}}); });
+  EXPECT_NE(err.find("shfl_xor width 12"), std::string::npos) << err;
+  err = error_of([&] { execute(k, {1, {{nullptr}}, {}}); });
+  EXPECT_NE(err.find("expected 0 buffers, got 1"), std::string::npos) << err;
 }
 
 // Not a correctness test: reports the executor's speed on the row-sum kernel.

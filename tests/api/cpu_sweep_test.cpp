@@ -1,0 +1,124 @@
+// The CPU backend against the float64 oracle over the seeded sweep and the packing
+// configurations, plus guard rows and exact/automatic cooperating widths.
+#include "support/cases.hpp"
+
+namespace tile::testing {
+namespace {
+
+TEST(CpuSweep, EveryOperatorDtypeAndShape) {
+  for (const Case& c : core_sweep()) expect_case_passes(c, Backend::cpu);
+}
+
+TEST(CpuSweep, PackingConfigurations) {
+  int checked = 0;
+  for (const Case& c : packing_sweep()) {
+    SCOPED_TRACE(c.name());
+    CaseResult r = run_case(c, Backend::cpu);
+    EXPECT_TRUE(r.check.ok) << r.check.first_mismatch;
+    EXPECT_TRUE(r.outside_untouched);
+    EXPECT_EQ(r.record.plan.programs_per_group, *c.plan.programs_per_group);
+    EXPECT_EQ(r.record.threads_per_group, *c.plan.programs_per_group * 256);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 36);
+}
+
+TEST(CpuSweep, GuardProgramsWriteNothing) {
+  // 37 rows, two programs per group: the second program of the last group has no row.
+  for (Op op : {Op::softmax, Op::rms_norm, Op::layer_norm})
+    for (TailHandling tail : {TailHandling::predicate, TailHandling::clamp}) {
+      Case c;
+      c.op = op, c.rows = 37, c.cols = 1537, c.seed = 77;
+      c.plan.programs_per_group = 2;
+      c.plan.workers_per_program = 128;
+      c.plan.tail = tail;
+      SCOPED_TRACE(c.name() + " tail " + to_string(tail));
+      CaseResult r = run_case(c, Backend::cpu);
+      EXPECT_EQ(r.record.groups, 19);
+      EXPECT_TRUE(r.check.ok) << r.check.first_mismatch;
+      EXPECT_TRUE(r.outside_untouched) << "a guard program wrote past the last row";
+    }
+}
+
+TEST(CpuSweep, ExactAndAutomaticWidths) {
+  for (Op op : {Op::softmax, Op::layer_norm}) {
+    Case c;
+    c.op = op, c.rows = 64, c.cols = 3072, c.seed = 91;
+    CaseResult automatic = run_case(c, Backend::cpu);
+    EXPECT_TRUE(automatic.check.ok) << automatic.check.first_mismatch;
+    EXPECT_EQ(automatic.record.plan.width_mode, WidthMode::automatic);
+    for (int width : {32, 64, 96, 512}) {
+      c.plan.workers_per_program = width;
+      CaseResult exact = run_case(c, Backend::cpu);
+      EXPECT_TRUE(exact.check.ok) << exact.check.first_mismatch;
+      EXPECT_EQ(exact.record.plan.width_mode, WidthMode::exact);
+      EXPECT_EQ(exact.record.plan.workers_per_program, width);
+      EXPECT_EQ(exact.record.threads_per_group, width * exact.record.plan.programs_per_group);
+    }
+  }
+}
+
+TEST(CpuSweep, ProgramScopeBarriersAndRereadPlans) {
+  Case c;
+  c.rows = 37, c.cols = 4097, c.seed = 31;
+  for (Op op : {Op::softmax, Op::log_softmax, Op::rms_norm, Op::layer_norm}) {
+    c.op = op;
+    c.plan = {};
+    c.plan.programs_per_group = 3;
+    c.plan.workers_per_program = 128;
+    c.plan.barrier_scope = BarrierScope::program;
+    expect_case_passes(c, Backend::cpu);
+    c.plan = {};
+    c.plan.caching = InputCaching::reread;
+    c.plan.workers_per_program = 64;
+    c.plan.stripe_unroll = 3;
+    expect_case_passes(c, Backend::cpu);
+  }
+}
+
+TEST(CpuSweep, SubWarpProgramsPackedForShortRows) {
+  for (int64_t cols : {1, 5, 16, 40, 64}) {
+    Case c;
+    c.op = Op::layer_norm, c.rows = 333, c.cols = cols, c.seed = uint64_t(cols);
+    CaseResult r = run_case(c, Backend::cpu);
+    EXPECT_TRUE(r.check.ok) << c.name() << ": " << r.check.first_mismatch;
+    EXPECT_TRUE(r.outside_untouched) << c.name();
+  }
+}
+
+TEST(CpuSemantics, NanAndAllNegativeInfinityRowsFollowPyTorch) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const int64_t cols = 70;
+  std::vector<float> x(3 * cols, 0.5f), y(3 * cols, 0.0f);
+  x[5] = std::nanf("");                                    // row 0: a NaN
+  for (int64_t c = 0; c < cols; ++c) x[cols + c] = -inf;   // row 1: all -inf
+  x[2 * cols + 3] = -inf;                                  // row 2: one -inf
+  for (Op op : {Op::softmax, Op::log_softmax}) {
+    Call call{op, matrix(x.data(), DType::f32, 3, cols), matrix(y.data(), DType::f32, 3, cols)};
+    run(call, {{}, nullptr, Backend::cpu});
+    for (int64_t c = 0; c < cols; ++c) {
+      EXPECT_TRUE(std::isnan(y[c])) << op_name(op) << " NaN row col " << c;
+      EXPECT_TRUE(std::isnan(y[cols + c])) << op_name(op) << " all -inf row col " << c;
+    }
+    EXPECT_EQ(y[2 * cols + 3], op == Op::softmax ? 0.0f : -inf);
+    EXPECT_TRUE(check_against_oracle(call).ok) << check_against_oracle(call).first_mismatch;
+  }
+}
+
+TEST(CpuSemantics, InPlaceCallsReadBeforeWriting) {
+  std::mt19937_64 rng(5);
+  for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
+    HostMatrix x(DType::f32, 9, 2000, 2000), reference(DType::f32, 9, 2000, 2000);
+    x.fill_random(rng);
+    reference.bytes() = x.bytes();
+    Call expected{Op::layer_norm, reference.view(), reference.view()};
+    std::vector<double> want = oracle(expected);
+    PlanRequest plan;
+    plan.caching = caching;
+    run(Call{Op::layer_norm, x.view(), x.view()}, {plan, nullptr, Backend::cpu});
+    for (int64_t i = 0; i < 9 * 2000; ++i) ASSERT_NEAR(load_as_float(x.data(), i, DType::f32), want[i], 1e-4);
+  }
+}
+
+}  // namespace
+}  // namespace tile::testing

@@ -1,0 +1,126 @@
+// The CUDA backend against the float64 oracle: the CPU sweep's cases, the packing
+// configurations, a seeded fuzz of random shapes, dtypes, strides and plans, 64-bit offsets.
+#include "support/cases.hpp"
+
+namespace tile::testing {
+namespace {
+
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::driver_available()) GTEST_SKIP() << "no CUDA driver: GPU tests need a GPU";
+  }
+};
+
+using CudaSweep = CudaTest;
+using CudaSanitizerSubset = CudaTest;
+
+TEST_F(CudaSweep, EveryOperatorDtypeAndShape) {
+  std::printf("device: %s\n", cuda::device_info(0).name.c_str());
+  for (const Case& c : core_sweep()) expect_case_passes(c, Backend::cuda);
+}
+
+TEST_F(CudaSweep, PackingConfigurations) {
+  for (const Case& c : packing_sweep()) {
+    SCOPED_TRACE(c.name());
+    CaseResult r = run_case(c, Backend::cuda);
+    EXPECT_TRUE(r.check.ok) << r.check.first_mismatch;
+    EXPECT_TRUE(r.outside_untouched);
+    EXPECT_EQ(r.record.threads_per_group, *c.plan.programs_per_group * 256);
+  }
+}
+
+TEST_F(CudaSweep, GuardRowsAndExactWidths) {
+  for (TailHandling tail : {TailHandling::predicate, TailHandling::clamp})
+    for (BarrierScope scope : {BarrierScope::group, BarrierScope::program}) {
+      Case c;
+      c.op = Op::layer_norm, c.rows = 37, c.cols = 1537, c.seed = 3;
+      c.plan.programs_per_group = 2, c.plan.workers_per_program = 96, c.plan.tail = tail, c.plan.barrier_scope = scope;
+      CaseResult r = run_case(c, Backend::cuda);
+      EXPECT_TRUE(r.check.ok) << r.check.first_mismatch;
+      EXPECT_TRUE(r.outside_untouched);
+      EXPECT_EQ(r.record.plan.workers_per_program, 96);
+      EXPECT_EQ(r.record.threads_per_group, 192);
+    }
+}
+
+TEST_F(CudaSweep, SeededFuzzOfShapesDtypesStridesAndPlans) {
+  std::mt19937_64 rng(20261130);
+  auto pick = [&](int n) { return int(rng() % uint64_t(n)); };
+  const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
+  int valid = 0, rejected = 0;
+  while (valid < 500) {
+    Case c;
+    c.op = Op(pick(4));
+    c.x = dtypes[pick(3)], c.y = dtypes[pick(3)], c.w = dtypes[pick(3)];
+    c.cols = int64_t(std::exp(std::log(70000.0) * double(rng() % 10000) / 10000.0));
+    c.cols = std::max<int64_t>(1, c.cols);
+    c.rows = pick(4) == 0 ? pick(3) : 1 + pick(std::max<int>(1, int(std::min<int64_t>(300, 2000000 / c.cols))));
+    c.stride = pick(2) ? c.cols + pick(17) : 0;
+    c.offset = pick(4) == 0 ? 1 : 0;
+    c.weight = pick(4) != 0, c.bias = pick(2);
+    c.seed = rng();
+    if (pick(2)) c.plan.programs_per_group = 1 + pick(4);
+    if (pick(2)) c.plan.workers_per_program = std::vector<int>{4, 16, 32, 64, 96, 128, 256, 512, 1024}[pick(9)];
+    if (pick(3) == 0) c.plan.caching = InputCaching::reread;
+    if (pick(3) == 0) c.plan.tail = TailHandling::clamp;
+    if (pick(3) == 0) c.plan.barrier_scope = BarrierScope::program;
+    if (pick(4) == 0) c.plan.vector_elems = 1 << pick(3);
+    if (pick(4) == 0) c.plan.stripe_unroll = 1 + pick(4);
+    try {
+      SCOPED_TRACE(c.name());
+      CaseResult r = run_case(c, Backend::cuda);
+      EXPECT_TRUE(r.check.ok) << r.check.first_mismatch << " plan " << r.record.plan.to_json();
+      EXPECT_TRUE(r.outside_untouched) << "plan " << r.record.plan.to_json();
+      ++valid;
+    } catch (const Error& e) {
+      // Only plan validation may refuse a fuzzed call, with a message naming the plan field.
+      EXPECT_NE(std::string(e.what()).find("plan."), std::string::npos) << e.what();
+      ++rejected;
+    }
+  }
+  std::printf("fuzz: %d calls checked, %d plans rejected by validation\n", valid, rejected);
+}
+
+TEST_F(CudaSweep, SixtyFourBitRowOffsets) {
+  // Two bf16 rows 2^31 + 8 elements apart: element offsets beyond int32.
+  const int64_t cols = 4096, stride = (int64_t(1) << 31) + 8, elems = stride + cols;
+  cuda::ensure_context(0);
+  cuda::DeviceBuffer dx(size_t(elems) * 2), dy(size_t(elems) * 2);
+  std::mt19937_64 rng(64);
+  HostMatrix hx(DType::bf16, 2, cols, cols), hy(DType::bf16, 2, cols, cols);
+  hx.fill_random(rng);
+  for (int64_t r = 0; r < 2; ++r) dx.copy_from_host(static_cast<char*>(hx.data()) + r * cols * 2, cols * 2, size_t(r * stride * 2));
+  dy.fill_byte(0xff);
+  for (Op op : {Op::softmax, Op::rms_norm}) {
+    run(Call{op, matrix(dx.get(), DType::bf16, 2, cols, stride), matrix(dy.get(), DType::bf16, 2, cols, stride)});
+    TILE_CU_CHECK(cuda::driver().cuCtxSynchronize());
+    for (int64_t r = 0; r < 2; ++r) dy.copy_to_host(static_cast<char*>(hy.data()) + r * cols * 2, cols * 2, size_t(r * stride * 2));
+    OracleCheck check = check_against_oracle(Call{op, hx.view(), hy.view()});
+    EXPECT_TRUE(check.ok) << op_name(op) << ": " << check.first_mismatch;
+  }
+}
+
+TEST_F(CudaSweep, RowsZeroLaunchesNothing) {
+  LaunchRecord r = run(Call{Op::softmax, matrix(nullptr, DType::f32, 0, 128), matrix(nullptr, DType::f32, 0, 128)});
+  EXPECT_EQ(r.groups, 0);
+}
+
+TEST_F(CudaSanitizerSubset, RepresentativePlans) {
+  Case c;
+  c.rows = 37, c.cols = 1537, c.seed = 11;
+  c.plan.programs_per_group = 2, c.plan.workers_per_program = 256, c.plan.vector_elems = 4;
+  expect_case_passes(c, Backend::cuda);  // packed, group barriers, misaligned rows, guard program
+  c.op = Op::layer_norm, c.plan.barrier_scope = BarrierScope::program, c.plan.programs_per_group = 3;
+  expect_case_passes(c, Backend::cuda);  // named barriers per program
+  c.op = Op::rms_norm, c.x = DType::bf16, c.y = DType::bf16, c.w = DType::f32, c.cols = 70000, c.rows = 3;
+  c.plan = {};
+  c.plan.caching = InputCaching::reread;
+  expect_case_passes(c, Backend::cuda);  // re-read passes
+  c.op = Op::softmax, c.rows = 100, c.cols = 24, c.plan = {};
+  c.plan.tail = TailHandling::clamp;
+  expect_case_passes(c, Backend::cuda);  // sub-warp programs, clamped tails
+}
+
+}  // namespace
+}  // namespace tile::testing

@@ -1,0 +1,67 @@
+#include "tile/policy.hpp"
+
+#include <gtest/gtest.h>
+
+namespace tile {
+namespace {
+
+PlanInputs inputs(int64_t rows, int64_t cols, DType dt = DType::f32) {
+  PlanInputs in;
+  in.x_dtype = in.y_dtype = dt;
+  in.rows = rows, in.cols = cols, in.x_stride = in.y_stride = cols;
+  return in;
+}
+
+TEST(Policy, ShortRowsGetPackedSubWarpPrograms) {
+  MappingPlan p = choose_plan(inputs(100000, 32), {});
+  EXPECT_EQ(p.vector_elems, 4);
+  EXPECT_EQ(p.workers_per_program, 8);
+  EXPECT_EQ(p.programs_per_group, 32);  // 256 threads
+  EXPECT_EQ(p.width_mode, WidthMode::automatic);
+}
+
+TEST(Policy, LongRowsGetMultiWarpProgramsWithCachedRows) {
+  MappingPlan p = choose_plan(inputs(1024, 4096), {});
+  EXPECT_EQ(p.workers_per_program, 256);
+  EXPECT_EQ(p.stripes, 4);
+  EXPECT_EQ(p.caching, InputCaching::registers);
+  EXPECT_EQ(p.programs_per_group, 1);
+  p = choose_plan(inputs(64, 65536), {});
+  EXPECT_EQ(p.workers_per_program, 1024);
+  EXPECT_EQ(p.cached_scalars(), 64);
+  p = choose_plan(inputs(64, 262144, DType::bf16), {});
+  EXPECT_EQ(p.caching, InputCaching::reread);  // beyond the 64-scalar budget at 1024 workers
+  EXPECT_EQ(p.vector_elems, 8);
+}
+
+TEST(Policy, VectorWidthFollowsRowAlignment) {
+  EXPECT_EQ(choose_plan(inputs(37, 1537), {}).vector_elems, 1);
+  EXPECT_EQ(choose_plan(inputs(37, 1538), {}).vector_elems, 2);
+  PlanInputs in = inputs(37, 1024);
+  in.base_alignment = 4;  // a pointer offset by one fp32 element
+  EXPECT_EQ(choose_plan(in, {}).vector_elems, 1);
+}
+
+TEST(Policy, RequestedFieldsAreKeptExactly) {
+  PlanRequest r;
+  r.programs_per_group = 2, r.workers_per_program = 256, r.vector_elems = 4;
+  MappingPlan p = choose_plan(inputs(37, 1537), r);
+  EXPECT_EQ(p.programs_per_group, 2);
+  EXPECT_EQ(p.workers_per_program, 256);
+  EXPECT_EQ(p.width_mode, WidthMode::exact);
+  EXPECT_EQ(p.vector_elems, 4);
+  EXPECT_EQ(p.stripes, 2);
+  EXPECT_NO_THROW(validate_plan(p, inputs(37, 1537), {}, "softmax"));
+}
+
+TEST(Policy, EveryPolicyPlanValidatesAcrossShapes) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int64_t cols : {1, 2, 3, 17, 31, 33, 100, 255, 1023, 1537, 4097, 8192, 32768, 65537, 131072, 262144})
+      for (int64_t rows : {0, 1, 37, 4096, 1000000}) {
+        PlanInputs in = inputs(rows, cols, dt);
+        EXPECT_NO_THROW(validate_plan(choose_plan(in, {}), in, {}, "softmax")) << rows << "x" << cols;
+      }
+}
+
+}  // namespace
+}  // namespace tile
