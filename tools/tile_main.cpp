@@ -14,7 +14,7 @@
 
 namespace {
 
-const char* kUsage = R"(usage: tile run [options]
+const char* kUsage = R"(usage: tile run [options]     (or: tile bench, on a GPU)
   --op NAME          softmax | log_softmax | rms_norm | layer_norm   (default softmax)
   --shape RxC        rows x cols                                     (default 37x1537)
   --dtype T          input dtype f32 | f16 | bf16                    (default f32)
@@ -35,7 +35,18 @@ const char* kUsage = R"(usage: tile run [options]
 
 }  // namespace
 
+int bench_main(int argc, char** argv);
+
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "bench") {
+    try {
+      if (!tile::cuda::driver_available()) throw tile::NoDriverError("no CUDA driver: tile bench times GPU kernels");
+      return bench_main(argc, argv);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tile: %s\n", e.what());
+      return 1;
+    }
+  }
   if (argc < 2 || std::string(argv[1]) != "run") usage_error(argc < 2 ? "missing command" : "unknown command '" + std::string(argv[1]) + "'");
   std::map<std::string, std::string> opt = {{"op", "softmax"}, {"shape", "37x1537"}, {"dtype", "f32"},
                                             {"backend", "auto"}, {"seed", "1"}, {"show", "plan,source,check"}};
