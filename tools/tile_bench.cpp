@@ -85,7 +85,9 @@ int bench_main(int argc, char** argv) {
                        double(cols) * tile::dtype_size(dt) * ((call.weight.data != nullptr) + (call.bias.data != nullptr));
         double kernel_ms = timed([&] { tile::run(call); });
         size_t copy_bytes = size_t(bytes / 2);  // a copy of bytes/2 reads and writes `bytes`
-        double copy_ms = timed([&] { TILE_CU_CHECK(cu::driver().cuMemcpyDtoDAsync(dy.device_ptr(), dx.device_ptr(), copy_bytes, nullptr)); });
+        cu::DeviceBuffer copy_src(copy_bytes), copy_dst(copy_bytes);
+        copy_src.fill_byte(0x3c);
+        double copy_ms = timed([&] { TILE_CU_CHECK(cu::driver().cuMemcpyDtoDAsync(copy_dst.device_ptr(), copy_src.device_ptr(), copy_bytes, nullptr)); });
         double gbs = bytes / kernel_ms / 1e6, copy_gbs = bytes / copy_ms / 1e6;
         std::printf("%-12s %-5s %-12s %10.2f %10.0f %10.0f %8.1f%%  %s\n", tile::op_name(op).c_str(),
                     std::string(tile::dtype_name(dt)).c_str(), (std::to_string(rows) + "x" + std::to_string(cols)).c_str(),

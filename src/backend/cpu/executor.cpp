@@ -23,6 +23,7 @@ union Slot {
   float f;
 };
 
+// clang-format off
 enum class Op : uint8_t {
   mov,
   fneg, fexp, flog, frsqrt, fsqrt, fadd, fsub, fmul, fdiv, frem, fmin, fmax, flt, fle, feq, fne,
@@ -42,6 +43,7 @@ enum class Op : uint8_t {
   group_barrier, program_barrier,  // a = sync label
   halt,
 };
+// clang-format on
 
 // Three-address instruction; operands are slots of the worker's register file.
 struct Ins {
@@ -93,8 +95,8 @@ class Compiler {
     code_.param_base = next;
     temp_base_ = next + int32_t(k_.params.size());
     for (const ir::SharedRegion& r : k_.shared)
-      need(r.base >= 0 && r.elems >= 0 && r.program_stride >= 0,
-           "shared region '", r.name, "' has a negative base, size or stride");
+      need(r.base >= 0 && r.elems >= 0 && r.program_stride >= 0, "shared region '", r.name,
+           "' has a negative base, size or stride");
     block(k_.body);
     code_.ins.push_back({Op::halt});
     code_.num_slots = temp_base_ + max_temps_;
@@ -110,7 +112,8 @@ class Compiler {
   }
 
   static std::pair<int, int64_t> const_key(const Expr& e) {
-    if (e.type != Type::f32) return {int(e.type), e.type == Type::i32 ? int64_t(int32_t(e.i)) : e.i};
+    if (e.type != Type::f32)
+      return {int(e.type), e.type == Type::i32 ? int64_t(int32_t(e.i)) : e.i};
     float f = float(e.f);
     uint32_t bits;
     std::memcpy(&bits, &f, 4);
@@ -120,10 +123,14 @@ class Compiler {
     if (!e) return;
     if (e->kind == Expr::Kind::constant && !const_slots_.count(const_key(*e))) {
       Slot v{};
-      if (e->type == Type::f32) v.f = float(e->f);
-      else if (e->type == Type::i32) v.i = int32_t(e->i);
-      else if (e->type == Type::b1) v.i = e->i != 0;
-      else v.i = e->i;
+      if (e->type == Type::f32)
+        v.f = float(e->f);
+      else if (e->type == Type::i32)
+        v.i = int32_t(e->i);
+      else if (e->type == Type::b1)
+        v.i = e->i != 0;
+      else
+        v.i = e->i;
       const_slots_[const_key(*e)] = next;
       code_.consts.push_back({next++, v});
     }
@@ -142,7 +149,8 @@ class Compiler {
     return temp_base_ + temps_ - 1;
   }
   int32_t reg_slot(int id, Type t, const char* what) const {
-    need(id >= 0 && id < int(k_.regs.size()), what, " names register ", id, " which does not exist");
+    need(id >= 0 && id < int(k_.regs.size()), what, " names register ", id,
+         " which does not exist");
     need(k_.regs[id].type == t, what, " uses register '", k_.regs[id].name, "' of type ",
          ir::type_name(k_.regs[id].type), " as ", ir::type_name(t));
     return id;
@@ -181,7 +189,8 @@ class Compiler {
   }
   static Op cast_code(Type from, Type to) {
     if (from == to) return Op::mov;
-    if (from == Type::f32) return to == Type::i32 ? Op::f_to_i32 : to == Type::i64 ? Op::f_to_i64 : Op::f_to_b1;
+    if (from == Type::f32)
+      return to == Type::i32 ? Op::f_to_i32 : to == Type::i64 ? Op::f_to_i64 : Op::f_to_b1;
     if (to == Type::f32) return Op::i_to_f;
     if (to == Type::b1) return Op::i_to_b1;
     return to == Type::i32 && from == Type::i64 ? Op::i_to_i32 : Op::mov;
@@ -247,11 +256,14 @@ class Compiler {
   }
 
   void mem(const Stmt& s, bool is_load) {
-    need(s.buffer >= 0 && s.buffer < int(k_.buffers.size()), "access to a buffer that does not exist");
-    need(s.width >= 1 && int(s.dsts.size()) == s.width, "access width does not match its registers");
+    need(s.buffer >= 0 && s.buffer < int(k_.buffers.size()),
+         "access to a buffer that does not exist");
+    need(s.width >= 1 && int(s.dsts.size()) == s.width,
+         "access width does not match its registers");
     need(is_load || !s.clamp, "clamp on a store");
     MemOp m{s.buffer, s.width, s.clamp, s.fill, 0, 0, 0, int32_t(code_.lists.size())};
-    for (int r : s.dsts) code_.lists.push_back(reg_slot(r, Type::f32, is_load ? "a load" : "a store"));
+    for (int r : s.dsts)
+      code_.lists.push_back(reg_slot(r, Type::f32, is_load ? "a load" : "a store"));
     need(s.index && s.valid && s.aligned, "load/store without index, valid or aligned");
     need(is_int(s.index->type) && is_int(s.valid->type) && s.aligned->type == Type::b1,
          "load/store index and valid must be integers and aligned b1");
@@ -279,11 +291,12 @@ class Compiler {
       case Stmt::Kind::load: mem(s, true); break;
       case Stmt::Kind::store: mem(s, false); break;
       case Stmt::Kind::shfl_xor: {
-        need(s.src >= 0 && s.src < int(k_.regs.size()), "shfl_xor of a register that does not exist");
+        need(s.src >= 0 && s.src < int(k_.regs.size()),
+             "shfl_xor of a register that does not exist");
         Type t = k_.regs[s.src].type;
         int32_t d = reg_slot(s.dst, t, "shfl_xor");
-        need(s.width >= 1 && s.width <= 32 && (s.width & (s.width - 1)) == 0,
-             "shfl_xor width ", s.width, " is not a power of two <= 32");
+        need(s.width >= 1 && s.width <= 32 && (s.width & (s.width - 1)) == 0, "shfl_xor width ",
+             s.width, " is not a power of two <= 32");
         need(s.offset >= 0 && s.offset < 32, "shfl_xor offset ", s.offset, " is not in [0, 32)");
         int32_t l = label("shfl_xor #" + std::to_string(shfls_++) + " of '" + k_.regs[s.src].name +
                           "' (offset " + std::to_string(s.offset) + ", width " +
@@ -293,12 +306,14 @@ class Compiler {
       }
       case Stmt::Kind::shared_store:
       case Stmt::Kind::shared_load: {
-        need(s.region >= 0 && s.region < int(k_.shared.size()), "shared region that does not exist");
+        need(s.region >= 0 && s.region < int(k_.shared.size()),
+             "shared region that does not exist");
         need(s.index && is_int(s.index->type), "shared index must be an integer");
         bool st = s.kind == Stmt::Kind::shared_store;
-        int32_t v = st ? (need(s.value && s.value->type == Type::f32, "shared store of a non-f32 value"),
-                          expr(s.value.get()))
-                       : reg_slot(s.dst, Type::f32, "shared_load");
+        int32_t v =
+            st ? (need(s.value && s.value->type == Type::f32, "shared store of a non-f32 value"),
+                  expr(s.value.get()))
+               : reg_slot(s.dst, Type::f32, "shared_load");
         int32_t i = expr(s.index.get());
         code_.ins.push_back({st ? Op::shared_store : Op::shared_load, v, i, s.region});
         break;
@@ -361,9 +376,18 @@ class Compiler {
 class Runner {
  public:
   Runner(const ir::Kernel& k, const Code& code, const LaunchArgs& args)
-      : k_(k), code_(code), args_(args), W_(k.workers_per_program), T_(k.threads_per_group()),
-        S_(code.num_slots), slots_(size_t(T_) * S_), pc_(T_), state_(T_),
-        shared_(k.shared_elems()), logs_(shared_.size()), pgen_(k.programs_per_group),
+      : k_(k),
+        code_(code),
+        args_(args),
+        W_(k.workers_per_program),
+        T_(k.threads_per_group()),
+        S_(code.num_slots),
+        slots_(size_t(T_) * S_),
+        pc_(T_),
+        state_(T_),
+        shared_(k.shared_elems()),
+        logs_(shared_.size()),
+        pgen_(k.programs_per_group),
         reg_init_(k.regs.size()) {
     for (size_t j = 0; j < k.regs.size(); ++j)
       if (k.regs[j].type == Type::f32) reg_init_[j].f = std::numeric_limits<float>::quiet_NaN();
@@ -557,7 +581,8 @@ class Runner {
     const BufferArg& b = args_.buffers[m.buffer];
     DType dt = k_.buffers[m.buffer].dtype;
     uint64_t bytes = uint64_t(m.width) * dtype_size(dt);
-    uint64_t addr = uint64_t(reinterpret_cast<uintptr_t>(b.data)) + uint64_t(index) * dtype_size(dt);
+    uint64_t addr =
+        uint64_t(reinterpret_cast<uintptr_t>(b.data)) + uint64_t(index) * dtype_size(dt);
     if (addr % bytes != 0) {
       std::ostringstream os;
       os << "misaligned vector access: " << what << " of " << m.width << " x " << dtype_name(dt)
@@ -620,13 +645,14 @@ class Runner {
     return a == t || a_ggen != ggen_ || (a / W_ == t / W_ && a_pgen != pgen_[a / W_]);
   }
 
-  [[noreturn]] void race(int t, const Ins& in, int64_t slot, int32_t a, bool a_wrote, bool wrote) const {
+  [[noreturn]] void race(int t, const Ins& in, int64_t slot, int32_t a, bool a_wrote,
+                         bool wrote) const {
     const ir::SharedRegion& reg = k_.shared[in.b];
-    throw ExecutionError("data race on shared region '" + reg.name + "' slot " + std::to_string(slot) +
-                         ": worker " + std::to_string(a) + (a_wrote ? " write" : " read") +
-                         " and worker " + std::to_string(t) + (wrote ? " write" : " read") +
-                         " with no barrier between them, in group " + std::to_string(group_) +
-                         " of kernel '" + k_.name + "'");
+    throw ExecutionError("data race on shared region '" + reg.name + "' slot " +
+                         std::to_string(slot) + ": worker " + std::to_string(a) +
+                         (a_wrote ? " write" : " read") + " and worker " + std::to_string(t) +
+                         (wrote ? " write" : " read") + " with no barrier between them, in group " +
+                         std::to_string(group_) + " of kernel '" + k_.name + "'");
   }
 
   // Checks the index and the access against earlier ones, records it, returns the slot.
@@ -634,7 +660,8 @@ class Runner {
     const ir::SharedRegion& reg = k_.shared[in.b];
     if (i < 0 || i >= reg.elems)
       fail(t, std::string("out-of-bounds shared ") + (write ? "store" : "load") + " of region '" +
-                  reg.name + "' index " + std::to_string(i) + " (size " + std::to_string(reg.elems) + ")");
+                  reg.name + "' index " + std::to_string(i) + " (size " +
+                  std::to_string(reg.elems) + ")");
     const int p = t / W_;
     const size_t slot = size_t(reg.base) + size_t(p) * reg.program_stride + size_t(i);
     SlotLog& log = logs_[slot];
@@ -646,7 +673,8 @@ class Runner {
     }
     if (write) {
       for (const Read& rd : log.reads)
-        if (!ordered(rd.worker, ggen_, rd.pgen, t)) race(t, in, int64_t(slot), rd.worker, false, true);
+        if (!ordered(rd.worker, ggen_, rd.pgen, t))
+          race(t, in, int64_t(slot), rd.worker, false, true);
       log.reads.clear();
       log.writer = t;
       log.w_ggen = ggen_;
@@ -678,7 +706,8 @@ class Runner {
     for (int w0 = 0; w0 < T_; w0 += 32) {
       const int n = std::min(32, T_ - w0);
       const int32_t pc = pc_[w0];
-      if (state_[w0] != kWaiting || code[pc].op != Op::shfl || !all_waiting_at(w0, w0 + n, pc)) continue;
+      if (state_[w0] != kWaiting || code[pc].op != Op::shfl || !all_waiting_at(w0, w0 + n, pc))
+        continue;
       const Ins& in = code[pc];
       const int offset = in.b & 255, width = in.b >> 8;
       Slot src[32];
@@ -687,8 +716,8 @@ class Runner {
         int j = l ^ offset;
         if (j > (l | (width - 1))) j = l;  // a later segment: own value (PTX shfl.bfly)
         if (j >= n)
-          fail(w0 + l, code_.labels[in.c] + " reads lane " + std::to_string(j) +
-                           " of a warp of " + std::to_string(n) + " lanes");
+          fail(w0 + l, code_.labels[in.c] + " reads lane " + std::to_string(j) + " of a warp of " +
+                           std::to_string(n) + " lanes");
         slots_[size_t(w0 + l) * S_ + in.d] = src[j];
       }
       resume(w0, w0 + n);
@@ -698,13 +727,16 @@ class Runner {
     for (int p = 0; p < k_.programs_per_group; ++p) {
       const int b = p * W_;
       const int32_t pc = pc_[b];
-      if (state_[b] != kWaiting || code[pc].op != Op::program_barrier || !all_waiting_at(b, b + W_, pc)) continue;
+      if (state_[b] != kWaiting || code[pc].op != Op::program_barrier ||
+          !all_waiting_at(b, b + W_, pc))
+        continue;
       ++pgen_[p];
       resume(b, b + W_);
       ++stats_.barriers;
       any = true;
     }
-    if (state_[0] == kWaiting && code[pc_[0]].op == Op::group_barrier && all_waiting_at(0, T_, pc_[0])) {
+    if (state_[0] == kWaiting && code[pc_[0]].op == Op::group_barrier &&
+        all_waiting_at(0, T_, pc_[0])) {
       ++ggen_;
       resume(0, T_);
       ++stats_.barriers;
@@ -724,7 +756,8 @@ class Runner {
     std::vector<int> finished;
     std::map<int32_t, std::vector<int>> elsewhere;  // label -> workers
     for (int t = begin; t < end; ++t) {
-      if (state_[t] == kDone) finished.push_back(t - (in.op == Op::shfl ? begin : 0));
+      if (state_[t] == kDone)
+        finished.push_back(t - (in.op == Op::shfl ? begin : 0));
       else if (pc_[t] != pc_[t0]) {
         const Ins& o = code_.ins[pc_[t]];
         elsewhere[o.op == Op::shfl ? o.c : o.a].push_back(t - (in.op == Op::shfl ? begin : 0));
@@ -737,7 +770,8 @@ class Runner {
          << group_ << ": ";
     else
       os << code_.labels[in.a]
-         << (in.op == Op::program_barrier ? " of program " + std::to_string(t0 / W_) : std::string())
+         << (in.op == Op::program_barrier ? " of program " + std::to_string(t0 / W_)
+                                          : std::string())
          << " in group " << group_ << " skipped: ";
     if (!finished.empty()) os << who << ranges(finished) << " finished the kernel";
     bool first = finished.empty();
@@ -785,10 +819,10 @@ ExecStats execute(const ir::Kernel& kernel, const LaunchArgs& args) {
 }
 
 std::string describe(const ExecStats& s) {
-  return "loaded " + std::to_string(s.bytes_loaded) + " B, stored " + std::to_string(s.bytes_stored) +
-         " B, " + std::to_string(s.vector_accesses) + " vector + " + std::to_string(s.scalar_accesses) +
-         " scalar accesses, " + std::to_string(s.barriers) + " barriers, " +
-         std::to_string(s.shuffles) + " shuffles";
+  return "loaded " + std::to_string(s.bytes_loaded) + " B, stored " +
+         std::to_string(s.bytes_stored) + " B, " + std::to_string(s.vector_accesses) +
+         " vector + " + std::to_string(s.scalar_accesses) + " scalar accesses, " +
+         std::to_string(s.barriers) + " barriers, " + std::to_string(s.shuffles) + " shuffles";
 }
 
 }  // namespace tile::cpu

@@ -40,11 +40,11 @@ struct LaunchArgs {
 };
 
 struct ExecStats {
-  int64_t bytes_loaded = 0, bytes_stored = 0;       // elements accessed x dtype size
-  int64_t vector_accesses = 0, scalar_accesses = 0; // per worker: one per vector access of
-                                                    // width > 1, one per scalar element access
-  int64_t barriers = 0;                             // releases, one per scope instance
-  int64_t shuffles = 0;                             // warp exchanges, one per warp
+  int64_t bytes_loaded = 0, bytes_stored = 0;        // elements accessed x dtype size
+  int64_t vector_accesses = 0, scalar_accesses = 0;  // per worker: one per vector access of
+                                                     // width > 1, one per scalar element access
+  int64_t barriers = 0;                              // releases, one per scope instance
+  int64_t shuffles = 0;                              // warp exchanges, one per warp
 };
 
 class ExecutionError : public tile::Error {

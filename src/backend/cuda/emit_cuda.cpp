@@ -148,15 +148,15 @@ class CudaEmitter : public IRPrinter {
     line("} else {");
     ++indent_;
     std::string fill = constant(*f32_const(s.fill));
+    // A scalar f32 element is already a float; 16-bit elements are converted from their bits.
+    auto scalar = [&](const std::string& element) { return es == 4 ? element : "tile_" + dt + "_to_f32(" + element + ")"; };
     for (int j = 0; j < s.width; ++j) {
       std::string jj = std::to_string(j);
       if (s.clamp) {
-        line(reg_name(s.dsts[j]) + " = tile_" + dt + "_to_f32(" + b.name + "[tile_i + (" + jj +
-             " < tile_n - 1 ? " + jj + " : tile_n - 1)]);");
+        line(reg_name(s.dsts[j]) + " = " + scalar(b.name + "[tile_i + (" + jj + " < tile_n - 1 ? " + jj + " : tile_n - 1)]") + ";");
         line(reg_name(s.dsts[j]) + " = " + jj + " < tile_n ? " + reg_name(s.dsts[j]) + " : " + fill + ";");
       } else {
-        line(reg_name(s.dsts[j]) + " = " + jj + " < tile_n ? tile_" + dt + "_to_f32(" + b.name + "[tile_i + " + jj +
-             "]) : " + fill + ";");
+        line(reg_name(s.dsts[j]) + " = " + jj + " < tile_n ? " + scalar(b.name + "[tile_i + " + jj + "]") + " : " + fill + ";");
       }
     }
     --indent_;

@@ -57,15 +57,16 @@ Kernel row_sum_kernel(int programs, int workers) {
   for (int j = 0; j < 4; ++j) v.push_back(k.add_reg("v" + std::to_string(j), Type::f32, true));
   k.shared = {{"partials", 0, workers / 32, workers / 32}};
   const ExprPtr rows = param(0, Type::i64), cols = param(1, Type::i64);
-  const ExprPtr R = [&](int id) { return reg(id, Type::i64); }(row);
+  const ExprPtr R = reg(row, Type::i64);
   const ExprPtr per_stripe = i64_const(4 * workers);
   const ExprPtr stripes = binary(BinOp::div, add(cols, i64_const(4 * workers - 1)), per_stripe);
   const ExprPtr index = add(mul(R, cols), reg(col, Type::i64));
   const ExprPtr valid = select(lt(R, rows), sub(cols, reg(col, Type::i64)), i64_const(0));
   const ExprPtr A = reg(acc, Type::f32);
   std::vector<Stmt> stripe = {
-      assign(col, mul(add(mul(reg(s, Type::i64), i64_const(workers)), wide(Special::worker_in_program)),
-                      i64_const(4))),
+      assign(col,
+             mul(add(mul(reg(s, Type::i64), i64_const(workers)), wide(Special::worker_in_program)),
+                 i64_const(4))),
       load(v, 0, index, valid, row_aligned(0, index, 16), false, 0.0f),
       assign(acc, add(A, add(add(reg(v[0], Type::f32), reg(v[1], Type::f32)),
                              add(reg(v[2], Type::f32), reg(v[3], Type::f32))))),
@@ -83,13 +84,12 @@ Kernel row_sum_kernel(int programs, int workers) {
   k.body.push_back(if_(eq(special(Special::lane), i32_const(0)),
                        {shared_store(0, special(Special::warp_in_program), A)}));
   k.body.push_back(barrier(BarrierKind::group));
-  k.body.push_back(if_(binary(BinOp::and_, eq(special(Special::worker_in_program), i32_const(0)),
-                              lt(R, rows)),
-                       {assign(acc, f32_const(0)),
-                        for_(w, i32_const(0), i32_const(workers / 32),
-                             {shared_load(t, 0, reg(w, Type::i32)),
-                              assign(acc, add(A, reg(t, Type::f32)))}),
-                        store({acc}, 1, R, i64_const(1), b1_const(true))}));
+  k.body.push_back(
+      if_(binary(BinOp::and_, eq(special(Special::worker_in_program), i32_const(0)), lt(R, rows)),
+          {assign(acc, f32_const(0)),
+           for_(w, i32_const(0), i32_const(workers / 32),
+                {shared_load(t, 0, reg(w, Type::i32)), assign(acc, add(A, reg(t, Type::f32)))}),
+           store({acc}, 1, R, i64_const(1), b1_const(true))}));
   return k;
 }
 
@@ -107,8 +107,8 @@ TEST(Executor, RowSumWithShuffleButterflyAndSharedPartials) {
   for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(y[r], float(expect[r])) << "row " << r;
   EXPECT_EQ(st.bytes_loaded, rows * cols * 4);
   EXPECT_EQ(st.bytes_stored, rows * 4);
-  EXPECT_EQ(st.barriers, 3);            // one group barrier per group
-  EXPECT_EQ(st.shuffles, 3 * 4 * 5);    // groups x warps x butterfly steps
+  EXPECT_EQ(st.barriers, 3);          // one group barrier per group
+  EXPECT_EQ(st.shuffles, 3 * 4 * 5);  // groups x warps x butterfly steps
   EXPECT_GT(st.vector_accesses, 0);
   EXPECT_GT(st.scalar_accesses, rows);  // misaligned rows take the scalar path
   EXPECT_NE(describe(st).find("3 barriers"), std::string::npos) << describe(st);
@@ -134,7 +134,8 @@ TEST(Executor, VectorPathWhenAlignedScalarPathOtherwise) {
   alignas(16) float in[132], out[128];
   for (int i = 0; i < 132; ++i) in[i] = float(i);
   {
-    const ExecStats st = execute(copy_kernel(nullptr, nullptr), {1, {{in, 0, 128}, {out, 0, 128}}, {{0, 128}}});
+    const ExecStats st =
+        execute(copy_kernel(nullptr, nullptr), {1, {{in, 0, 128}, {out, 0, 128}}, {{0, 128}}});
     EXPECT_EQ(st.vector_accesses, 64);
     EXPECT_EQ(st.scalar_accesses, 0);
     EXPECT_EQ(st.bytes_loaded, 512);
@@ -144,10 +145,12 @@ TEST(Executor, VectorPathWhenAlignedScalarPathOtherwise) {
   // A row starting one element past an aligned address: forcing the vector path is an error,
   // checking row_aligned takes the scalar path.
   const std::string err = error_of([&] {
-    execute(copy_kernel(b1_const(true), nullptr), {1, {{in + 1, 0, 128}, {out, 0, 128}}, {{0, 128}}});
+    execute(copy_kernel(b1_const(true), nullptr),
+            {1, {{in + 1, 0, 128}, {out, 0, 128}}, {{0, 128}}});
   });
   EXPECT_NE(err.find("misaligned vector access"), std::string::npos) << err;
-  const ExecStats st = execute(copy_kernel(nullptr, nullptr), {1, {{in + 1, 0, 128}, {out, 0, 128}}, {{0, 128}}});
+  const ExecStats st =
+      execute(copy_kernel(nullptr, nullptr), {1, {{in + 1, 0, 128}, {out, 0, 128}}, {{0, 128}}});
   EXPECT_EQ(st.scalar_accesses, 128);
   EXPECT_EQ(st.vector_accesses, 32);
   for (int i = 0; i < 128; ++i) ASSERT_EQ(out[i], float(i + 1)) << i;
@@ -197,10 +200,10 @@ Kernel two_accesses(bool b_reads, std::vector<Stmt> between, int programs = 1, i
                              special(Special::worker_in_program));
   k.body = {if_(eq(thread, i32_const(a)), {shared_store(0, i32_const(0), f32_const(7))})};
   for (Stmt& s : between) k.body.push_back(std::move(s));
-  k.body.push_back(if_(eq(thread, i32_const(b)),
-                       {b_reads ? shared_load(r, 0, i32_const(0))
-                                : shared_store(0, i32_const(0), f32_const(8)),
-                        store({r}, 0, i64_const(0), i64_const(1), b1_const(true))}));
+  k.body.push_back(
+      if_(eq(thread, i32_const(b)),
+          {b_reads ? shared_load(r, 0, i32_const(0)) : shared_store(0, i32_const(0), f32_const(8)),
+           store({r}, 0, i64_const(0), i64_const(1), b1_const(true))}));
   return k;
 }
 
@@ -221,7 +224,8 @@ TEST(Executor, SharedMemoryRacesNeedABarrierBetweenAccesses) {
 
   // With a stride of 0 both programs share slot 0: a program barrier orders only its own
   // program, so worker 65 (program 1) still races with worker 0; a group barrier orders all.
-  err = error_of([&] { execute(two_accesses(true, {barrier(BarrierKind::program)}, 2, 0, 0, 65), args); });
+  err = error_of(
+      [&] { execute(two_accesses(true, {barrier(BarrierKind::program)}, 2, 0, 0, 65), args); });
   EXPECT_NE(err.find("data race"), std::string::npos) << err;
   y[0] = 0;
   execute(two_accesses(true, {barrier(BarrierKind::group)}, 2, 0, 0, 65), args);
@@ -243,21 +247,25 @@ TEST(Executor, GroupBarrierOnDivergentPathIsReported) {
   EXPECT_NE(err.find("worker(s) 1-31, 33-63 finished"), std::string::npos) << err;
 
   // Half the workers wait at another barrier.
-  k.body = {if_(lt(special(Special::worker_in_program), i32_const(32)), {barrier(BarrierKind::group)},
-                {barrier(BarrierKind::group)})};
+  k.body = {if_(lt(special(Special::worker_in_program), i32_const(32)),
+                {barrier(BarrierKind::group)}, {barrier(BarrierKind::group)})};
   const std::string err2 = error_of([&] { execute(k, {1, {}, {}}); });
-  EXPECT_NE(err2.find("worker(s) 32-63 are waiting at group barrier #1"), std::string::npos) << err2;
+  EXPECT_NE(err2.find("worker(s) 32-63 are waiting at group barrier #1"), std::string::npos)
+      << err2;
 }
 
 TEST(Executor, ProgramBarrierNeedsOnlyItsOwnProgram) {
   Kernel k = make_kernel(2, 32);
-  k.body = {if_(eq(special(Special::program_in_group), i32_const(0)), {barrier(BarrierKind::program)})};
+  k.body = {
+      if_(eq(special(Special::program_in_group), i32_const(0)), {barrier(BarrierKind::program)})};
   const ExecStats st = execute(k, {3, {}, {}});
   EXPECT_EQ(st.barriers, 3);
 
-  k.body = {if_(eq(special(Special::worker_in_program), i32_const(0)), {barrier(BarrierKind::program)})};
+  k.body = {
+      if_(eq(special(Special::worker_in_program), i32_const(0)), {barrier(BarrierKind::program)})};
   const std::string err = error_of([&] { execute(k, {1, {}, {}}); });
-  EXPECT_NE(err.find("program barrier #0 of program 0 in group 0 skipped"), std::string::npos) << err;
+  EXPECT_NE(err.find("program barrier #0 of program 0 in group 0 skipped"), std::string::npos)
+      << err;
 }
 
 TEST(Executor, OutOfBoundsStoreIsReported) {
@@ -270,7 +278,8 @@ TEST(Executor, OutOfBoundsStoreIsReported) {
   EXPECT_NO_THROW(execute(k, {1, {{y.data(), 0, 32}}, {}}));
   const std::string err = error_of([&] { execute(k, {1, {{y.data(), 0, 31}}, {}}); });
   EXPECT_NE(err.find("out-of-bounds store of buffer 'y' element 31 (accessible [0, 31))"),
-            std::string::npos) << err;
+            std::string::npos)
+      << err;
   EXPECT_NE(err.find("by worker 31"), std::string::npos) << err;
 }
 
@@ -300,7 +309,8 @@ TEST(Executor, ShuffleSkippedByPartOfTheWarpIsReported) {
   k.body = {if_(lt(special(Special::lane), i32_const(16)), {shfl_xor(v, v, 1, 32)})};
   const std::string err = error_of([&] { execute(k, {1, {}, {}}); });
   EXPECT_NE(err.find("shfl_xor #0 of 'v' (offset 1, width 32) not reached by lanes of warp 0"),
-            std::string::npos) << err;
+            std::string::npos)
+      << err;
   EXPECT_NE(err.find("lane(s) 16-31 finished"), std::string::npos) << err;
 }
 
@@ -308,7 +318,8 @@ TEST(Executor, ForLoopWithDynamicBound) {
   Kernel k = make_kernel(1, 1);
   k.buffers = {{"y", DType::f32, true}};
   k.params = {{"n", Type::i32}};
-  const int i = k.add_reg("i", Type::i32), s = k.add_reg("s", Type::i32), f = k.add_reg("f", Type::f32);
+  const int i = k.add_reg("i", Type::i32), s = k.add_reg("s", Type::i32),
+            f = k.add_reg("f", Type::f32);
   k.body = {assign(s, i32_const(0)),
             for_(i, i32_const(0), param(0, Type::i32),
                  {assign(s, add(reg(s, Type::i32), reg(i, Type::i32)))}),
@@ -325,10 +336,12 @@ TEST(Executor, I64IndexArithmeticBeyond32Bits) {
   Kernel k = make_kernel(1, 1);
   k.buffers = {{"x", DType::f32, false}, {"y", DType::f32, true}};
   const int big = k.add_reg("big", Type::i64), w = k.add_reg("wrapped", Type::i32);
-  const int f = k.add_reg("f", Type::f32), g = k.add_reg("g", Type::f32), v = k.add_reg("v", Type::f32);
-  const ExprPtr two_pow_33 = mul(cast(Type::i64, i32_const(1 << 17)), cast(Type::i64, i32_const(1 << 16)));
-  k.body = {assign(big, add(two_pow_33, i64_const(3))),           // 2^33 + 3
-            assign(w, mul(i32_const(65536), i32_const(65537))),    // wraps to 65536
+  const int f = k.add_reg("f", Type::f32), g = k.add_reg("g", Type::f32),
+            v = k.add_reg("v", Type::f32);
+  const ExprPtr two_pow_33 =
+      mul(cast(Type::i64, i32_const(1 << 17)), cast(Type::i64, i32_const(1 << 16)));
+  k.body = {assign(big, add(two_pow_33, i64_const(3))),          // 2^33 + 3
+            assign(w, mul(i32_const(65536), i32_const(65537))),  // wraps to 65536
             assign(f, cast(Type::f32, sub(reg(big, Type::i64), i64_const(int64_t(1) << 33)))),
             assign(g, cast(Type::f32, reg(w, Type::i32))),
             load({v}, 0, reg(big, Type::i64), i64_const(1), b1_const(true), false, 0.0f),
@@ -364,7 +377,9 @@ TEST(Executor, ArithmeticFollowsCudaAndC) {
   execute(k, {1, {{y, 0, 6}}, {{0, 1}, {std::nan(""), 0}}});
   EXPECT_EQ(std::vector<float>(y, y + 6), (std::vector<float>{2, -3, -2, -1, 0.5f, -3}));
 
-  k.body.insert(k.body.begin(), assign(r[0], cast(Type::f32, binary(BinOp::div, i32_const(1), param(0, Type::i32)))));
+  k.body.insert(
+      k.body.begin(),
+      assign(r[0], cast(Type::f32, binary(BinOp::div, i32_const(1), param(0, Type::i32)))));
   const std::string err = error_of([&] { execute(k, {1, {{y, 0, 6}}, {{0, 0}, {0, 0}}}); });
   EXPECT_NE(err.find("integer division by zero"), std::string::npos) << err;
 }
@@ -374,7 +389,9 @@ TEST(Executor, MalformedIrIsRejected) {
   const int r = k.add_reg("r", Type::f32);
   k.body = {assign(r, i32_const(1))};
   std::string err = error_of([&] { execute(k, {1, {}, {}}); });
-  EXPECT_NE(err.find("malformed IR in kernel 'test': assign of i32 to register 'r'"), std::string::npos) << err;
+  EXPECT_NE(err.find("malformed IR in kernel 'test': assign of i32 to register 'r'"),
+            std::string::npos)
+      << err;
   k.body = {shfl_xor(r, r, 1, 12)};
   err = error_of([&] { execute(k, {1, {}, {}}); });
   EXPECT_NE(err.find("shfl_xor width 12"), std::string::npos) << err;
@@ -388,7 +405,8 @@ TEST(Executor, RowSumThroughput) {
   std::vector<float> x(rows * cols, 1.0f), y(rows);
   const Kernel k = row_sum_kernel(1, 256);
   const auto t0 = std::chrono::steady_clock::now();
-  const ExecStats st = execute(k, {rows, {{x.data(), 0, rows * cols}, {y.data(), 0, rows}}, {{0, rows}, {0, cols}}});
+  const ExecStats st =
+      execute(k, {rows, {{x.data(), 0, rows * cols}, {y.data(), 0, rows}}, {{0, rows}, {0, cols}}});
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(y[rows - 1], float(cols));
   std::cout << "row_sum " << rows << "x" << cols << " with 256 workers per row: " << s * 1e3
