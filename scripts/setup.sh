@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what building and testing Tile needs on a Debian or Ubuntu machine that already has
+# the CUDA toolkit (nvcc, NVRTC) under /usr/local/cuda, and a Python environment for the docs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(cmake ninja-build g++ libgtest-dev nlohmann-json3-dev libssl-dev python3 python3-venv)
+missing=()
+for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
+  echo "setup: the CUDA toolkit (nvcc, NVRTC) is required under /usr/local/cuda" >&2
+  exit 1
+fi
+
+if [ ! -x .venv/bin/sphinx-build ]; then
+  echo "setup: creating .venv with the documentation tools"
+  python3 -m venv .venv
+  .venv/bin/pip install -q -r docs/requirements.txt
+fi
