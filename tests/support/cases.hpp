@@ -115,6 +115,12 @@ inline std::vector<Case> core_sweep() {
     c.x = DType::f16, c.y = DType::bf16, c.w = DType::f16, c.cols = 777, c.stride = 0, c.seed = seed++;
     cases.push_back(c);
   }
+  for (Op op : ops)  // the longest rows the library promises, re-read from memory
+    for (DType dt : {DType::f32, DType::bf16}) {
+      Case c;
+      c.op = op, c.x = dt, c.y = dt, c.w = DType::f32, c.rows = 2, c.cols = 262144, c.seed = seed++;
+      cases.push_back(c);
+    }
   for (Op op : {Op::rms_norm, Op::layer_norm}) {  // without weight / bias
     Case c;
     c.op = op, c.rows = 37, c.cols = 1537, c.weight = false, c.bias = false, c.seed = seed++;
