@@ -18,8 +18,8 @@ if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
   exit 1
 fi
 
-if [ ! -x .venv/bin/sphinx-build ]; then
+if [ ! -x .venv/bin/sphinx-build ] || ! .venv/bin/python -c "import nanobind, numpy, pytest" 2>/dev/null; then
   echo "setup: creating .venv with the documentation tools"
   python3 -m venv .venv
-  .venv/bin/pip install -q -r docs/requirements.txt
+  .venv/bin/pip install -q -r requirements-dev.txt
 fi
