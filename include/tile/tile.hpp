@@ -10,6 +10,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tile/dtype.hpp"
 #include "tile/error.hpp"
@@ -52,6 +53,12 @@ struct LaunchRecord {
   int threads_per_group = 0;
   int shared_bytes = 0;
   int64_t bytes_loaded = 0;   // CPU backend only: bytes its loads actually read
+  // CUDA backend: how the kernel binary was obtained by this call ("compiled", "memory",
+  // "disk"; "launch-cache" when the call reused an already loaded kernel), its NVRTC time and
+  // options.
+  std::string cache_origin;
+  double compile_ms = 0;
+  std::vector<std::string> compile_options;
 };
 
 LaunchRecord run(const Call& call, const CallOptions& options = {});
@@ -69,6 +76,11 @@ void layer_norm(const TensorView& x, const TensorView& y, const VectorView& weig
 MappingPlan plan_for(const Call& call, const PlanRequest& request = {});
 std::string ir_for(const Call& call, const PlanRequest& request = {});
 std::string source_for(const Call& call, const PlanRequest& request = {});
+
+// Forgets every lowered, compiled and loaded kernel of this process (the on-disk cache is
+// separate: see TILE_CACHE_DIR / TILE_DISABLE_DISK_CACHE). The next call of each kernel
+// lowers and compiles it afresh.
+void clear_kernel_caches();
 
 // The float64 reference: y_ref[r * cols + c] for a call whose pointers are host memory.
 std::vector<double> oracle(const Call& call);

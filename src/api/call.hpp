@@ -2,7 +2,9 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "ir/ir.hpp"
 #include "lower/lower_row_program.hpp"
@@ -24,5 +26,8 @@ PlanInputs plan_inputs(const Call& call);
 float call_eps(const Call& call);
 // Lowered, verified and printed once per (operator, dtypes, operands, plan); memoised.
 std::shared_ptr<const PreparedKernel> prepare(const Call& call, const PlanRequest& request);
+// The memo behind prepare(); clear_kernel_caches() empties it.
+std::mutex& prepared_mutex();
+std::unordered_map<std::string, std::shared_ptr<const PreparedKernel>>& prepared_cache();
 
 }  // namespace tile

@@ -38,6 +38,21 @@ KernelArgs kernel_args(const Call& call, const ir::Kernel& k) {
   return a;
 }
 
+// Compiled and loaded kernels by (prepared kernel, device): after the first call a launch
+// needs no hashing or compile-cache lookup.
+struct LoadedKernel {
+  std::shared_ptr<const cuda::CompileResult> module;
+  CUfunction function = nullptr;
+};
+std::mutex& loaded_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::unordered_map<const PreparedKernel*, std::unordered_map<int, LoadedKernel>>& loaded_kernels() {
+  static std::unordered_map<const PreparedKernel*, std::unordered_map<int, LoadedKernel>> map;
+  return map;
+}
+
 const std::string& device_arch(int device) {
   static std::mutex mutex;
   static std::unordered_map<int, std::string> arch;
@@ -74,11 +89,30 @@ LaunchRecord run(const Call& call, const CallOptions& options) {
   }
 
   cuda::ensure_context(options.device);
-  rec.arch = device_arch(cuda::current_device());
-  auto module = cuda::compile_cubin(pk->source, rec.arch);
-  rec.cubin_sha256 = module->cubin_sha256;
+  const int device = cuda::current_device();
+  LoadedKernel loaded;
+  {
+    std::lock_guard<std::mutex> lock(loaded_mutex());
+    auto& per_device = loaded_kernels()[pk.get()];
+    if (auto it = per_device.find(device); it != per_device.end()) {
+      loaded = it->second;
+      rec.cache_origin = "launch-cache";
+    }
+  }
+  if (!loaded.function) {
+    loaded.module = cuda::compile_cubin(pk->source, device_arch(device));
+    loaded.function = cuda::get_function(*loaded.module, k.name);
+    rec.compile_ms = loaded.module->compile_ms;
+    static const char* origins[] = {"compiled", "memory", "disk"};
+    rec.cache_origin = origins[int(loaded.module->origin)];
+    std::lock_guard<std::mutex> lock(loaded_mutex());
+    loaded_kernels()[pk.get()][device] = loaded;
+  }
+  rec.arch = loaded.module->arch;
+  rec.cubin_sha256 = loaded.module->cubin_sha256;
+  rec.compile_options = loaded.module->options;
   if (rec.groups == 0) return rec;  // rows = 0 launches nothing
-  CUfunction fn = cuda::get_function(*module, k.name);
+  CUfunction fn = loaded.function;
   std::vector<CUdeviceptr> ptrs;
   for (const void* p : a.buffers) ptrs.push_back(reinterpret_cast<CUdeviceptr>(p));
   std::vector<void*> argv;
@@ -89,6 +123,18 @@ LaunchRecord run(const Call& call, const CallOptions& options) {
   TILE_CU_CHECK(cuda::driver().cuLaunchKernel(fn, unsigned(rec.groups), 1, 1, unsigned(rec.threads_per_group), 1, 1, 0,
                                               static_cast<CUstream>(options.stream), argv.data(), nullptr));
   return rec;
+}
+
+void clear_kernel_caches() {
+  {
+    std::lock_guard<std::mutex> lock(loaded_mutex());
+    loaded_kernels().clear();
+  }
+  {
+    std::lock_guard<std::mutex> lock(prepared_mutex());
+    prepared_cache().clear();
+  }
+  cuda::clear_memory_cache();
 }
 
 std::string ir_for(const Call& call, const PlanRequest& request) { return ir::to_string(prepare(call, request)->kernel); }
