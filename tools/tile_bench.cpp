@@ -45,7 +45,22 @@ double timed(F&& launch) {
 int bench_main(int argc, char** argv) {
   std::vector<std::pair<long long, long long>> shapes = {{37, 1537}, {256, 3072}, {768, 6144}, {1024, 4096}, {32768, 4096}, {4096, 32768}};
   std::vector<tile::Op> ops = {tile::Op::softmax, tile::Op::log_softmax, tile::Op::rms_norm, tile::Op::layer_norm};
-  (void)argc, (void)argv;
+  // `tile bench [--plan JSON] [--shape RxC]...`: fixed plan fields for every call; shapes to time.
+  tile::PlanRequest request;
+  std::vector<std::pair<long long, long long>> chosen;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    std::string flag = argv[i];
+    if (flag == "--plan") {
+      request = tile::PlanRequest::from_json(argv[i + 1]);
+    } else if (flag == "--shape") {
+      long long r = 0, c = 0;
+      if (std::sscanf(argv[i + 1], "%lldx%lld", &r, &c) != 2) throw tile::Error("tile bench: --shape expects RxC");
+      chosen.push_back({r, c});
+    } else {
+      throw tile::Error("tile bench: unknown option '" + flag + "'");
+    }
+  }
+  if (!chosen.empty()) shapes = chosen;
   cu::ensure_context(0);
   cu::DeviceInfo dev = cu::device_info(0);
   std::printf("device %s (%s), %d SMs; times are medians of 7 event-timed batches of back-to-back launches\n",
@@ -68,7 +83,7 @@ int bench_main(int argc, char** argv) {
         if (op == tile::Op::rms_norm || op == tile::Op::layer_norm) call.weight = {dw.get(), dt, cols};
         if (op == tile::Op::layer_norm) call.bias = {db.get(), dt, cols};
         dy.fill_byte(0xff);
-        tile::LaunchRecord rec = tile::run(call);
+        tile::LaunchRecord rec = tile::run(call, {request});
         TILE_CU_CHECK(cu::driver().cuCtxSynchronize());
         dy.copy_to_host(y.bytes().data(), y.bytes().size());
         tile::Call host = call;
@@ -83,7 +98,7 @@ int bench_main(int argc, char** argv) {
         // Bytes: input read once, output written once, weight and bias once.
         double bytes = double(rows * cols) * 2 * tile::dtype_size(dt) +
                        double(cols) * tile::dtype_size(dt) * ((call.weight.data != nullptr) + (call.bias.data != nullptr));
-        double kernel_ms = timed([&] { tile::run(call); });
+        double kernel_ms = timed([&] { tile::run(call, {request}); });
         size_t copy_bytes = size_t(bytes / 2);  // a copy of bytes/2 reads and writes `bytes`
         cu::DeviceBuffer copy_src(copy_bytes), copy_dst(copy_bytes);
         copy_src.fill_byte(0x3c);

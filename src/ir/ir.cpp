@@ -26,7 +26,7 @@ const char* special_name(Special s) {
 }
 
 const char* unop_name(UnOp op) {
-  static const char* names[] = {"neg", "exp", "log", "rsqrt", "sqrt", "not"};
+  static const char* names[] = {"neg", "exp", "log", "rsqrt", "sqrt", "not", "exp2"};
   return names[int(op)];
 }
 

@@ -34,7 +34,7 @@ enum class Special : uint8_t {
 };
 const char* special_name(Special s);
 
-enum class UnOp : uint8_t { neg, exp, log, rsqrt, sqrt, not_ };
+enum class UnOp : uint8_t { neg, exp, log, rsqrt, sqrt, not_, exp2 };
 enum class BinOp : uint8_t { add, sub, mul, div, rem, min, max, lt, le, eq, ne, and_, or_ };
 const char* unop_name(UnOp op);
 const char* binop_name(BinOp op);

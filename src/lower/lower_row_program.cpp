@@ -25,6 +25,7 @@ class RowLowering {
   struct Slot {
     std::vector<int> x;                     // registers holding the input elements
     ExprPtr col;                            // i64 column of element 0
+    ExprPtr in_row_count;                   // i32: how many of the V elements lie in the row
     std::map<int, std::vector<int>> column; // loaded column operands by buffer
     std::map<int, std::vector<int>> memo;   // element node -> registers
   };
@@ -49,6 +50,13 @@ class RowLowering {
   int reduce_across_workers(std::vector<Stmt>& out, int acc, Reduction kind);
   void store_output(std::vector<Stmt>& out, Slot& slot);
   std::vector<Stmt> reread_loop(const std::function<void(std::vector<Stmt>&, Slot&)>& body);
+
+  // exp(a) is computed as exp2(a * log2(e)): one multiply and the hardware's base-2 exponential.
+  ExprPtr unary_node(UnaryFn fn, ExprPtr a) {
+    static const UnOp ops[] = {UnOp::neg, UnOp::exp, UnOp::log, UnOp::rsqrt, UnOp::sqrt};
+    if (fn == UnaryFn::exp) return unary(UnOp::exp2, binary(BinOp::mul, std::move(a), f32_const(1.4426950408889634)));
+    return unary(ops[int(fn)], std::move(a));
+  }
 
   ExprPtr identity(Reduction kind) {
     return f32_const(kind == Reduction::sum ? 0.0 : -std::numeric_limits<double>::infinity());
@@ -165,6 +173,10 @@ ExprPtr RowLowering::stripe_col(ExprPtr stripe) {
 void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, std::vector<int> x_regs) {
   int col = assign_new(out, "col", slot.col);
   slot.col = r(col);
+  // min(max(load_cols - col, 0), V) as i32: one compare per element instead of i64 math.
+  ExprPtr left = binary(BinOp::sub, r(load_cols_), slot.col);
+  ExprPtr count = binary(BinOp::min, binary(BinOp::max, left, i64(0)), i64(plan_.vector_elems));
+  slot.in_row_count = r(assign_new(out, "n", cast(Type::i32, count)));
   out.push_back(load(x_regs, 0, binary(BinOp::add, r(x_off_), slot.col),
                      binary(BinOp::sub, r(load_cols_), slot.col), r(x_aligned_),
                      plan_.tail == TailHandling::clamp, 0.0f));
@@ -172,7 +184,7 @@ void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, std::vector<int>
 }
 
 ExprPtr RowLowering::in_row(const Slot& slot, int j) {
-  return binary(BinOp::lt, binary(BinOp::add, slot.col, i64(j)), r(load_cols_));
+  return binary(BinOp::lt, i32_const(j), slot.in_row_count);
 }
 
 ExprPtr RowLowering::row_scalar(std::vector<Stmt>& out, int node) {
@@ -186,8 +198,7 @@ ExprPtr RowLowering::row_scalar(std::vector<Stmt>& out, int node) {
     case RowNode::Kind::scalar: return param(k_.param_index(n.name), Type::f32);
     case RowNode::Kind::unary: {
       ExprPtr a = row_scalar(out, n.a);
-      static const UnOp ops[] = {UnOp::neg, UnOp::exp, UnOp::log, UnOp::rsqrt, UnOp::sqrt};
-      value = unary(ops[int(n.unary)], a);
+      value = unary_node(n.unary, a);
       break;
     }
     case RowNode::Kind::binary: {
@@ -255,8 +266,7 @@ const std::vector<int>& RowLowering::element(std::vector<Stmt>& out, Slot& slot,
     }
     case RowNode::Kind::unary: {
       std::vector<int> a = element(out, slot, n.a);
-      static const UnOp ops[] = {UnOp::neg, UnOp::exp, UnOp::log, UnOp::rsqrt, UnOp::sqrt};
-      for (int j = 0; j < V; ++j) regs.push_back(assign_new(out, "e", unary(ops[int(n.unary)], r(a[j]))));
+      for (int j = 0; j < V; ++j) regs.push_back(assign_new(out, "e", unary_node(n.unary, r(a[j]))));
       break;
     }
     case RowNode::Kind::binary: {

@@ -15,6 +15,9 @@ namespace {
 // Stripes a multi-warp program aims for: enough independent 16-byte loads in flight per
 // worker to cover memory latency, few enough that the cached row fits the private budget.
 constexpr int64_t kTargetStripes = 4;
+// Widest automatic program: __launch_bounds__(1024) leaves 64 registers a thread, too few for a
+// cached row slice plus its index math (ptxas spills); 512 threads leave 128.
+constexpr int kMaxAutomaticWidth = 512;
 // Threads a group of packed short-row programs aims for.
 constexpr int kTargetGroupThreads = 256;
 // Groups per SM below which packing more rows per group would leave SMs idle.
@@ -69,7 +72,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
       p.workers_per_program = pow2_at_least(vectors);
     else
       p.workers_per_program = int(std::clamp<int64_t>(round_up(ceil_div(vectors, stripes_wanted), 32), 32,
-                                                      limits.max_threads_per_group));
+                                                      std::min(kMaxAutomaticWidth, limits.max_threads_per_group)));
     p.width_mode = WidthMode::automatic;
   }
   p.stripes = req.stripes ? *req.stripes : int(std::max<int64_t>(1, ceil_div(vectors, p.workers_per_program)));

@@ -26,9 +26,11 @@ TEST(Policy, LongRowsGetMultiWarpProgramsWithCachedRows) {
   EXPECT_EQ(p.stripes, 4);
   EXPECT_EQ(p.caching, InputCaching::registers);
   EXPECT_EQ(p.programs_per_group, 1);
-  p = choose_plan(inputs(64, 65536), {});
-  EXPECT_EQ(p.workers_per_program, 1024);
+  p = choose_plan(inputs(64, 32768), {});
+  EXPECT_EQ(p.workers_per_program, 512);  // the automatic width stops at 512
   EXPECT_EQ(p.cached_scalars(), 64);
+  p = choose_plan(inputs(64, 65536), {});
+  EXPECT_EQ(p.caching, InputCaching::reread);
   p = choose_plan(inputs(64, 262144, DType::bf16), {});
   EXPECT_EQ(p.caching, InputCaching::reread);  // beyond the 64-scalar budget at 1024 workers
   EXPECT_EQ(p.vector_elems, 8);

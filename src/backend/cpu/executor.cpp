@@ -26,7 +26,7 @@ union Slot {
 // clang-format off
 enum class Op : uint8_t {
   mov,
-  fneg, fexp, flog, frsqrt, fsqrt, fadd, fsub, fmul, fdiv, frem, fmin, fmax, flt, fle, feq, fne,
+  fneg, fexp, fexp2, flog, frsqrt, fsqrt, fadd, fsub, fmul, fdiv, frem, fmin, fmax, flt, fle, feq, fne,
   neg32, add32, sub32, mul32, div32, rem32,
   neg64, add64, sub64, mul64, div64, rem64,
   imin, imax, ilt, ile, ieq, ine, band, bor, bnot,  // i32, i64 and b1 alike
@@ -182,6 +182,7 @@ class Compiler {
     need(t == Type::f32, ir::unop_name(op), " on a non-f32 value");
     switch (op) {
       case UnOp::exp: return Op::fexp;
+      case UnOp::exp2: return Op::fexp2;
       case UnOp::log: return Op::flog;
       case UnOp::rsqrt: return Op::frsqrt;
       default: return Op::fsqrt;
@@ -470,6 +471,7 @@ class Runner {
         case Op::mov: d = A; break;
         case Op::fneg: d.f = -A.f; break;
         case Op::fexp: d.f = std::exp(A.f); break;
+        case Op::fexp2: d.f = std::exp2(A.f); break;
         case Op::flog: d.f = std::log(A.f); break;
         case Op::frsqrt: d.f = 1.0f / std::sqrt(A.f); break;
         case Op::fsqrt: d.f = std::sqrt(A.f); break;

@@ -105,6 +105,7 @@ class CudaEmitter : public IRPrinter {
     switch (op) {
       case UnOp::neg: return "(-" + a + ")";
       case UnOp::exp: return "expf(" + a + ")";
+      case UnOp::exp2: return "exp2f(" + a + ")";
       case UnOp::log: return "logf(" + a + ")";
       case UnOp::rsqrt: return "rsqrtf(" + a + ")";
       case UnOp::sqrt: return "sqrtf(" + a + ")";

@@ -1,0 +1,363 @@
+// tile._tile: the compiled half of the Python package.
+//
+// Arrays arrive through DLPack and become tile::TensorView / VectorView without copies: the
+// leading dimensions of x and out flatten to rows of one row stride, the last one is the
+// contiguous column dimension. CPU arrays run on the CPU backend, CUDA arrays on the CUDA
+// backend. python/tile/__init__.py allocates outputs and resolves streams; this file checks,
+// binds and launches. Tests: tests/python/.
+#include <dlfcn.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+// The module is compiled with hidden visibility, libtile.so with default visibility; the
+// library's types keep default visibility here so its exceptions are caught by type.
+#pragma GCC visibility push(default)
+#include "backend/cuda/driver.hpp"      // needs only <cuda.h>: DeviceInfo, ensure_context
+#include "backend/cuda/jit_module.hpp"  // needs only <cuda.h>: the NVRTC cache
+#include "tile/tile.hpp"
+#pragma GCC visibility pop
+
+#ifndef TILE_VERSION
+#define TILE_VERSION "unknown"
+#endif
+#ifndef TILE_GIT_COMMIT
+#define TILE_GIT_COMMIT ""
+#endif
+
+namespace nb = nanobind;
+
+namespace {
+
+using Input = nb::ndarray<nb::ro>;  // x, weight, bias: read-only access suffices
+using Output = nb::ndarray<>;       // out: must be writable
+
+constexpr int kDLCPU = 1;
+constexpr int kDLCUDA = 2;
+
+std::string tuple_string(const int64_t* values, size_t n) {
+  std::string s = "(";
+  for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(values[i]);
+  return s + (n == 1 ? ",)" : ")");
+}
+
+template <typename A>
+std::string layout(const A& a) {
+  return "shape " + tuple_string(a.shape_ptr(), a.ndim()) + " strides " + tuple_string(a.stride_ptr(), a.ndim()) +
+         " (in elements)";
+}
+
+std::string dtype_string(nb::dlpack::dtype t) {
+  using Code = nb::dlpack::dtype_code;
+  std::string name;
+  switch (Code(t.code)) {
+    case Code::Int: name = "int"; break;
+    case Code::UInt: name = "uint"; break;
+    case Code::Float: name = "float"; break;
+    case Code::Bfloat: name = "bfloat"; break;
+    case Code::Complex: name = "complex"; break;
+    case Code::Bool: name = "bool"; break;
+    default: name = "DLPack type code " + std::to_string(t.code) + " of "; break;
+  }
+  name += std::to_string(t.bits);
+  if (t.lanes != 1) name += "x" + std::to_string(t.lanes);
+  return name;
+}
+
+template <typename A>
+tile::DType dtype_of(const std::string& op, const char* arg, const A& a) {
+  const nb::dlpack::dtype t = a.dtype();
+  if (t == nb::dtype<float>()) return tile::DType::f32;
+  if (t == nb::dlpack::dtype{uint8_t(nb::dlpack::dtype_code::Float), 16, 1}) return tile::DType::f16;
+  if (t == nb::dlpack::dtype{uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1}) return tile::DType::bf16;
+  tile::throw_argument_error(op, arg, "dtype float32, float16 or bfloat16", dtype_string(t));
+}
+
+struct Device {
+  int type = kDLCPU, id = 0;
+  bool operator==(const Device& o) const { return type == o.type && (type == kDLCPU || id == o.id); }
+};
+
+std::string device_string(Device d) {
+  if (d.type == kDLCPU) return "cpu";
+  if (d.type == kDLCUDA) return "cuda:" + std::to_string(d.id);
+  return "DLPack device type " + std::to_string(d.type) + " (id " + std::to_string(d.id) + ")";
+}
+
+template <typename A>
+Device device_of(const std::string& op, const char* arg, const A& a, std::optional<Device> like) {
+  Device d{a.device_type(), a.device_id()};
+  if (like && !(d == *like))
+    tile::throw_argument_error(op, arg, "an array on " + device_string(*like) + " like x", "one on " + device_string(d));
+  if (d.type != kDLCPU && d.type != kDLCUDA)
+    tile::throw_argument_error(op, arg, "a CPU or CUDA array", "one on " + device_string(d));
+  return d;
+}
+
+// Leading dimensions flatten to rows when they collapse to a single row stride; dimensions of
+// extent 1 take no part (their strides are arbitrary).
+template <typename A>
+tile::TensorView as_matrix(const std::string& op, const char* arg, const A& a) {
+  const size_t n = a.ndim();
+  if (n == 0) tile::throw_argument_error(op, arg, "an array of at least one dimension", "a 0-d array");
+  const int64_t cols = int64_t(a.shape(n - 1));
+  if (cols > 1 && a.stride(n - 1) != 1)
+    tile::throw_argument_error(op, arg, "a contiguous last dimension (stride 1)", layout(a));
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < n; ++i) rows *= int64_t(a.shape(i));
+  int64_t row_stride = cols;
+  if (rows > 1) {
+    int inner = -1;  // innermost leading dimension of extent > 1
+    for (int i = int(n) - 2; i >= 0; --i) {
+      if (a.shape(i) == 1) continue;
+      if (inner < 0) {
+        row_stride = a.stride(i);
+      } else if (a.stride(i) != a.stride(inner) * int64_t(a.shape(inner))) {
+        tile::throw_argument_error(op, arg,
+                                   "leading dimensions that flatten to rows of one stride "
+                                   "(stride[i] == stride[i+1] * shape[i+1] over dimensions of extent > 1)",
+                                   layout(a));
+      }
+      inner = i;
+    }
+    if (row_stride < cols)
+      tile::throw_argument_error(op, arg, "rows that do not overlap (row stride >= " + std::to_string(cols) + ")",
+                                 layout(a));
+  }
+  return tile::TensorView{const_cast<void*>(static_cast<const void*>(a.data())), dtype_of(op, arg, a), rows, cols,
+                          row_stride};
+}
+
+tile::VectorView as_vector(const std::string& op, const char* arg, const Input& a, int64_t cols) {
+  if (a.ndim() != 1 || int64_t(a.shape(0)) != cols || (cols > 1 && a.stride(0) != 1))
+    tile::throw_argument_error(op, arg, "shape (" + std::to_string(cols) + ",) with stride 1 (one element per column)",
+                               layout(a));
+  return tile::VectorView{a.data(), dtype_of(op, arg, a), cols};
+}
+
+template <typename A>
+A import_array(const std::string& op, const char* arg, nb::handle h) {
+  A a;
+  if (!nb::try_cast(h, a, /*convert=*/false)) {
+    std::string given = nb::type_name(h.type()).c_str();
+    if (std::is_same_v<A, Output>) given += " (read-only, or not exportable through DLPack)";
+    tile::throw_argument_error(op, arg,
+                               std::is_same_v<A, Output> ? "a writable array exporting DLPack (numpy, torch, ...)"
+                                                         : "an array exporting DLPack (numpy, torch, ...)",
+                               given);
+  }
+  return a;
+}
+
+// A call bound to its arrays; the arrays are held for as long as the call may run. Y is
+// Output for launches and Input for introspection, which never writes.
+template <typename Y>
+struct Bound {
+  Input x, weight, bias;
+  Y y;
+  tile::Call call;
+  tile::CallOptions options;
+};
+
+template <typename Y>
+Bound<Y> bind(const std::string& op_name, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
+              std::optional<float> eps, const std::optional<std::string>& plan) {
+  Bound<Y> b;
+  b.call.op = tile::parse_op(op_name);
+  const std::string op = tile::op_name(b.call.op);
+  b.x = import_array<Input>(op, "x", x);
+  const Device device = device_of(op, "x", b.x, std::nullopt);
+  b.call.x = as_matrix(op, "x", b.x);
+
+  b.y = import_array<Y>(op, "out", y);
+  device_of(op, "out", b.y, device);
+  if (b.y.ndim() != b.x.ndim() || !std::equal(b.y.shape_ptr(), b.y.shape_ptr() + b.y.ndim(), b.x.shape_ptr()))
+    tile::throw_argument_error(op, "out", "shape " + tuple_string(b.x.shape_ptr(), b.x.ndim()) + " like x",
+                               "shape " + tuple_string(b.y.shape_ptr(), b.y.ndim()));
+  b.call.y = as_matrix(op, "out", b.y);
+
+  if (!weight.is_none()) {
+    b.weight = import_array<Input>(op, "weight", weight);
+    device_of(op, "weight", b.weight, device);
+    b.call.weight = as_vector(op, "weight", b.weight, b.call.x.cols);
+  }
+  if (!bias.is_none()) {
+    b.bias = import_array<Input>(op, "bias", bias);
+    device_of(op, "bias", b.bias, device);
+    b.call.bias = as_vector(op, "bias", b.bias, b.call.x.cols);
+  }
+  b.call.eps = eps;
+  if (plan) b.options.plan = tile::PlanRequest::from_json(*plan);
+  b.options.backend = device.type == kDLCUDA ? tile::Backend::cuda : tile::Backend::cpu;
+  b.options.device = device.id;
+  return b;
+}
+
+nb::object json_loads(const std::string& text) { return nb::module_::import_("json").attr("loads")(text); }
+
+nb::dict launch(const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
+                std::optional<float> eps, const std::optional<std::string>& plan, uintptr_t stream) {
+  Bound<Output> b = bind<Output>(op, x, y, weight, bias, eps, plan);
+  b.options.stream = reinterpret_cast<void*>(stream);
+  tile::LaunchRecord rec;
+  {
+    nb::gil_scoped_release release;
+    if (b.options.backend == tile::Backend::cuda) {
+      // The library launches into the current context; it must be the arrays' device.
+      tile::cuda::ensure_context(b.options.device);
+      const int current = tile::cuda::current_device();
+      if (current != b.options.device)
+        throw std::runtime_error(tile::op_name(b.call.op) + ": the arrays are on cuda:" +
+                                 std::to_string(b.options.device) + " but the current CUDA context is on cuda:" +
+                                 std::to_string(current) + " (make that device current first)");
+    }
+    rec = tile::run(b.call, b.options);
+  }
+  nb::dict d;
+  d["plan"] = json_loads(rec.plan.to_json());
+  d["kernel_name"] = rec.kernel_name;
+  d["source_sha256"] = rec.source_sha256;
+  d["cubin_sha256"] = rec.cubin_sha256;
+  d["arch"] = rec.arch;
+  d["groups"] = rec.groups;
+  d["threads_per_group"] = rec.threads_per_group;
+  d["shared_bytes"] = rec.shared_bytes;
+  d["bytes_loaded"] = rec.bytes_loaded;
+  d["backend"] = b.options.backend == tile::Backend::cuda ? "cuda" : "cpu";
+  return d;
+}
+
+enum class Introspect { plan, ir, source };
+
+std::string introspect(Introspect what, const std::string& op, nb::handle x, nb::handle y, nb::handle weight,
+                       nb::handle bias, std::optional<float> eps, const std::optional<std::string>& plan) {
+  const Bound<Input> b = bind<Input>(op, x, y, weight, bias, eps, plan);
+  switch (what) {
+    case Introspect::plan: return tile::plan_for(b.call, b.options.plan).to_json();
+    case Introspect::ir: return tile::ir_for(b.call, b.options.plan);
+    case Introspect::source: return tile::source_for(b.call, b.options.plan);
+  }
+  return {};
+}
+
+nb::dict device_info(int device) {
+  const tile::cuda::DeviceInfo info = tile::cuda::device_info(device);
+  nb::dict d;
+  d["name"] = info.name;
+  d["uuid"] = info.uuid;
+  d["ordinal"] = info.ordinal;
+  d["arch"] = tile::cuda::arch_name(info);
+  d["sm_count"] = info.sm_count;
+  d["cc_major"] = info.cc_major;
+  d["cc_minor"] = info.cc_minor;
+  d["max_threads_per_block"] = info.max_threads_per_block;
+  d["max_shared_per_block"] = info.max_shared_per_block;
+  d["max_shared_per_block_optin"] = info.max_shared_per_block_optin;
+  d["l2_bytes"] = info.l2_bytes;
+  d["clock_khz"] = info.clock_khz;
+  d["mem_clock_khz"] = info.mem_clock_khz;
+  d["mem_bus_width"] = info.mem_bus_width;
+  d["driver_version"] = info.driver_version;
+  return d;
+}
+
+// The file libtile.so was loaded from, for run records.
+std::string library_path() {
+  Dl_info info{};
+  auto fn = &tile::cuda::nvrtc_version;
+  if (dladdr(reinterpret_cast<void*>(fn), &info) && info.dli_fname) return info.dli_fname;
+  return {};
+}
+
+nb::dict build_info() {
+  nb::dict d;
+  d["version"] = TILE_VERSION;
+  d["git_commit"] = TILE_GIT_COMMIT;
+  d["library"] = library_path();
+  d["nanobind"] = std::to_string(NB_VERSION_MAJOR) + "." + std::to_string(NB_VERSION_MINOR) + "." +
+                  std::to_string(NB_VERSION_PATCH);
+  d["compiler"] = __VERSION__;
+  return d;
+}
+
+// tile::Error is a caller's mistake (ValueError) unless it reports a missing driver, a failed
+// NVRTC compile or a failed driver call; those and internal errors are RuntimeErrors.
+void translate(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const tile::NoDriverError& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (const tile::cuda::CompileError& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (const tile::Error& e) {
+    // Driver failures are plain tile::Errors (driver.cpp throw_cu_error); told apart by prefix.
+    const bool driver = std::string(e.what()).rfind("CUDA driver call failed", 0) == 0;
+    PyErr_SetString(driver ? PyExc_RuntimeError : PyExc_ValueError, e.what());
+  } catch (const tile::InternalError& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+}
+
+}  // namespace
+
+NB_MODULE(_tile, m) {
+  m.doc() = "Tile: generated row-reduction kernels (softmax, log-softmax, RMSNorm, LayerNorm).";
+  nb::register_exception_translator(translate);
+
+  m.def("launch", &launch, nb::arg("op"), nb::arg("x"), nb::arg("out"), nb::arg("weight").none() = nb::none(),
+        nb::arg("bias").none() = nb::none(), nb::arg("eps").none() = nb::none(), nb::arg("plan").none() = nb::none(),
+        nb::arg("stream") = 0,
+        "Runs op(x) into out on the backend of x's device (CPU or CUDA; stream: a CUstream handle) "
+        "and returns the launch record.");
+  m.def(
+      "plan",
+      [](const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
+         std::optional<float> eps, const std::optional<std::string>& plan) {
+        return introspect(Introspect::plan, op, x, y, weight, bias, eps, plan);
+      },
+      nb::arg("op"), nb::arg("x"), nb::arg("out"), nb::arg("weight").none() = nb::none(),
+      nb::arg("bias").none() = nb::none(), nb::arg("eps").none() = nb::none(), nb::arg("plan").none() = nb::none(),
+      "The resolved mapping plan, as JSON, that launch() would run.");
+  m.def(
+      "ir",
+      [](const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
+         std::optional<float> eps, const std::optional<std::string>& plan) {
+        return introspect(Introspect::ir, op, x, y, weight, bias, eps, plan);
+      },
+      nb::arg("op"), nb::arg("x"), nb::arg("out"), nb::arg("weight").none() = nb::none(),
+      nb::arg("bias").none() = nb::none(), nb::arg("eps").none() = nb::none(), nb::arg("plan").none() = nb::none(),
+      "The raw IR launch() would run.");
+  m.def(
+      "source",
+      [](const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
+         std::optional<float> eps, const std::optional<std::string>& plan) {
+        return introspect(Introspect::source, op, x, y, weight, bias, eps, plan);
+      },
+      nb::arg("op"), nb::arg("x"), nb::arg("out"), nb::arg("weight").none() = nb::none(),
+      nb::arg("bias").none() = nb::none(), nb::arg("eps").none() = nb::none(), nb::arg("plan").none() = nb::none(),
+      "The generated CUDA source launch() would compile.");
+
+  m.def("clear_kernel_caches", &tile::cuda::clear_memory_cache,
+        "Clears the in-memory NVRTC cache (the disk cache and the library's prepared-kernel memo stay).");
+  m.def(
+      "cache_dir",
+      []() -> std::optional<std::string> {
+        std::string dir = tile::cuda::cache_dir().string();
+        if (dir.empty()) return std::nullopt;
+        return dir;
+      },
+      "The kernel cache folder, or None when no folder is configured.");
+  m.def("disk_cache_enabled", &tile::cuda::disk_cache_enabled);
+  m.def("nvrtc_version", &tile::cuda::nvrtc_version, "The NVRTC version libtile.so uses, e.g. '13.0'.");
+  m.def("driver_available", &tile::cuda::driver_available, "True when libcuda loads and a device exists.");
+  m.def("device_info", &device_info, nb::arg("device") = 0, "Properties of a CUDA device (needs a driver).");
+  m.def("build_info", &build_info, "Version, git commit and build of this extension and the libtile.so it loaded.");
+}

@@ -1,0 +1,16 @@
+#!/bin/sh
+# CTest entry for the Python tests: run_pytest.sh <python> <cpu|gpu> <folder holding tile/>.
+# TILE_PYTHON and TILE_PYTHONPATH override the interpreter and the folder, e.g. on a GPU machine
+# where the extension was built for another Python by scripts/build_python.sh.
+python=${TILE_PYTHON:-$1}
+mode=$2
+package_dir=${TILE_PYTHONPATH:-$3}
+if [ ! -x "$python" ]; then
+  if [ "$mode" = gpu ]; then
+    echo "[  SKIPPED ] python.gpu: no Python interpreter at '$python' (set TILE_PYTHON and TILE_PYTHONPATH)"
+    exit 0
+  fi
+  echo "python.$mode: no Python interpreter at '$python'" >&2
+  exit 1
+fi
+exec "$python" "$(dirname "$0")/run_pytest.py" "$mode" "$package_dir"

@@ -1,0 +1,188 @@
+"""The Python package on the CPU backend (numpy arrays), against a float64 numpy reference."""
+import numpy as np
+import pytest
+
+import tile
+
+OPS = ["softmax", "log_softmax", "rms_norm", "layer_norm"]
+NORMS = ["rms_norm", "layer_norm"]
+# Output dtype -> (rtol, atol relative to the row's largest |reference|).
+TOLERANCE = {np.float32: (2e-5, 2e-5), np.float16: (2e-3, 1e-3)}
+
+
+def reference(op, x, weight=None, bias=None, eps=None):
+    """float64 reference over the last dimension; inputs are read as the values they hold."""
+    x = np.asarray(x, dtype=np.float64)
+    if op in ("softmax", "log_softmax"):
+        shifted = x - x.max(axis=-1, keepdims=True)
+        log_sum = np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+        return np.exp(shifted - log_sum) if op == "softmax" else shifted - log_sum
+    if op == "rms_norm":
+        eps = tile.RMS_NORM_EPS if eps is None else eps
+        y = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    else:
+        eps = tile.LAYER_NORM_EPS if eps is None else eps
+        centred = x - x.mean(axis=-1, keepdims=True)
+        y = centred / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + eps)
+    if weight is not None:
+        y = y * np.asarray(weight, dtype=np.float64)
+    if bias is not None:
+        y = y + np.asarray(bias, dtype=np.float64)
+    return y
+
+
+def assert_close(got, want):
+    rtol, atol = TOLERANCE[got.dtype.type]
+    got = got.astype(np.float64)
+    scale = np.abs(want).max(axis=-1, keepdims=True)
+    err = np.abs(got - want)
+    bound = rtol * np.abs(want) + atol * scale
+    worst = np.unravel_index(np.argmax(err - bound), err.shape)
+    assert (err <= bound).all(), f"at {worst}: got {got[worst]}, want {want[worst]} (bound {bound[worst]})"
+
+
+def make(shape, dtype, seed=0, scale=3.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(dtype)
+
+
+def call(op, x, weight=None, bias=None, **kw):
+    if op == "softmax":
+        return tile.softmax(x, **kw)
+    if op == "log_softmax":
+        return tile.log_softmax(x, **kw)
+    if op == "rms_norm":
+        return tile.rms_norm(x, weight=weight, **kw)
+    return tile.layer_norm(x, weight=weight, bias=bias, **kw)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("shape", [(5, 37), (3, 4, 1537), (2, 1, 3, 256), (7, 1), (1000,)])
+def test_matches_reference(op, dtype, shape):
+    x = make(shape, dtype)
+    weight = make(shape[-1], dtype, seed=1, scale=1.0) if op in NORMS else None
+    bias = make(shape[-1], dtype, seed=2, scale=1.0) if op == "layer_norm" else None
+    y = call(op, x, weight, bias)
+    assert isinstance(y, np.ndarray) and y.shape == x.shape and y.dtype == x.dtype
+    assert_close(y, reference(op, x, weight, bias))
+
+
+@pytest.mark.parametrize("op", NORMS)
+def test_norms_without_weight_and_with_custom_eps(op):
+    x = make((9, 130), np.float32, scale=0.01)
+    assert_close(call(op, x, eps=1e-2), reference(op, x, eps=1e-2))
+    assert_close(call(op, x), reference(op, x))
+
+
+def test_mixed_dtypes():
+    x = make((6, 300), np.float16)
+    w = make(300, np.float32, seed=1)
+    b = make(300, np.float32, seed=2)
+    y = tile.layer_norm(x, weight=w, bias=b, dtype="float32")
+    assert y.dtype == np.float32
+    assert_close(y, reference("layer_norm", x, w, b))
+    y16 = tile.rms_norm(make((6, 300), np.float32), weight=w, dtype=np.float16)
+    assert y16.dtype == np.float16
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_strided_slice_without_copy(op):
+    rows, cols, width = 11, 70, 96
+    wide_x = np.full((rows, width), 99.0, dtype=np.float32)
+    wide_x[:, :cols] = make((rows, cols), np.float32)
+    wide_y = np.full((rows, width), -7.0, dtype=np.float32)
+    x, out = wide_x[:, :cols], wide_y[:, :cols]
+    assert not x.flags.c_contiguous
+    weight = make(cols, np.float32, seed=1) if op in NORMS else None
+    x_before = wide_x.copy()
+    y = call(op, x, weight, out=out)
+    assert y is out
+    assert_close(wide_y[:, :cols], reference(op, x_before[:, :cols], weight))
+    assert (wide_y[:, cols:] == -7.0).all(), "padding of out was written"
+    assert (wide_x == x_before).all(), "x was written"
+
+
+def test_in_place_on_a_slice():
+    wide = make((8, 50), np.float32)
+    before = wide.copy()
+    v = wide[:, :40]
+    assert tile.softmax(v, out=v) is v
+    assert_close(wide[:, :40], reference("softmax", before[:, :40]))
+    assert (wide[:, 40:] == before[:, 40:]).all()
+
+
+def test_3d_view_with_collapsible_strides():
+    # (B, T, C) view of a (B, T, S) buffer: strides (T*S, S, 1) flatten to rows of stride S.
+    base = make((3, 5, 64), np.float16)
+    x = base[:, :, :48]
+    assert x.strides == (5 * 64 * 2, 64 * 2, 2)
+    y = tile.log_softmax(x)
+    assert_close(y, reference("log_softmax", x))
+    assert tile.plan("log_softmax", x)["workers_per_program"] >= 1
+
+
+def test_explicit_out_and_dtype():
+    x = make((4, 33), np.float32)
+    out = np.empty((4, 33), np.float16)
+    assert tile.softmax(x, out=out) is out
+    assert_close(out, reference("softmax", x))
+    assert tile.softmax(x, out=out, dtype="float16") is out
+
+
+def test_plan_is_honoured():
+    x = make((10, 500), np.float32)
+    request = {"programs_per_group": 2, "workers_per_program": 64}
+    plan = tile.plan("rms_norm", x, plan=request)
+    assert plan["programs_per_group"] == 2
+    assert plan["workers_per_program"] == 64
+    assert plan["width_mode"] == "exact"
+    record = tile.run("rms_norm", x, plan=request)
+    assert record["plan"] == plan
+    assert record["threads_per_group"] == 128
+    assert record["groups"] == 5
+    assert record["backend"] == "cpu"
+    assert record["arch"] == "" and record["cubin_sha256"] == ""
+    assert len(record["source_sha256"]) == 64
+    assert record["bytes_loaded"] > 0
+    assert_close(record["out"], reference("rms_norm", x))
+    assert tile.plan("rms_norm", x, plan='{"programs_per_group": 2, "workers_per_program": 64}') == plan
+
+
+def test_introspection():
+    x = make((3, 200), np.float16)
+    w = make(200, np.float32)
+    plan = tile.plan("layer_norm", x, weight=w)
+    record = tile.run("layer_norm", x, weight=w)
+    assert record["plan"] == plan
+    source = tile.source("layer_norm", x, weight=w)
+    assert record["kernel_name"] in source and "__global__" in source
+    assert record["kernel_name"] in tile.ir("layer_norm", x, weight=w)
+
+
+def test_rows_zero():
+    x = np.empty((0, 16), np.float32)
+    assert tile.softmax(x).shape == (0, 16)
+
+
+def test_library_info():
+    info = tile.build_info()
+    assert info["version"].count(".") == 2
+    assert info["library"].endswith(".so")
+    assert isinstance(info["git_commit"], str)
+    assert tile.nvrtc_version().count(".") == 1
+    assert tile.cache_dir() is None or isinstance(tile.cache_dir(), str)
+    tile.clear_kernel_caches()
+    if not tile.driver_available():
+        with pytest.raises(RuntimeError, match="no CUDA driver"):
+            tile.device_info()
+
+
+def test_torch_cpu_tensors():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(5, 3, 100, dtype=torch.bfloat16)
+    w = torch.randn(100, dtype=torch.float32, requires_grad=True)
+    y = tile.rms_norm(x, weight=w)
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16 and y.device == x.device
+    want = reference("rms_norm", x.float().numpy(), w.detach().numpy())
+    err = np.abs(y.float().numpy() - want) - (1.6e-2 * np.abs(want) + 8e-3 * np.abs(want).max(-1, keepdims=True))
+    assert (err <= 0).all()

@@ -1,0 +1,200 @@
+"""The Python package on the CUDA backend (torch CUDA tensors), against a float64 torch reference."""
+import pytest
+
+torch = pytest.importorskip("torch")
+import tile  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device"),
+]
+
+OPS = ["softmax", "log_softmax", "rms_norm", "layer_norm"]
+NORMS = ["rms_norm", "layer_norm"]
+# Output dtype -> (rtol, atol relative to the row's largest |reference|).
+TOLERANCE = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 8e-3)}
+
+
+def reference(op, x, weight=None, bias=None, eps=None):
+    x = x.double()
+    if op in ("softmax", "log_softmax"):
+        shifted = x - x.amax(dim=-1, keepdim=True)
+        log_sum = shifted.exp().sum(dim=-1, keepdim=True).log()
+        return (shifted - log_sum).exp() if op == "softmax" else shifted - log_sum
+    if op == "rms_norm":
+        eps = tile.RMS_NORM_EPS if eps is None else eps
+        y = x / ((x * x).mean(dim=-1, keepdim=True) + eps).sqrt()
+    else:
+        eps = tile.LAYER_NORM_EPS if eps is None else eps
+        centred = x - x.mean(dim=-1, keepdim=True)
+        y = centred / ((centred * centred).mean(dim=-1, keepdim=True) + eps).sqrt()
+    if weight is not None:
+        y = y * weight.double()
+    if bias is not None:
+        y = y + bias.double()
+    return y
+
+
+def assert_close(got, want):
+    rtol, atol = TOLERANCE[got.dtype]
+    got = got.double()
+    bound = rtol * want.abs() + atol * want.abs().amax(dim=-1, keepdim=True)
+    err = (got - want).abs()
+    bad = err > bound
+    assert not bad.any(), f"{int(bad.sum())} mismatches; worst excess {float((err - bound).max())}"
+
+
+def make(shape, dtype, seed=0, scale=3.0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(shape, generator=g, device="cuda") * scale).to(dtype)
+
+
+def call(op, x, weight=None, bias=None, **kw):
+    if op == "softmax":
+        return tile.softmax(x, **kw)
+    if op == "log_softmax":
+        return tile.log_softmax(x, **kw)
+    if op == "rms_norm":
+        return tile.rms_norm(x, weight=weight, **kw)
+    return tile.layer_norm(x, weight=weight, bias=bias, **kw)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(37, 1537), (4, 8, 4096), (3, 1, 50), (1, 262144)])
+def test_matches_reference(op, dtype, shape):
+    x = make(shape, dtype)
+    weight = make(shape[-1], dtype, seed=1, scale=1.0) if op in NORMS else None
+    bias = make(shape[-1], dtype, seed=2, scale=1.0) if op == "layer_norm" else None
+    y = call(op, x, weight, bias)
+    assert y.device == x.device and y.dtype == dtype and y.shape == x.shape
+    torch.cuda.synchronize()
+    assert_close(y, reference(op, x, weight, bias))
+
+
+@pytest.mark.parametrize("op", NORMS)
+def test_bf16_input_with_fp32_weight(op):
+    x = make((64, 2048), torch.bfloat16)
+    w = make(2048, torch.float32, seed=1)
+    b = make(2048, torch.float32, seed=2) if op == "layer_norm" else None
+    y = call(op, x, w, b)
+    assert y.dtype == torch.bfloat16
+    torch.cuda.synchronize()
+    assert_close(y, reference(op, x, w, b))
+    y32 = call(op, x, w, b, dtype=torch.float32)
+    torch.cuda.synchronize()
+    assert y32.dtype == torch.float32
+    assert_close(y32.to(torch.bfloat16), reference(op, x, w, b))
+
+
+def test_parameter_weight_requiring_grad():
+    x = make((8, 512), torch.float32)
+    w = torch.nn.Parameter(make(512, torch.float32, seed=1))
+    y = tile.rms_norm(x, weight=w)
+    torch.cuda.synchronize()
+    assert_close(y, reference("rms_norm", x, w.detach()))
+
+
+def test_non_default_stream():
+    x = make((256, 3000), torch.float16)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    y = torch.full_like(x, float("nan"))
+    torch.cuda.synchronize()
+    tile.softmax(x, out=y, stream=s)                 # explicit torch.cuda.Stream
+    s.synchronize()
+    assert_close(y, reference("softmax", x))
+    y2 = torch.full_like(x, float("nan"))
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):                       # torch's current stream
+        tile.log_softmax(x, out=y2)
+    s.synchronize()
+    assert_close(y2, reference("log_softmax", x))
+    y3 = torch.full_like(x, float("nan"))
+    torch.cuda.synchronize()
+    record = tile.run("softmax", x, out=y3, stream=s.cuda_stream)   # raw handle
+    s.synchronize()
+    assert_close(y3, reference("softmax", x))
+    assert record["arch"].startswith("sm_") and len(record["cubin_sha256"]) == 64
+
+
+def test_cuda_graph_capture_and_replay():
+    x = make((128, 4096), torch.float32)
+    y = torch.empty_like(x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        tile.softmax(x, out=y)                       # warm-up: compile and load outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    y.fill_(float("nan"))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):                   # captures on its own side stream
+        tile.softmax(x, out=y)
+    torch.cuda.synchronize()
+    assert torch.isnan(y).all(), "the launch ran during capture instead of being recorded"
+    for seed in (5, 6):
+        x.copy_(make(x.shape, torch.float32, seed=seed))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(y, reference("softmax", x))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_out_of_place_and_in_place(op):
+    x = make((33, 1000), torch.bfloat16)
+    weight = make(1000, torch.bfloat16, seed=1) if op in NORMS else None
+    want = reference(op, x, weight)
+    out = torch.empty_like(x)
+    assert call(op, x, weight, out=out) is out
+    torch.cuda.synchronize()
+    assert_close(out, want)
+    assert call(op, x, weight, out=x) is x
+    torch.cuda.synchronize()
+    assert_close(x, want)
+
+
+def test_strided_slice_and_3d_view():
+    wide = make((16, 1200), torch.float32)
+    before = wide.clone()
+    x = wide[:, :1000]
+    out_wide = torch.full((16, 1200), -7.0, device="cuda")
+    tile.layer_norm(x, out=out_wide[:, :1000])
+    torch.cuda.synchronize()
+    assert_close(out_wide[:, :1000], reference("layer_norm", x))
+    assert (out_wide[:, 1000:] == -7.0).all()
+    assert torch.equal(wide, before)
+    base = make((2, 6, 512), torch.bfloat16)
+    v = base[:, :, :384]
+    y = tile.softmax(v)
+    torch.cuda.synchronize()
+    assert_close(y, reference("softmax", v))
+
+
+def test_mixed_devices_are_rejected():
+    x = make((4, 64), torch.float32)
+    with pytest.raises(ValueError, match=r"argument 'out': expected an array on cuda:\d like x, got one on cpu"):
+        tile.softmax(x, out=torch.empty(4, 64))
+    with pytest.raises(ValueError, match=r"argument 'weight': expected an array on cuda:\d like x, got one on cpu"):
+        tile.rms_norm(x, weight=torch.ones(64))
+    with pytest.raises(ValueError, match=r"argument 'x': expected a contiguous last dimension"):
+        tile.softmax(x.t())
+    with pytest.raises(ValueError, match=r"argument 'x': expected dtype float32, float16 or bfloat16, got int32"):
+        tile.softmax(torch.ones(4, 8, dtype=torch.int32, device="cuda"))
+
+
+def test_device_info_and_plan():
+    x = make((8, 700), torch.bfloat16)
+    info = tile.device_info(x.device.index)
+    assert info["arch"] == f"sm_{info['cc_major']}{info['cc_minor']}"
+    assert info["sm_count"] > 0
+    record = tile.run("softmax", x, plan={"programs_per_group": 2, "workers_per_program": 64})
+    assert record["plan"]["programs_per_group"] == 2 and record["threads_per_group"] == 128
+    assert record["arch"] == info["arch"] and record["backend"] == "cuda"
+    assert record["plan"] == tile.plan("softmax", x, plan={"programs_per_group": 2, "workers_per_program": 64})
+    torch.cuda.synchronize()
+    assert_close(record["out"], reference("softmax", x))
+    tile.clear_kernel_caches()
+    tile.softmax(x)                                  # recompiles or reads the disk cache
+    torch.cuda.synchronize()
