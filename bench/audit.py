@@ -200,7 +200,7 @@ class Run:
     def __init__(self, doc, path, sources_dir, require_sources):
         self.doc = doc
         self.path = path
-        self.run_dir = os.path.dirname(os.path.abspath(path)) if path else os.getcwd()
+        self.run_dir = os.path.dirname(os.path.abspath(path)) if path else None
         self.sources_dir = sources_dir
         self.require_sources = require_sources
         self.notes = []
@@ -845,9 +845,15 @@ def check_artifacts(run):
 
 def check_sources(run):
     c = Check("sources", "", "each artifact's source_file exists and hashes to source_sha256")
-    explicit = run.sources_dir is not None
-    sources_dir = os.path.abspath(run.sources_dir) if explicit else os.path.join(run.run_dir, "sources")
-    if not os.path.isdir(sources_dir):
+    if run.sources_dir is not None:
+        sources_dir = os.path.abspath(run.sources_dir)
+    elif run.run_dir is not None:
+        sources_dir = os.path.join(run.run_dir, "sources")
+    else:
+        sources_dir = None
+    if sources_dir is None or not os.path.isdir(sources_dir):
+        if sources_dir is None:
+            sources_dir = "(no run path given)"
         if run.require_sources:
             c.fail("no sources folder at %s (--require-sources)" % sources_dir)
         else:
@@ -867,8 +873,11 @@ def check_sources(run):
             continue
         if parts[0] == "sources" and len(parts) > 1:
             path = os.path.join(sources_dir, *parts[1:])
-        else:
+        elif run.run_dir is not None:
             path = os.path.join(run.run_dir, *parts)
+        else:
+            c.fail("%s: source_file %s is not under sources/" % (here, show(rel)))
+            continue
         if (path, expected) in reported:
             continue
         reported.add((path, expected))
@@ -1134,8 +1143,11 @@ def main(argv=None):
         print("audit: cannot read %s: %s" % (args.run, reason), file=sys.stderr)
         print("audit: UNREADABLE (%s)" % args.run)
         if args.json:
-            write_json(args.json, {"tool": "bench/audit.py", "schema": SCHEMA, "run": args.run,
-                                   "verdict": "UNREADABLE", "error": reason, "problems": None, "checks": []})
+            try:
+                write_json(args.json, {"tool": "bench/audit.py", "schema": SCHEMA, "run": args.run,
+                                       "verdict": "UNREADABLE", "error": reason, "problems": None, "checks": []})
+            except OSError:
+                pass
         return EXIT_UNREADABLE
 
     verdict = audit(doc, args.run, args.sources, args.require_sources)
@@ -1143,7 +1155,11 @@ def main(argv=None):
     for line in verdict.lines():
         print(line)
     if args.json:
-        write_json(args.json, verdict.as_json())
+        try:
+            write_json(args.json, verdict.as_json())
+        except OSError as err:
+            print("audit: cannot write %s: %s" % (args.json, err.strerror or err), file=sys.stderr)
+            return EXIT_UNREADABLE
     return EXIT_PASS if verdict.passed else EXIT_FAIL
 
 
