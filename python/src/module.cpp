@@ -25,12 +25,10 @@
 #include "backend/cuda/jit_module.hpp"  // needs only <cuda.h>: the NVRTC cache
 #include "tile/tile.hpp"
 #pragma GCC visibility pop
+#include "tile_git_commit.h"  // generated on every build: TILE_GIT_COMMIT, TILE_GIT_DIRTY
 
 #ifndef TILE_VERSION
 #define TILE_VERSION "unknown"
-#endif
-#ifndef TILE_GIT_COMMIT
-#define TILE_GIT_COMMIT ""
 #endif
 
 namespace nb = nanobind;
@@ -59,13 +57,27 @@ std::string dtype_string(nb::dlpack::dtype t) {
   using Code = nb::dlpack::dtype_code;
   std::string name;
   switch (Code(t.code)) {
-    case Code::Int: name = "int"; break;
-    case Code::UInt: name = "uint"; break;
-    case Code::Float: name = "float"; break;
-    case Code::Bfloat: name = "bfloat"; break;
-    case Code::Complex: name = "complex"; break;
-    case Code::Bool: name = "bool"; break;
-    default: name = "DLPack type code " + std::to_string(t.code) + " of "; break;
+    case Code::Int:
+      name = "int";
+      break;
+    case Code::UInt:
+      name = "uint";
+      break;
+    case Code::Float:
+      name = "float";
+      break;
+    case Code::Bfloat:
+      name = "bfloat";
+      break;
+    case Code::Complex:
+      name = "complex";
+      break;
+    case Code::Bool:
+      name = "bool";
+      break;
+    default:
+      name = "DLPack type code " + std::to_string(t.code) + " of ";
+      break;
   }
   name += std::to_string(t.bits);
   if (t.lanes != 1) name += "x" + std::to_string(t.lanes);
@@ -96,24 +108,32 @@ template <typename A>
 Device device_of(const std::string& op, const char* arg, const A& a, std::optional<Device> like) {
   Device d{a.device_type(), a.device_id()};
   if (like && !(d == *like))
-    tile::throw_argument_error(op, arg, "an array on " + device_string(*like) + " like x", "one on " + device_string(d));
+    tile::throw_argument_error(op, arg, "an array on " + device_string(*like) + " like x",
+                               "one on " + device_string(d));
   if (d.type != kDLCPU && d.type != kDLCUDA)
     tile::throw_argument_error(op, arg, "a CPU or CUDA array", "one on " + device_string(d));
   return d;
 }
 
+// Views carry non-const pointers; x, weight and bias are only read.
+inline void* mutable_data(const void* p) { return const_cast<void*>(p); }
+
 // Leading dimensions flatten to rows when they collapse to a single row stride; dimensions of
 // extent 1 take no part (their strides are arbitrary).
+
 template <typename A>
 tile::TensorView as_matrix(const std::string& op, const char* arg, const A& a) {
   const size_t n = a.ndim();
   if (n == 0) tile::throw_argument_error(op, arg, "an array of at least one dimension", "a 0-d array");
   const int64_t cols = int64_t(a.shape(n - 1));
-  if (cols > 1 && a.stride(n - 1) != 1)
-    tile::throw_argument_error(op, arg, "a contiguous last dimension (stride 1)", layout(a));
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < n; ++i) rows *= int64_t(a.shape(i));
   int64_t row_stride = cols;
+  const tile::DType dtype = dtype_of(op, arg, a);
+  // An empty array has arbitrary strides.
+  if (rows == 0 || cols == 0) return tile::TensorView{mutable_data(a.data()), dtype, rows, cols, row_stride};
+  if (cols > 1 && a.stride(n - 1) != 1)
+    tile::throw_argument_error(op, arg, "a contiguous last dimension (stride 1)", layout(a));
   if (rows > 1) {
     int inner = -1;  // innermost leading dimension of extent > 1
     for (int i = int(n) - 2; i >= 0; --i) {
@@ -132,8 +152,7 @@ tile::TensorView as_matrix(const std::string& op, const char* arg, const A& a) {
       tile::throw_argument_error(op, arg, "rows that do not overlap (row stride >= " + std::to_string(cols) + ")",
                                  layout(a));
   }
-  return tile::TensorView{const_cast<void*>(static_cast<const void*>(a.data())), dtype_of(op, arg, a), rows, cols,
-                          row_stride};
+  return tile::TensorView{mutable_data(a.data()), dtype, rows, cols, row_stride};
 }
 
 tile::VectorView as_vector(const std::string& op, const char* arg, const Input& a, int64_t cols) {
@@ -203,8 +222,9 @@ Bound<Y> bind(const std::string& op_name, nb::handle x, nb::handle y, nb::handle
 
 nb::object json_loads(const std::string& text) { return nb::module_::import_("json").attr("loads")(text); }
 
-nb::dict launch(const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
-                std::optional<float> eps, const std::optional<std::string>& plan, uintptr_t stream) {
+// Returns the launch record as a dict, or None when `record` is false (the ops' fast path).
+nb::object launch(const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
+                  std::optional<float> eps, const std::optional<std::string>& plan, uintptr_t stream, bool record) {
   Bound<Output> b = bind<Output>(op, x, y, weight, bias, eps, plan);
   b.options.stream = reinterpret_cast<void*>(stream);
   tile::LaunchRecord rec;
@@ -215,12 +235,14 @@ nb::dict launch(const std::string& op, nb::handle x, nb::handle y, nb::handle we
       tile::cuda::ensure_context(b.options.device);
       const int current = tile::cuda::current_device();
       if (current != b.options.device)
-        throw std::runtime_error(tile::op_name(b.call.op) + ": the arrays are on cuda:" +
-                                 std::to_string(b.options.device) + " but the current CUDA context is on cuda:" +
-                                 std::to_string(current) + " (make that device current first)");
+        throw std::runtime_error(tile::op_name(b.call.op) +
+                                 ": the arrays are on cuda:" + std::to_string(b.options.device) +
+                                 " but the current CUDA context is on cuda:" + std::to_string(current) +
+                                 " (make that device current first)");
     }
     rec = tile::run(b.call, b.options);
   }
+  if (!record) return nb::none();
   nb::dict d;
   d["plan"] = json_loads(rec.plan.to_json());
   d["kernel_name"] = rec.kernel_name;
@@ -231,6 +253,11 @@ nb::dict launch(const std::string& op, nb::handle x, nb::handle y, nb::handle we
   d["threads_per_group"] = rec.threads_per_group;
   d["shared_bytes"] = rec.shared_bytes;
   d["bytes_loaded"] = rec.bytes_loaded;
+  d["cache_origin"] = rec.cache_origin;
+  d["compile_ms"] = rec.compile_ms;
+  nb::list options;
+  for (const std::string& o : rec.compile_options) options.append(o);
+  d["compile_options"] = options;
   d["backend"] = b.options.backend == tile::Backend::cuda ? "cuda" : "cpu";
   return d;
 }
@@ -241,9 +268,12 @@ std::string introspect(Introspect what, const std::string& op, nb::handle x, nb:
                        nb::handle bias, std::optional<float> eps, const std::optional<std::string>& plan) {
   const Bound<Input> b = bind<Input>(op, x, y, weight, bias, eps, plan);
   switch (what) {
-    case Introspect::plan: return tile::plan_for(b.call, b.options.plan).to_json();
-    case Introspect::ir: return tile::ir_for(b.call, b.options.plan);
-    case Introspect::source: return tile::source_for(b.call, b.options.plan);
+    case Introspect::plan:
+      return tile::plan_for(b.call, b.options.plan).to_json();
+    case Introspect::ir:
+      return tile::ir_for(b.call, b.options.plan);
+    case Introspect::source:
+      return tile::source_for(b.call, b.options.plan);
   }
   return {};
 }
@@ -281,6 +311,7 @@ nb::dict build_info() {
   nb::dict d;
   d["version"] = TILE_VERSION;
   d["git_commit"] = TILE_GIT_COMMIT;
+  d["git_dirty"] = bool(TILE_GIT_DIRTY);
   d["library"] = library_path();
   d["nanobind"] = std::to_string(NB_VERSION_MAJOR) + "." + std::to_string(NB_VERSION_MINOR) + "." +
                   std::to_string(NB_VERSION_PATCH);
@@ -314,9 +345,9 @@ NB_MODULE(_tile, m) {
 
   m.def("launch", &launch, nb::arg("op"), nb::arg("x"), nb::arg("out"), nb::arg("weight").none() = nb::none(),
         nb::arg("bias").none() = nb::none(), nb::arg("eps").none() = nb::none(), nb::arg("plan").none() = nb::none(),
-        nb::arg("stream") = 0,
+        nb::arg("stream") = 0, nb::arg("record") = true,
         "Runs op(x) into out on the backend of x's device (CPU or CUDA; stream: a CUstream handle) "
-        "and returns the launch record.");
+        "and returns the launch record (None when record is false).");
   m.def(
       "plan",
       [](const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
@@ -345,8 +376,8 @@ NB_MODULE(_tile, m) {
       nb::arg("bias").none() = nb::none(), nb::arg("eps").none() = nb::none(), nb::arg("plan").none() = nb::none(),
       "The generated CUDA source launch() would compile.");
 
-  m.def("clear_kernel_caches", &tile::cuda::clear_memory_cache,
-        "Clears the in-memory NVRTC cache (the disk cache and the library's prepared-kernel memo stay).");
+  m.def("clear_kernel_caches", &tile::clear_kernel_caches,
+        "Forgets every lowered, compiled and loaded kernel of the process (the disk cache stays).");
   m.def(
       "cache_dir",
       []() -> std::optional<std::string> {

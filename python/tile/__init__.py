@@ -51,13 +51,6 @@ def _check_array(op, arg, a):
         raise ValueError(f"{op}: argument 'out': expected a writable array, got a read-only numpy array")
 
 
-def _for_dlpack(a):
-    # Tensors that require grad refuse DLPack export; detach() is a view of the same memory.
-    if _is_torch(a) and a.requires_grad:
-        return a.detach()
-    return a
-
-
 def _out_dtype(op, x, dtype):
     if dtype is None:
         return x.dtype
@@ -102,61 +95,71 @@ def _plan_json(op, plan):
                     f"got {type(plan).__name__}")
 
 
-def _stream_handle(op, x, stream):
-    """The CUstream to launch on: `stream` if given, else torch's current stream for x's device."""
+def _stream_handle(op, stream, on_cuda):
+    """The CUstream handle `stream` names (an int, a torch.cuda.Stream, a __cuda_stream__ object)."""
     if stream is None:
-        if _is_torch(x) and x.is_cuda:
-            return _torch().cuda.current_stream(x.device).cuda_stream
         return 0
     if isinstance(stream, int):
         handle = stream
-    elif hasattr(stream, "cuda_stream"):         # torch.cuda.Stream, torch.cuda.ExternalStream
-        handle = stream.cuda_stream
     elif hasattr(stream, "__cuda_stream__"):     # the CUDA stream protocol: (version, handle)
         handle = stream.__cuda_stream__()[1]
+    elif isinstance(getattr(stream, "cuda_stream", None), int):  # torch.cuda.Stream, ExternalStream
+        handle = stream.cuda_stream
     else:
         raise TypeError(f"{op}: argument 'stream': expected an int CUstream handle, a torch.cuda.Stream or None, "
                         f"got {type(stream).__name__}")
-    if handle != 0 and not _on_cuda(x):
+    if handle != 0 and not on_cuda:
         raise ValueError(f"{op}: argument 'stream': expected None for arrays on the CPU, got a stream")
     return handle
 
 
-def _on_cuda(x):
-    if _is_torch(x):
-        return x.is_cuda
-    device = getattr(x, "__dlpack_device__", None)
-    return device is not None and device()[0] == 2  # kDLCUDA
-
-
-class _TorchDevice:
-    """Makes x's CUDA device current (the library launches into the current context)."""
-
-    def __init__(self, x):
-        self.guard = _torch().cuda.device(x.device) if _is_torch(x) and x.is_cuda else None
-
-    def __enter__(self):
-        if self.guard is not None:
-            self.guard.__enter__()
-
-    def __exit__(self, *exc):
-        if self.guard is not None:
-            return self.guard.__exit__(*exc)
-        return False
-
-
-def _arrays(op, x, out, weight, bias, dtype):
-    _check_array(op, "x", x)
+def _checked_out(op, x, out, weight, bias, dtype):
     for arg, a in (("weight", weight), ("bias", bias)):
         if a is not None:
             _check_array(op, arg, a)
     if out is None:
-        out = _allocate(op, x, dtype)
-    else:
-        _check_array(op, "out", out)
-        if dtype is not None and out.dtype != _out_dtype(op, x, dtype):
-            raise ValueError(f"{op}: argument 'dtype': expected None or out's dtype {out.dtype}, got {dtype}")
+        return _allocate(op, x, dtype)
+    _check_array(op, "out", out)
+    if dtype is not None and out.dtype != _out_dtype(op, x, dtype):
+        raise ValueError(f"{op}: argument 'dtype': expected None or out's dtype {out.dtype}, got {dtype}")
     return out
+
+
+def _to_dlpack(torch, a):
+    # The capsule directly: Tensor.__dlpack__ costs microseconds of Python per call, and refuses
+    # tensors that require grad (read here as they are; the operators are not differentiable).
+    return torch.utils.dlpack.to_dlpack(a) if isinstance(a, torch.Tensor) else a
+
+
+def _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record):
+    torch = _torch()
+    eps = None if eps is None else float(eps)
+    plan = _plan_json(op, plan)
+    if torch is None or not isinstance(x, torch.Tensor):
+        _check_array(op, "x", x)
+        out = _checked_out(op, x, out, weight, bias, dtype)
+        device = getattr(x, "__dlpack_device__", None)
+        handle = _stream_handle(op, stream, device is not None and device()[0] == 2)  # kDLCUDA
+        rec = _tile.launch(op, x, out, weight, bias, eps, plan, handle, record)
+    else:
+        out = _checked_out(op, x, out, weight, bias, dtype)
+        args = [op, _to_dlpack(torch, x), _to_dlpack(torch, out), _to_dlpack(torch, weight),
+                _to_dlpack(torch, bias), eps, plan, 0, record]
+        if not x.is_cuda:
+            args[7] = _stream_handle(op, stream, False)
+            rec = _tile.launch(*args)
+        else:
+            args[7] = (torch.cuda.current_stream(x.device).cuda_stream if stream is None
+                       else _stream_handle(op, stream, True))
+            if torch.cuda.current_device() == x.device.index:
+                rec = _tile.launch(*args)
+            else:                                # the library launches into the current context
+                with torch.cuda.device(x.device):
+                    rec = _tile.launch(*args)
+    if rec is None:
+        return out
+    rec["out"] = out
+    return rec
 
 
 def run(op, x, out=None, weight=None, bias=None, eps=None, plan=None, stream=None, dtype=None):
@@ -164,45 +167,43 @@ def run(op, x, out=None, weight=None, bias=None, eps=None, plan=None, stream=Non
 
     The record is a dict: plan (the resolved mapping plan), kernel_name, source_sha256,
     cubin_sha256 and arch (empty on the CPU), groups, threads_per_group, shared_bytes,
-    bytes_loaded (CPU only), backend ("cpu" or "cuda"), and out (the output array).
+    bytes_loaded (CPU only), cache_origin ("compiled", "memory", "disk" or "launch-cache";
+    empty on the CPU), compile_ms, compile_options, backend ("cpu" or "cuda"), and out (the
+    output array).
     """
-    out = _arrays(op, x, out, weight, bias, dtype)
-    handle = _stream_handle(op, x, stream)
-    with _TorchDevice(x):
-        record = _tile.launch(op, _for_dlpack(x), _for_dlpack(out), _for_dlpack(weight), _for_dlpack(bias),
-                              None if eps is None else float(eps), _plan_json(op, plan), handle)
-    record["out"] = out
-    return record
+    return _launch(op, x, out, weight, bias, eps, plan, stream, dtype, True)
 
 
 def softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
     """exp(x - max) / sum(exp(x - max)) over the last dimension."""
     _check_dim("softmax", x, dim)
-    return run("softmax", x, out=out, plan=plan, stream=stream, dtype=dtype)["out"]
+    return _launch("softmax", x, out, None, None, None, plan, stream, dtype, False)
 
 
 def log_softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
     """x - max - log(sum(exp(x - max))) over the last dimension."""
     _check_dim("log_softmax", x, dim)
-    return run("log_softmax", x, out=out, plan=plan, stream=stream, dtype=dtype)["out"]
+    return _launch("log_softmax", x, out, None, None, None, plan, stream, dtype, False)
 
 
 def rms_norm(x, weight=None, eps=RMS_NORM_EPS, out=None, plan=None, stream=None, dtype=None):
     """x * rsqrt(mean(x^2) + eps) [* weight] over the last dimension."""
-    return run("rms_norm", x, out=out, weight=weight, eps=eps, plan=plan, stream=stream, dtype=dtype)["out"]
+    return _launch("rms_norm", x, out, weight, None, eps, plan, stream, dtype, False)
 
 
 def layer_norm(x, weight=None, bias=None, eps=LAYER_NORM_EPS, out=None, plan=None, stream=None, dtype=None):
     """(x - mean) * rsqrt(var + eps) [* weight] [+ bias] over the last dimension."""
-    return run("layer_norm", x, out=out, weight=weight, bias=bias, eps=eps, plan=plan, stream=stream,
-               dtype=dtype)["out"]
+    return _launch("layer_norm", x, out, weight, bias, eps, plan, stream, dtype, False)
 
 
 def _introspect(fn, op, x, weight, bias, out, plan, eps, dtype):
     # An output is needed for the plan (its dtype, stride and alignment): allocated if absent.
-    out = _arrays(op, x, out, weight, bias, dtype)
-    return fn(op, _for_dlpack(x), _for_dlpack(out), _for_dlpack(weight), _for_dlpack(bias),
-              None if eps is None else float(eps), _plan_json(op, plan))
+    _check_array(op, "x", x)
+    out = _checked_out(op, x, out, weight, bias, dtype)
+    torch = _torch()
+    if torch is not None:
+        x, out, weight, bias = (_to_dlpack(torch, a) for a in (x, out, weight, bias))
+    return fn(op, x, out, weight, bias, None if eps is None else float(eps), _plan_json(op, plan))
 
 
 def plan(op, x, weight=None, bias=None, out=None, plan=None, eps=None, dtype=None):
@@ -221,8 +222,8 @@ def source(op, x, weight=None, bias=None, out=None, plan=None, eps=None, dtype=N
 
 
 def clear_kernel_caches():
-    """Clears the in-memory NVRTC cache. The disk cache and the library's memo of lowered
-    kernels (per operator, dtypes and plan) are kept."""
+    """Forgets every lowered, compiled and loaded kernel of this process; the next call of each
+    kernel lowers and compiles it afresh (or reads it from the disk cache, which is kept)."""
     _tile.clear_kernel_caches()
 
 

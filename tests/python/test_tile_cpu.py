@@ -144,6 +144,7 @@ def test_plan_is_honoured():
     assert record["arch"] == "" and record["cubin_sha256"] == ""
     assert len(record["source_sha256"]) == 64
     assert record["bytes_loaded"] > 0
+    assert record["cache_origin"] == "" and record["compile_options"] == []
     assert_close(record["out"], reference("rms_norm", x))
     assert tile.plan("rms_norm", x, plan='{"programs_per_group": 2, "workers_per_program": 64}') == plan
 

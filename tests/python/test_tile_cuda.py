@@ -196,5 +196,9 @@ def test_device_info_and_plan():
     torch.cuda.synchronize()
     assert_close(record["out"], reference("softmax", x))
     tile.clear_kernel_caches()
-    tile.softmax(x)                                  # recompiles or reads the disk cache
+    first = tile.run("softmax", x)                   # lowered again; compiled or read from disk
+    assert first["cache_origin"] in ("compiled", "disk")
+    assert first["compile_options"][0].startswith("-arch=sm_")
+    assert tile.run("softmax", x)["cache_origin"] == "launch-cache"
     torch.cuda.synchronize()
+    assert_close(first["out"], reference("softmax", x))
