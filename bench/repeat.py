@@ -321,7 +321,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto")
     ap.add_argument("--no-torch", action="store_true", help="leave out the torch eager baseline")
     ap.add_argument("--allow-busy-gpu", action="store_true", help="run (marked) while other processes use the GPU")
-    ap.add_argument("--expect-sources", type=Path, help="folder of frozen sources every variant must reproduce")
+    ap.add_argument("--expect-sources", type=Path, action="append", default=[],
+                    help="folder of frozen sources; every kernel must reproduce one of them (repeatable)")
     ap.add_argument("--save-outputs", action="store_true", help="also save raw outputs (never commit them)")
     ap.add_argument("--out", type=Path, required=True, help="folder for run.json and sources/")
     args = ap.parse_args(argv)
@@ -403,9 +404,9 @@ def main(argv: list[str]) -> int:
                     if src_sha != rec["source_sha256"]:
                         raise SystemExit(f"repeat.py: {name}: source hash differs from the launched one")
                     (out_dir / "sources" / f"{src_sha}.cu").write_text(src)
-                    if args.expect_sources and not (args.expect_sources / f"{src_sha}.cu").exists():
+                    if args.expect_sources and not any((d / f"{src_sha}.cu").exists() for d in args.expect_sources):
                         raise SystemExit(f"repeat.py: {name} {case['id']}: source {src_sha} is not among the "
-                                         f"frozen sources in {args.expect_sources}")
+                                         f"frozen sources in {[str(d) for d in args.expect_sources]}")
                     artifacts[name][case["id"]].append({
                         "round": rnd, "plan": rec["plan"], "kernel_name": rec["kernel_name"],
                         "source_sha256": src_sha, "cubin_sha256": rec.get("cubin_sha256") or None,

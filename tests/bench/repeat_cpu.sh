@@ -2,7 +2,7 @@
 # repeat_cpu.sh PYTHON PACKAGE_DIR OUT_DIR: the runner end to end on the CPU backend (timings
 # meaningless there; rounds, oracle, schema and provenance real), then the audit of its run.
 set -e
-python=$1; package_dir=$2; out=$3
+python=${TILE_PYTHON:-$1}; package_dir=${TILE_PYTHONPATH:-$2}; out=$3
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 rm -rf "$out"
 PYTHONPATH="$package_dir" "$python" "$root/bench/repeat.py" --backend cpu \
