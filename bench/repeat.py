@@ -205,7 +205,13 @@ class Workload:
         F = t.nn.functional
         if op in ("softmax", "log_softmax"):
             fn = getattr(t, op)
-            return lambda: fn(self.x, -1, out=self.out), "torch.%s(x, -1, out=y)" % op
+            try:
+                fn(self.x, -1, out=self.out)
+                return lambda: fn(self.x, -1, out=self.out), "torch.%s(x, -1, out=y)" % op
+            except TypeError:  # builds without the public out= overload
+                inner = getattr(t, "_" + op)
+                return (lambda: inner(self.x, -1, False, out=self.out),
+                        "torch._%s(x, -1, False, out=y)" % op)
         if op == "rms_norm":
             return (lambda: F.rms_norm(self.x, (cols,), self.w, EPS[op]),
                     "torch.nn.functional.rms_norm(x, (cols,), w, eps)")
@@ -299,9 +305,9 @@ def time_gpu_kernels(torch_mod, fn, k: int) -> float:
         torch_mod.cuda.synchronize()
     total_us = 0.0
     kernels = 0
-    for ev in prof.events():
-        if getattr(ev, "device_type", None) is not None and str(ev.device_type).endswith("CUDA"):
-            total_us += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+    for ev in prof.events():  # kernels appear as device events, with or without a torch op
+        if str(getattr(ev, "device_type", "")).endswith("CUDA"):
+            total_us += ev.time_range.elapsed_us()
             kernels += 1
     if kernels == 0:
         raise RuntimeError("torch.profiler recorded no kernels")
