@@ -436,10 +436,10 @@ def main(argv: list[str]) -> int:
                 k = calibrate(fn, work.sync, args.warmup_ms, args.target_ms)
                 fam = {}
                 fam["throughput"] = family_stats([time_throughput(fn, work.sync, k) for _ in range(args.samples)], k)
-                k_lat = max(1, min(k, 2000))
+                k_lat = max(1, min(k, 300))
                 fam["latency"] = family_stats([time_latency(fn, work.sync, k_lat) for _ in range(args.samples)], k_lat)
                 if backend == "cuda":
-                    k_gpu = max(1, min(k, 500))
+                    k_gpu = max(1, min(k, 100))
                     try:
                         fam["gpu_time"] = family_stats(
                             [time_gpu_kernels(torch, fn, k_gpu) for _ in range(args.samples)], k_gpu)

@@ -31,6 +31,8 @@ def main():
             skip("torch sees no CUDA device")
     os.environ["PYTHONPATH"] = package_dir + os.pathsep + os.environ.get("PYTHONPATH", "")
     sys.path.insert(0, package_dir)
+    # Plugins installed beside the interpreter are not ours and may not match this pytest.
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     import pytest
     marker = "gpu" if mode == "gpu" else "not gpu"
     code = pytest.main(["-p", "no:cacheprovider", "-v", "-ra", "-m", marker, tests_dir])
