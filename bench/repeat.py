@@ -295,23 +295,25 @@ def time_stream(torch_mod, fn, k: int) -> float:
     return start.elapsed_time(stop) * 1e3 / k
 
 
-def time_gpu_kernels(torch_mod, fn, k: int) -> float:
-    """Sum of CUPTI-recorded kernel durations in the window, per launch."""
+def time_gpu_kernels(torch_mod, fn, k: int, samples: int) -> list[float]:
+    """Per-launch sums of CUPTI-recorded kernel durations, one profiler session for all samples.
+
+    The kernels of each sample's k launches are consecutive in start time, so the sorted kernel
+    list splits into `samples` equal chunks.
+    """
     from torch.profiler import ProfilerActivity, profile
     torch_mod.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(k):
-            fn()
-        torch_mod.cuda.synchronize()
-    total_us = 0.0
-    kernels = 0
-    for ev in prof.events():  # kernels appear as device events, with or without a torch op
-        if str(getattr(ev, "device_type", "")).endswith("CUDA"):
-            total_us += ev.time_range.elapsed_us()
-            kernels += 1
-    if kernels == 0:
-        raise RuntimeError("torch.profiler recorded no kernels")
-    return total_us / k
+        for _ in range(samples):
+            for _ in range(k):
+                fn()
+            torch_mod.cuda.synchronize()
+    kernels = sorted((ev.time_range.start, ev.time_range.elapsed_us()) for ev in prof.events()
+                     if str(getattr(ev, "device_type", "")).endswith("CUDA"))
+    if not kernels or len(kernels) % (samples * k):
+        raise RuntimeError(f"{len(kernels)} kernel records for {samples} x {k} launches")
+    per = len(kernels) // samples
+    return [sum(d for _, d in kernels[i * per:(i + 1) * per]) / k for i in range(samples)]
 
 
 # ----------------------------------------------------------------------------- main
@@ -441,8 +443,7 @@ def main(argv: list[str]) -> int:
                 if backend == "cuda":
                     k_gpu = max(1, min(k, 100))
                     try:
-                        fam["gpu_time"] = family_stats(
-                            [time_gpu_kernels(torch, fn, k_gpu) for _ in range(args.samples)], k_gpu)
+                        fam["gpu_time"] = family_stats(time_gpu_kernels(torch, fn, k_gpu, args.samples), k_gpu)
                     except Exception as e:  # profiler unavailable: say so, never substitute another family
                         fam["gpu_time"] = {"unavailable": f"torch.profiler: {e}"}
                     fam["stream_time"] = family_stats([time_stream(torch, fn, k) for _ in range(args.samples)], k)
