@@ -125,7 +125,8 @@ def sha256_file(path: str) -> str:
 
 
 def git_state(repo: Path) -> dict:
-    commit = run_text(["git", "-C", str(repo), "rev-parse", "HEAD"]) or "unknown"
+    # A copy without .git (as on a machine the tree was copied to) reads TILE_GIT_COMMIT.
+    commit = run_text(["git", "-C", str(repo), "rev-parse", "HEAD"]) or os.environ.get("TILE_GIT_COMMIT", "unknown")
     status = run_text(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"])
     return {"commit": commit, "dirty": bool(status) if status is not None else True}
 
