@@ -26,6 +26,10 @@ enum class TailHandling : uint8_t { predicate, clamp };
 // `scalar_fallback` checks each operand's row at run time and takes scalar accesses for a
 // misaligned one; `require` launches only when every row of every operand is aligned.
 enum class Alignment : uint8_t { scalar_fallback, require };
+// How a register-cached row slice of 16-bit input is held: converted to fp32 when loaded
+// (`f32`, one register an element) or as loaded, two elements a register, converted where
+// each pass uses it (`packed`).
+enum class CacheFormat : uint8_t { f32, packed };
 
 struct MappingPlan {
   int programs_per_group = 1;    // rows packed into one group (thread block)
@@ -39,6 +43,7 @@ struct MappingPlan {
   BarrierScope barrier_scope = BarrierScope::group;
   TailHandling tail = TailHandling::predicate;
   Alignment alignment = Alignment::scalar_fallback;
+  CacheFormat cache_format = CacheFormat::f32;
 
   int threads_per_group() const { return programs_per_group * workers_per_program; }
   int64_t elems_per_stripe() const { return int64_t(workers_per_program) * vector_elems; }
@@ -63,6 +68,7 @@ struct PlanRequest {
   std::optional<BarrierScope> barrier_scope;
   std::optional<TailHandling> tail;
   std::optional<Alignment> alignment;
+  std::optional<CacheFormat> cache_format;
 
   // Every field of `plan` fixed (its width is then exact).
   static PlanRequest exactly(const MappingPlan& plan);
@@ -74,5 +80,6 @@ std::string to_string(InputCaching);
 std::string to_string(BarrierScope);
 std::string to_string(TailHandling);
 std::string to_string(Alignment);
+std::string to_string(CacheFormat);
 
 }  // namespace tile

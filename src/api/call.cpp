@@ -134,7 +134,7 @@ std::shared_ptr<const PreparedKernel> prepare(const Call& call, const PlanReques
   put(call.weight.data ? int(call.weight.dtype) : -1), put(call.bias.data ? int(call.bias.dtype) : -1);
   put(plan.programs_per_group), put(plan.workers_per_program), put(int(plan.width_mode)), put(plan.vector_elems);
   put(plan.stripes), put(plan.stripe_unroll), put(int(plan.caching)), put(plan.private_budget);
-  put(int(plan.barrier_scope)), put(int(plan.tail)), put(int(plan.alignment));
+  put(int(plan.barrier_scope)), put(int(plan.tail)), put(int(plan.alignment)), put(int(plan.cache_format));
 
   std::lock_guard<std::mutex> lock(prepared_mutex());
   auto& cache = prepared_cache();

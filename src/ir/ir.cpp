@@ -108,6 +108,14 @@ ExprPtr row_aligned(int buffer, ExprPtr offset, int bytes) {
   return make(e);
 }
 
+ExprPtr unpack16(DType dtype, ExprPtr word, int half) {
+  Expr e{Expr::Kind::unpack16, Type::f32};
+  e.id = int(dtype);
+  e.i = half;
+  e.args = {std::move(word)};
+  return make(e);
+}
+
 int Kernel::shared_elems() const {
   int end = 0;
   for (const SharedRegion& r : shared)
@@ -143,6 +151,12 @@ Stmt load(std::vector<int> dsts, int buffer, ExprPtr index, ExprPtr valid, ExprP
   s.aligned = std::move(aligned);
   s.clamp = clamp;
   s.fill = fill;
+  return s;
+}
+Stmt load_raw(std::vector<int> words, int buffer, ExprPtr index, ExprPtr valid, ExprPtr aligned, bool clamp) {
+  Stmt s = load(std::move(words), buffer, std::move(index), std::move(valid), std::move(aligned), clamp, 0.0f);
+  s.raw = true;
+  s.width = int(s.dsts.size()) * 2;
   return s;
 }
 Stmt store(std::vector<int> srcs, int buffer, ExprPtr index, ExprPtr valid, ExprPtr aligned) {

@@ -53,6 +53,7 @@ struct Expr {
     select,       // args[0] (b1) ? args[1] : args[2]
     cast,         // convert args[0] to `type` (f32 <-> i32/i64, i32 <-> i64)
     row_aligned,  // b1: buffer `id` + element offset args[0] (i64) is aligned to `i` bytes
+    unpack16,     // f32: the 16-bit value of DType(`id`) in half `i` (0 low, 1 high) of i32 args[0]
   };
   Kind kind;
   Type type;
@@ -77,6 +78,7 @@ ExprPtr binary(BinOp op, ExprPtr a, ExprPtr b);  // result type: b1 for comparis
 ExprPtr select(ExprPtr c, ExprPtr a, ExprPtr b);
 ExprPtr cast(Type t, ExprPtr a);
 ExprPtr row_aligned(int buffer, ExprPtr offset, int bytes);
+ExprPtr unpack16(DType dtype, ExprPtr word, int half);
 
 enum class BarrierKind : uint8_t { group, program };
 
@@ -103,6 +105,7 @@ struct Stmt {
   int offset = 0;  // shfl_xor lane offset
   int region = -1; // shared region
   bool clamp = false;
+  bool raw = false;  // load: dsts are i32 registers holding the bits of element pairs
   float fill = 0.0f;
   BarrierKind barrier = BarrierKind::group;
   std::vector<Stmt> body, else_body;
@@ -115,7 +118,9 @@ struct Stmt {
 // width * dtype bytes. Otherwise it is `width` scalar accesses: element j is accessed when
 // j < valid. A load with `clamp` instead reads element min(j, valid - 1) for every j (so every
 // lane issues the same loads) and keeps the value only for j < valid. Elements not kept are
-// set to `fill`.
+// set to `fill`. A `raw` load (16-bit buffers, even width) keeps the bits instead of
+// converting: i32 register w holds element 2w in its low and 2w+1 in its high half, and
+// elements not kept are 0 bits; `unpack16` converts one half to f32 where it is used.
 
 struct Buffer {
   std::string name;
@@ -131,7 +136,8 @@ struct ScalarParam {
 struct Register {
   std::string name;
   Type type;
-  bool cached = false;  // holds cached input; counted against the private budget
+  bool cached = false;  // holds cached input; counted against the private budget (an i32
+                        // register of raw 16-bit pairs counts as two scalars)
 };
 
 // A shared-memory region of f32 slots, one copy per packed program:
@@ -164,6 +170,7 @@ struct Kernel {
 Stmt assign(int dst, ExprPtr value);
 Stmt load(std::vector<int> dsts, int buffer, ExprPtr index, ExprPtr valid, ExprPtr aligned,
           bool clamp, float fill);
+Stmt load_raw(std::vector<int> words, int buffer, ExprPtr index, ExprPtr valid, ExprPtr aligned, bool clamp);
 Stmt store(std::vector<int> srcs, int buffer, ExprPtr index, ExprPtr valid, ExprPtr aligned);
 Stmt shfl_xor(int dst, int src, int offset, int width);
 Stmt shared_store(int region, ExprPtr index, ExprPtr value);

@@ -50,6 +50,10 @@ std::string IRPrinter::row_aligned_expr(int buffer, const std::string& offset, i
   return "aligned(&" + k_.buffers[buffer].name + "[" + offset + "], " + std::to_string(bytes) + ")";
 }
 
+std::string IRPrinter::unpack16_expr(DType dtype, const std::string& word, int half) {
+  return "unpack_" + std::string(dtype_name(dtype)) + (half ? "_hi(" : "_lo(") + word + ")";
+}
+
 std::string IRPrinter::expr(const Expr& e) {
   switch (e.kind) {
     case Expr::Kind::constant: return constant(e);
@@ -63,6 +67,7 @@ std::string IRPrinter::expr(const Expr& e) {
       return "(" + expr(*e.args[0]) + " ? " + expr(*e.args[1]) + " : " + expr(*e.args[2]) + ")";
     case Expr::Kind::cast: return cast_expr(e.type, expr(*e.args[0]));
     case Expr::Kind::row_aligned: return row_aligned_expr(e.id, expr(*e.args[0]), int(e.i));
+    case Expr::Kind::unpack16: return unpack16_expr(DType(e.id), expr(*e.args[0]), int(e.i));
   }
   return "?";
 }
@@ -78,7 +83,7 @@ std::string reg_list(const IRPrinter*, const std::vector<int>& regs,
 
 void IRPrinter::print_load(const Stmt& s) {
   line("{" + reg_list(this, s.dsts, [&](int r) { return reg_name(r); }) + "} = load" +
-       (s.clamp ? ".clamp" : "") + " " + k_.buffers[s.buffer].name + "[" + expr(*s.index) +
+       (s.raw ? ".raw" : "") + (s.clamp ? ".clamp" : "") + " " + k_.buffers[s.buffer].name + "[" + expr(*s.index) +
        " +: " + std::to_string(s.width) + "] valid " + expr(*s.valid) + " vector_if " +
        expr(*s.aligned) + " fill " + std::to_string(s.fill));
 }

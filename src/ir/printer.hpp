@@ -34,6 +34,7 @@ class IRPrinter {
   virtual std::string binary_expr(BinOp op, const std::string& a, const std::string& b, Type t);
   virtual std::string cast_expr(Type to, const std::string& a);
   virtual std::string row_aligned_expr(int buffer, const std::string& offset, int bytes);
+  virtual std::string unpack16_expr(DType dtype, const std::string& word, int half);
 
   virtual void print_load(const Stmt& s);
   virtual void print_store(const Stmt& s);

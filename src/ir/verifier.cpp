@@ -48,7 +48,7 @@ class Verifier {
 
   void check_decls() {
     int cached = 0;
-    for (const Register& r : k_.regs) cached += r.cached;
+    for (const Register& r : k_.regs) cached += r.cached ? (r.type == Type::i32 ? 2 : 1) : 0;
     if (cached > k_.private_budget)
       error("cached input registers (" + std::to_string(cached) + ") exceed the private budget of " +
             std::to_string(k_.private_budget) + " scalars");
@@ -131,6 +131,10 @@ class Verifier {
         return u;
       case Expr::Kind::cast:
         if (e.type == Type::b1 || e.args[0]->type == Type::b1) type_error("cast to or from b1");
+        return u;
+      case Expr::Kind::unpack16:
+        if (e.args[0]->type != Type::i32) type_error("unpack16 of " + std::string(type_name(e.args[0]->type)));
+        if (DType(e.id) == DType::f32 || e.i < 0 || e.i > 1) type_error("unpack16 needs a 16-bit dtype and half 0 or 1");
         return u;
       case Expr::Kind::row_aligned:
         if (e.args[0]->type != Type::i64) type_error("row_aligned offset is " + std::string(type_name(e.args[0]->type)));
@@ -227,9 +231,13 @@ class Verifier {
             error("access to buffer " + std::to_string(s.buffer) + ", which does not exist");
           else if (check && !is_load && !k_.buffers[s.buffer].output)
             error("store to input buffer '" + k_.buffers[s.buffer].name + "'");
-          if (check && int(s.dsts.size()) != s.width) error("vector access of width " + std::to_string(s.width) + " with " + std::to_string(s.dsts.size()) + " registers");
+          const int per_reg = s.raw ? 2 : 1;
+          if (check && int(s.dsts.size()) * per_reg != s.width) error("vector access of width " + std::to_string(s.width) + " with " + std::to_string(s.dsts.size()) + " registers");
+          if (check && s.raw && (!is_load || s.buffer < 0 || s.buffer >= int(k_.buffers.size()) ||
+                                 dtype_size(k_.buffers[s.buffer].dtype) != 2))
+            error("raw access that is not a load of a 16-bit buffer");
           for (int r : s.dsts) {
-            expect_reg(check, r, Type::f32, is_load ? "load destination" : "store source");
+            expect_reg(check, r, s.raw ? Type::i32 : Type::f32, is_load ? "load destination" : "store source");
             if (is_load) define(r, u);
           }
           break;

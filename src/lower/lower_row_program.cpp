@@ -24,6 +24,7 @@ class RowLowering {
   // Values of one element position (stripe slot) during one pass.
   struct Slot {
     std::vector<int> x;                     // registers holding the input elements
+    std::vector<int> words;                 // or raw 16-bit pairs (register-cached 16-bit input)
     ExprPtr col;                            // i64 column of element 0
     ExprPtr in_row_count;                   // i32: how many of the V elements lie in the row
     std::map<int, std::vector<int>> column; // loaded column operands by buffer
@@ -41,7 +42,7 @@ class RowLowering {
 
   void prologue();
   ExprPtr stripe_col(ExprPtr stripe);
-  void load_slot(std::vector<Stmt>& out, Slot& slot, std::vector<int> x_regs);
+  void load_slot(std::vector<Stmt>& out, Slot& slot, std::vector<int> x_regs, bool raw = false);
   ExprPtr row_scalar(std::vector<Stmt>& out, int node);
   void hoist_row_scalars(std::vector<Stmt>& out, int element_node);
   const std::vector<int>& element(std::vector<Stmt>& out, Slot& slot, int node);
@@ -111,10 +112,13 @@ Kernel RowLowering::run() {
     for (int s = 0; s < plan_.stripes; ++s) {
       Slot slot;
       slot.col = stripe_col(i64(s));
+      // cache_format packed: 16-bit input stays as loaded, two elements a register, and is
+      // converted where each pass uses it.
+      const bool raw = plan_.cache_format == CacheFormat::packed;
       std::vector<int> x_regs;
-      for (int j = 0; j < plan_.vector_elems; ++j)
-        x_regs.push_back(k_.add_reg("x" + std::to_string(s) + "_" + std::to_string(j), Type::f32, true));
-      load_slot(body, slot, x_regs);
+      for (int j = 0; j < plan_.vector_elems; j += raw ? 2 : 1)
+        x_regs.push_back(k_.add_reg("x" + std::to_string(s) + "_" + std::to_string(raw ? j / 2 : j), raw ? Type::i32 : Type::f32, true));
+      load_slot(body, slot, x_regs, raw);
       cached_.push_back(std::move(slot));
     }
   }
@@ -170,17 +174,21 @@ ExprPtr RowLowering::stripe_col(ExprPtr stripe) {
                 i64(plan_.vector_elems));
 }
 
-void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, std::vector<int> x_regs) {
+void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, std::vector<int> x_regs, bool raw) {
   int col = assign_new(out, "col", slot.col);
   slot.col = r(col);
   // min(max(load_cols - col, 0), V) as i32: one compare per element instead of i64 math.
   ExprPtr left = binary(BinOp::sub, r(load_cols_), slot.col);
   ExprPtr count = binary(BinOp::min, binary(BinOp::max, left, i64(0)), i64(plan_.vector_elems));
   slot.in_row_count = r(assign_new(out, "n", cast(Type::i32, count)));
-  out.push_back(load(x_regs, 0, binary(BinOp::add, r(x_off_), slot.col),
-                     binary(BinOp::sub, r(load_cols_), slot.col), r(x_aligned_),
-                     plan_.tail == TailHandling::clamp, 0.0f));
-  slot.x = std::move(x_regs);
+  ExprPtr index = binary(BinOp::add, r(x_off_), slot.col), valid = binary(BinOp::sub, r(load_cols_), slot.col);
+  if (raw) {
+    out.push_back(load_raw(x_regs, 0, index, valid, r(x_aligned_), plan_.tail == TailHandling::clamp));
+    slot.words = std::move(x_regs);
+  } else {
+    out.push_back(load(x_regs, 0, index, valid, r(x_aligned_), plan_.tail == TailHandling::clamp, 0.0f));
+    slot.x = std::move(x_regs);
+  }
 }
 
 ExprPtr RowLowering::in_row(const Slot& slot, int j) {
@@ -250,7 +258,14 @@ const std::vector<int>& RowLowering::element(std::vector<Stmt>& out, Slot& slot,
   const int V = plan_.vector_elems;
   std::vector<int> regs;
   switch (n.kind) {
-    case RowNode::Kind::input: regs = slot.x; break;
+    case RowNode::Kind::input:
+      if (slot.words.empty()) {
+        regs = slot.x;
+      } else {
+        for (int j = 0; j < V; ++j)
+          regs.push_back(assign_new(out, "x", unpack16(sig_.x, r(slot.words[j / 2]), j % 2)));
+      }
+      break;
     case RowNode::Kind::column: {
       int c = 0;
       while (prog_.columns()[c] != n.name) ++c;

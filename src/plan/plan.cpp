@@ -14,6 +14,7 @@ std::string to_string(InputCaching v) { return v == InputCaching::registers ? "r
 std::string to_string(BarrierScope v) { return v == BarrierScope::group ? "group" : "program"; }
 std::string to_string(TailHandling v) { return v == TailHandling::predicate ? "predicate" : "clamp"; }
 std::string to_string(Alignment v) { return v == Alignment::require ? "require" : "scalar_fallback"; }
+std::string to_string(CacheFormat v) { return v == CacheFormat::packed ? "packed" : "f32"; }
 
 namespace {
 
@@ -39,7 +40,7 @@ int parse_int(const json& j, const char* field) {
 const char* kFields[] = {"programs_per_group", "workers_per_program", "width_mode",
                          "vector_elems",       "stripes",             "stripe_unroll",
                          "caching",            "private_budget",      "barrier_scope",
-                         "tail",               "alignment"};
+                         "tail",               "alignment",           "cache_format"};
 
 json parse_object(const std::string& text) {
   json j;
@@ -70,7 +71,8 @@ std::string MappingPlan::to_json() const {
             {"private_budget", private_budget},
             {"barrier_scope", to_string(barrier_scope)},
             {"tail", to_string(tail)},
-            {"alignment", to_string(alignment)}};
+            {"alignment", to_string(alignment)},
+            {"cache_format", to_string(cache_format)}};
   return j.dump();  // keys sorted: the text is canonical and hashes stably
 }
 
@@ -91,6 +93,8 @@ PlanRequest PlanRequest::from_json(const std::string& text) {
     r.tail = parse_enum(j["tail"], "tail", {TailHandling::predicate, TailHandling::clamp});
   if (j.contains("alignment"))
     r.alignment = parse_enum(j["alignment"], "alignment", {Alignment::scalar_fallback, Alignment::require});
+  if (j.contains("cache_format"))
+    r.cache_format = parse_enum(j["cache_format"], "cache_format", {CacheFormat::f32, CacheFormat::packed});
   if (j.contains("width_mode")) {
     // A width the caller wrote down is exact by definition; "automatic" with a width is a contradiction.
     WidthMode m = parse_enum(j["width_mode"], "width_mode", {WidthMode::automatic, WidthMode::exact});
@@ -123,6 +127,7 @@ MappingPlan MappingPlan::from_json(const std::string& text) {
   p.barrier_scope = *r.barrier_scope;
   p.tail = *r.tail;
   p.alignment = *r.alignment;
+  p.cache_format = *r.cache_format;
   return p;
 }
 
@@ -147,7 +152,8 @@ std::string MappingPlan::loop_nest() const {
   }
   os << "        access " << vector_elems << " consecutive elements at ((stripe * "
      << workers_per_program << " + worker) * " << vector_elems << ")   // tail: "
-     << to_string(tail) << ", alignment: " << to_string(alignment) << "\n"
+     << to_string(tail) << ", alignment: " << to_string(alignment)
+     << (caching == InputCaching::registers ? ", cache format: " + to_string(cache_format) : "") << "\n"
      << "      cross-worker reductions: warp shuffles"
      << (workers_per_program > 32 ? ", shared memory, " + to_string(barrier_scope) + "-scope barrier" : "")
      << "\n";
@@ -166,6 +172,7 @@ PlanRequest PlanRequest::exactly(const MappingPlan& p) {
   r.barrier_scope = p.barrier_scope;
   r.tail = p.tail;
   r.alignment = p.alignment;
+  r.cache_format = p.cache_format;
   return r;
 }
 

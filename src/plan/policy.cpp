@@ -84,6 +84,9 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   p.barrier_scope = req.barrier_scope.value_or(BarrierScope::group);
   p.tail = req.tail.value_or(TailHandling::predicate);
   p.alignment = req.alignment.value_or(Alignment::scalar_fallback);
+  // Packed caching is offered for experiments; ptxas register counts alone do not favour it
+  // (fewer registers for RMSNorm, more for log-softmax), so the default stays f32.
+  p.cache_format = req.cache_format.value_or(CacheFormat::f32);
 
   // Packing: short-row programs share a group of about kTargetGroupThreads threads, unless
   // that would leave fewer than kGroupsPerSm groups per SM; sub-warp programs fill whole warps.
@@ -134,6 +137,11 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
                           " scalars (or caching \"reread\")",
            "stripes x vector_elems = " + str(p.stripes * V) + " scalars per worker");
   }
+  if (p.cache_format == CacheFormat::packed &&
+      (p.caching != InputCaching::registers || dtype_size(in.x_dtype) != 2 || V % 2 != 0))
+    fail("cache_format", "\"f32\" unless the row is cached in registers, the input is 16-bit and vector_elems is even",
+         "\"packed\" with caching \"" + to_string(p.caching) + "\", x " + std::string(dtype_name(in.x_dtype)) +
+             ", vector_elems " + str(V));
   if (p.barrier_scope == BarrierScope::program) {
     if (W % 32 != 0) fail("barrier_scope", "\"group\" for sub-warp programs (a named barrier counts whole warps)", "\"program\"");
     if (P > limits.named_barriers - 1)

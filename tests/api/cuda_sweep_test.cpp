@@ -67,6 +67,7 @@ TEST_F(CudaSweep, SeededFuzzOfShapesDtypesStridesAndPlans) {
     if (pick(3) == 0) c.plan.barrier_scope = BarrierScope::program;
     if (pick(4) == 0) c.plan.vector_elems = 1 << pick(3);
     if (pick(4) == 0) c.plan.stripe_unroll = 1 + pick(4);
+    if (pick(4) == 0) c.plan.cache_format = CacheFormat::packed;
     try {
       SCOPED_TRACE(c.name());
       CaseResult r = run_case(c, Backend::cuda);

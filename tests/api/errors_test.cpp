@@ -82,6 +82,9 @@ TEST(ArgumentErrors, InvalidPlansNameTheField) {
   p.vector_elems = 8;
   expect_error(b.call(Op::softmax), p, {"plan.vector_elems", "16 bytes", "8 elements of 4 bytes"});
   p = {};
+  p.cache_format = CacheFormat::packed;
+  expect_error(b.call(Op::softmax), p, {"softmax", "plan.cache_format", "16-bit", "x f32"});
+  p = {};
   p.vector_elems = 4, p.alignment = Alignment::require;
   Call odd = b.call(Op::softmax);
   odd.x.cols = odd.y.cols = 99;

@@ -13,6 +13,7 @@ TEST(MappingPlan, JsonRoundTripsEveryField) {
   p.programs_per_group = 3, p.workers_per_program = 96, p.width_mode = WidthMode::exact, p.vector_elems = 2;
   p.stripes = 5, p.stripe_unroll = 2, p.caching = InputCaching::reread, p.private_budget = 40;
   p.barrier_scope = BarrierScope::program, p.tail = TailHandling::clamp, p.alignment = Alignment::require;
+  p.cache_format = CacheFormat::packed;
   EXPECT_EQ(MappingPlan::from_json(p.to_json()), p);
   EXPECT_EQ(MappingPlan::from_json(MappingPlan{}.to_json()), MappingPlan{});
 }
@@ -25,7 +26,7 @@ TEST(MappingPlan, HashIsTheSha256OfTheCanonicalJson) {
   EXPECT_NE(a.hash(), b.hash());
   // The canonical text has sorted keys and no spaces, so the hash is stable across builds.
   EXPECT_EQ(a.to_json(),
-            R"({"alignment":"scalar_fallback","barrier_scope":"group","caching":"registers","private_budget":64,)"
+            R"({"alignment":"scalar_fallback","barrier_scope":"group","cache_format":"f32","caching":"registers","private_budget":64,)"
             R"("programs_per_group":1,"stripe_unroll":1,"stripes":1,"tail":"predicate","vector_elems":4,)"
             R"("width_mode":"automatic","workers_per_program":256})");
 }

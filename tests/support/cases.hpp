@@ -121,6 +121,16 @@ inline std::vector<Case> core_sweep() {
       c.op = op, c.x = dt, c.y = dt, c.w = DType::f32, c.rows = 2, c.cols = 262144, c.seed = seed++;
       cases.push_back(c);
     }
+  for (Op op : ops)  // 16-bit rows cached packed: tails, misaligned rows, strided rows
+    for (DType dt : {DType::f16, DType::bf16})
+      for (auto [cols, stride, offset] : {std::tuple<int64_t, int64_t, int64_t>{1537, 0, 0}, {4096, 0, 1}, {3000, 3008, 0}}) {
+        Case c;
+        c.op = op, c.x = dt, c.y = dt, c.w = dt, c.rows = 37, c.cols = cols, c.stride = stride;
+        c.offset = offset, c.seed = seed++;
+        c.plan.cache_format = CacheFormat::packed;
+        c.plan.vector_elems = 8;
+        cases.push_back(c);
+      }
   for (Op op : {Op::rms_norm, Op::layer_norm}) {  // without weight / bias
     Case c;
     c.op = op, c.rows = 37, c.cols = 1537, c.weight = false, c.bias = false, c.seed = seed++;

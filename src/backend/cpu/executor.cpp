@@ -33,6 +33,7 @@ enum class Op : uint8_t {
   select,
   f_to_i32, f_to_i64, f_to_b1, i_to_f, i_to_i32, i_to_b1,
   row_aligned,  // d = aligned(buffer b, offset a, bytes c)
+  unpack16,     // d = f32 of the 16-bit DType(b) value in half c of word a
   jump,         // pc = a
   branch_false, // if (!a) pc = b
   inc32, inc64,
@@ -55,6 +56,7 @@ struct MemOp {
   int buffer;
   int width;
   bool clamp;
+  bool raw;  // load bits into i32 registers, two elements a register
   float fill;
   int32_t index, valid, aligned;  // slots
   int32_t regs;                   // offset in Code::lists of `width` f32 register slots
@@ -243,6 +245,11 @@ class Compiler {
              "row_aligned with a bad buffer, offset or byte count");
         in = {Op::row_aligned, 0, a[0], e->id, int32_t(e->i)};
         break;
+      case Expr::Kind::unpack16:
+        need(t0 == Type::i32 && (e->id == int(DType::f16) || e->id == int(DType::bf16)) && (e->i == 0 || e->i == 1),
+             "unpack16 needs an i32 word, a 16-bit dtype and half 0 or 1");
+        in = {Op::unpack16, 0, a[0], e->id, int32_t(e->i)};
+        break;
       default: need(false, "unknown expression kind");
     }
     in.d = dst >= 0 ? dst : temp();
@@ -259,12 +266,14 @@ class Compiler {
   void mem(const Stmt& s, bool is_load) {
     need(s.buffer >= 0 && s.buffer < int(k_.buffers.size()),
          "access to a buffer that does not exist");
-    need(s.width >= 1 && int(s.dsts.size()) == s.width,
+    need(s.width >= 1 && int(s.dsts.size()) * (s.raw ? 2 : 1) == s.width,
          "access width does not match its registers");
     need(is_load || !s.clamp, "clamp on a store");
-    MemOp m{s.buffer, s.width, s.clamp, s.fill, 0, 0, 0, int32_t(code_.lists.size())};
+    need(!s.raw || (is_load && dtype_size(k_.buffers[s.buffer].dtype) == 2 && s.width <= 16),
+         "raw access that is not a 16-bit load of at most 16 elements");
+    MemOp m{s.buffer, s.width, s.clamp, s.raw, s.fill, 0, 0, 0, int32_t(code_.lists.size())};
     for (int r : s.dsts)
-      code_.lists.push_back(reg_slot(r, Type::f32, is_load ? "a load" : "a store"));
+      code_.lists.push_back(reg_slot(r, s.raw ? Type::i32 : Type::f32, is_load ? "a load" : "a store"));
     need(s.index && s.valid && s.aligned, "load/store without index, valid or aligned");
     need(is_int(s.index->type) && is_int(s.valid->type) && s.aligned->type == Type::b1,
          "load/store index and valid must be integers and aligned b1");
@@ -526,6 +535,11 @@ class Runner {
         case Op::i_to_f: d.f = float(A.i); break;
         case Op::i_to_i32: d.i = int32_t(A.i); break;
         case Op::i_to_b1: d.i = A.i != 0; break;
+        case Op::unpack16: {
+          uint32_t half = (uint32_t(A.i) >> (16 * in.c)) & 0xffffu;
+          d.f = DType(in.b) == DType::bf16 ? bf16_bits_to_float(uint16_t(half)) : f16_bits_to_float(uint16_t(half));
+          break;
+        }
         case Op::row_aligned: {
           const BufferArg& buf = args_.buffers[in.b];
           uint64_t addr = uint64_t(reinterpret_cast<uintptr_t>(buf.data)) +
@@ -602,6 +616,7 @@ class Runner {
     const DType dt = k_.buffers[m.buffer].dtype;
     const int32_t* dst = &code_.lists[m.regs];
     const int64_t index = r[m.index].i, valid = r[m.valid].i;
+    if (m.raw) return load_raw(t, r, m, static_cast<const uint16_t*>(data), dst, index, valid);
     if (vector_path(t, r, m, "load")) {
       for (int j = 0; j < m.width; ++j) r[dst[j]].f = load_as_float(data, index + j, dt);
       ++(m.width > 1 ? stats_.vector_accesses : stats_.scalar_accesses);
@@ -620,6 +635,27 @@ class Runner {
       }
       r[dst[j]].f = v;
     }
+  }
+
+  // Raw 16-bit load: element j's bits go to half j % 2 of register j / 2; unkept elements are 0.
+  void load_raw(int t, Slot* r, const MemOp& m, const uint16_t* data, const int32_t* dst, int64_t index,
+                int64_t valid) {
+    uint32_t words[8] = {};
+    if (vector_path(t, r, m, "load")) {
+      for (int j = 0; j < m.width; ++j) words[j / 2] |= uint32_t(data[index + j]) << (16 * (j % 2));
+      ++stats_.vector_accesses;
+      stats_.bytes_loaded += int64_t(m.width) * 2;
+    } else {
+      for (int j = 0; j < m.width; ++j) {
+        if (!(m.clamp || j < valid)) continue;
+        int64_t e = int64_t(uint64_t(index) + (j < valid ? uint64_t(j) : uint64_t(valid) - 1));
+        check_element(t, m, e, "load");
+        if (j < valid) words[j / 2] |= uint32_t(data[e]) << (16 * (j % 2));
+        ++stats_.scalar_accesses;
+        stats_.bytes_loaded += 2;
+      }
+    }
+    for (int w = 0; w < m.width / 2; ++w) r[dst[w]].i = int32_t(words[w]);
   }
 
   void store(int t, Slot* r, const MemOp& m) {

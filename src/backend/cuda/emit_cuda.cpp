@@ -128,7 +128,40 @@ class CudaEmitter : public IRPrinter {
     return "tile_aligned(" + k_.buffers[buffer].name + " + " + offset + ", " + std::to_string(bytes) + ")";
   }
 
+  std::string unpack16_expr(DType dtype, const std::string& word, int half) override {
+    return "tile_" + std::string(dtype_name(dtype)) + "_to_f32(" + (half ? "((unsigned)" + word + " >> 16)" : "(unsigned)" + word) + ")";
+  }
+
+  // Raw 16-bit load: words straight from the vector access, or assembled from scalar loads.
+  void print_raw_load(const Stmt& s) {
+    const Buffer& b = k_.buffers[s.buffer];
+    const int bytes = s.width * 2;
+    line("{  // raw " + std::string(s.clamp ? "clamped " : "") + "load " + b.name + ", " + std::to_string(s.width) + " elements");
+    ++indent_;
+    line("const long long tile_i = " + expr(*s.index) + ";");
+    line("const long long tile_n = " + expr(*s.valid) + ";");
+    line("if (" + expr(*s.aligned) + " && tile_n >= " + std::to_string(s.width) + ") {");
+    ++indent_;
+    line("const " + std::string(word_type(bytes)) + " tile_w = *reinterpret_cast<const " + word_type(bytes) + "*>(" + b.name + " + tile_i);");
+    for (size_t w = 0; w < s.dsts.size(); ++w) line(reg_name(s.dsts[w]) + " = (int)" + component("tile_w", bytes, int(w)) + ";");
+    --indent_;
+    line("} else {");
+    ++indent_;
+    auto element = [&](int j) {
+      std::string jj = std::to_string(j);
+      std::string at = s.clamp ? b.name + "[tile_i + (" + jj + " < tile_n - 1 ? " + jj + " : tile_n - 1)]" : b.name + "[tile_i + " + jj + "]";
+      return "(" + jj + " < tile_n ? (unsigned)" + at + " : 0u)";
+    };
+    for (size_t w = 0; w < s.dsts.size(); ++w)
+      line(reg_name(s.dsts[w]) + " = (int)(" + element(int(2 * w)) + " | (" + element(int(2 * w + 1)) + " << 16));");
+    --indent_;
+    line("}");
+    --indent_;
+    line("}");
+  }
+
   void print_load(const Stmt& s) override {
+    if (s.raw) return print_raw_load(s);
     const Buffer& b = k_.buffers[s.buffer];
     const std::string dt(dtype_name(b.dtype));
     const int es = dtype_size(b.dtype), bytes = s.width * es;
