@@ -439,7 +439,8 @@ def main(argv: list[str]) -> int:
                 k = calibrate(fn, work.sync, args.warmup_ms, args.target_ms)
                 fam = {}
                 fam["throughput"] = family_stats([time_throughput(fn, work.sync, k) for _ in range(args.samples)], k)
-                k_lat = max(1, min(k, 300))
+                # Latency samples are sized to the target too, from the synchronized call time.
+                k_lat = max(1, int(args.target_ms * 1e3 / max(time_latency(fn, work.sync, 20), 0.1)))
                 fam["latency"] = family_stats([time_latency(fn, work.sync, k_lat) for _ in range(args.samples)], k_lat)
                 if backend == "cuda":
                     k_gpu = max(1, min(k, 100))
