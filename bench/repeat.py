@@ -257,13 +257,18 @@ def calibrate(fn, sync, warmup_ms: float, target_ms: float) -> int:
         calls += 1
         if calls % 16 == 0:
             sync()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(8):
-        fn()
-    sync()
-    per_call_ms = max((time.perf_counter() - t0) * 1e3 / 8, 1e-4)
-    return max(1, int(target_ms / per_call_ms))
+    # Double a probe batch until it lasts a fifth of the target, then scale to the target.
+    n = 8
+    while True:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        elapsed_ms = (time.perf_counter() - t0) * 1e3
+        if elapsed_ms >= target_ms / 5 or n >= 1 << 20:
+            return max(1, int(target_ms * n / max(elapsed_ms, 1e-6)))
+        n *= 2
 
 
 def time_throughput(fn, sync, k: int) -> float:
