@@ -69,6 +69,9 @@ LaunchRecord run(const Call& call, const CallOptions& options) {
   const ir::Kernel& k = pk->kernel;
   LaunchRecord rec;
   rec.plan = pk->plan;
+  if ((call.x.rows + k.programs_per_group - 1) / k.programs_per_group > INT32_MAX)
+    throw_argument_error(op_name(call.op), "x", "at most 2^31 - 1 groups of " + std::to_string(k.programs_per_group) +
+                         " rows (the grid's limit)", std::to_string(call.x.rows) + " rows");
   rec.kernel_name = k.name;
   rec.source_sha256 = pk->source_sha256;
   rec.groups = (call.x.rows + k.programs_per_group - 1) / k.programs_per_group;
@@ -119,7 +122,6 @@ LaunchRecord run(const Call& call, const CallOptions& options) {
   for (CUdeviceptr& p : ptrs) argv.push_back(&p);
   argv.insert(argv.end(), {&a.rows, &a.cols, &a.x_stride, &a.y_stride});
   for (size_t p = 4; p < k.params.size(); ++p) argv.push_back(&a.eps);
-  TILE_CHECK(rec.groups <= INT32_MAX, "grid of ", rec.groups, " groups");
   TILE_CU_CHECK(cuda::driver().cuLaunchKernel(fn, unsigned(rec.groups), 1, 1, unsigned(rec.threads_per_group), 1, 1, 0,
                                               static_cast<CUstream>(options.stream), argv.data(), nullptr));
   return rec;

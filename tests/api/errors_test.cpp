@@ -92,6 +92,16 @@ TEST(ArgumentErrors, InvalidPlansNameTheField) {
   expect_error(odd, p, {"plan.alignment", "aligned", "x stride 99"});
 }
 
+TEST(ArgumentErrors, GridBeyondItsLimitIsRefused) {
+  // Never dereferenced: the call is refused before anything runs.
+  const int64_t rows = (int64_t(1) << 31) + 5;
+  Call huge{Op::softmax, matrix(reinterpret_cast<void*>(uintptr_t(1) << 44), DType::f32, rows, 1),
+            matrix(reinterpret_cast<void*>(uintptr_t(1) << 45), DType::f32, rows, 1)};
+  PlanRequest p;
+  p.programs_per_group = 1, p.workers_per_program = 32;
+  expect_error(huge, p, {"softmax", "'x'", "2^31 - 1 groups", "2147483653 rows"});
+}
+
 TEST(ArgumentErrors, PlanJsonNamesTheField) {
   EXPECT_THROW(PlanRequest::from_json(R"({"programs_per_group": "two"})"), Error);
   try {
