@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Bandwidth of Tile and its peers over row lengths N, with a same-run device-copy line.
+
+For each operator, dtype and N the input holds about --input-mib MiB (rows = bytes / (N *
+element size)). Every implementation's output is checked against a float64 oracle (torch in
+float64 on the GPU, from the stored inputs) before it is timed. A time is the median of
+--batches CUDA-event-timed batches of back-to-back launches, each about --batch-ms long; the
+copy line is a device-to-device copy of the same number of bytes (read + written), timed the
+same way in the same process. Bytes = input read once + output written once + weight and bias.
+
+    python bench/sweep.py --out bench/results/sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peers  # noqa: E402
+
+import tile  # noqa: E402
+
+OPS = ["softmax", "log_softmax", "rms_norm", "layer_norm"]
+DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+NS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
+TOL = {"f32": (2e-5, 1e-6), "bf16": (8e-3, 1e-4)}
+
+
+def reference(op, x, w, b, eps):
+    x64 = x.double()
+    if op == "softmax":
+        return torch.softmax(x64, -1)
+    if op == "log_softmax":
+        return torch.log_softmax(x64, -1)
+    if op == "rms_norm":
+        return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+    mean = x64.mean(-1, keepdim=True)
+    var = (x64 - mean).pow(2).mean(-1, keepdim=True)
+    return (x64 - mean) * torch.rsqrt(var + eps) * w.double() + b.double()
+
+
+def check(y, ref, dtype):
+    rtol, atol = TOL[dtype]
+    err = (y.double() - ref).abs()
+    row_max = ref.abs().amax(-1, keepdim=True)
+    bad = (err > rtol * ref.abs() + atol * row_max) | (y.isnan() != ref.isnan())
+    return {"passed": not bool(bad.any()), "mismatches": int(bad.sum()), "max_abs_error": float(err.nan_to_num().max())}
+
+
+def time_ms(fn, batch_ms, batches):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    stop.record()
+    stop.synchronize()
+    k = max(1, int(batch_ms / max(start.elapsed_time(stop), 1e-3)))
+    per = []
+    for _ in range(batches):
+        start.record()
+        for _ in range(k):
+            fn()
+        stop.record()
+        stop.synchronize()
+        per.append(start.elapsed_time(stop) / k)
+    per.sort()
+    return per[len(per) // 2], k
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
+    ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    ap.add_argument("--ns", nargs="+", type=int, default=NS)
+    ap.add_argument("--peers", nargs="+", default=list(peers.PEERS), choices=list(peers.PEERS))
+    ap.add_argument("--input-mib", type=float, default=512)
+    ap.add_argument("--batch-ms", type=float, default=20)
+    ap.add_argument("--batches", type=int, default=7)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("sweep.py: needs a CUDA device")
+
+    points = []
+    gen = torch.Generator(device="cuda").manual_seed(20261130)
+    total = len(args.ops) * len(args.dtypes) * len(args.ns)
+    done = 0
+    for dtype in args.dtypes:
+        tdt = DTYPES[dtype]
+        es = torch.tensor([], dtype=tdt).element_size()
+        for n in args.ns:
+            rows = max(1, int(args.input_mib * 2**20 / (n * es)))
+            x = torch.randn(rows, n, device="cuda", dtype=torch.float32, generator=gen).to(tdt)
+            w = (1 + 0.5 * torch.randn(n, device="cuda", generator=gen)).to(tdt)
+            b = (0.5 * torch.randn(n, device="cuda", generator=gen)).to(tdt)
+            out = torch.empty_like(x)
+            for op in args.ops:
+                done += 1
+                eps = peers.EPS.get(op, 0.0)
+                nbytes = 2 * x.numel() * es + (n * es if op in ("rms_norm", "layer_norm") else 0) + \
+                    (n * es if op == "layer_norm" else 0)
+                ref = reference(op, x, w, b, eps)
+                src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+                dst = torch.empty_like(src)
+                copy_ms, _ = time_ms(lambda: dst.copy_(src), args.batch_ms, args.batches)
+                del src, dst
+                point = {"op": op, "dtype": dtype, "n": n, "rows": rows, "bytes": nbytes,
+                         "copy": {"ms": copy_ms, "gbs": nbytes / copy_ms / 1e6}, "impls": {}}
+                impls = {"tile": None, **{p: None for p in args.peers}}
+                for name in impls:
+                    entry = {}
+                    try:
+                        out.fill_(float("nan"))
+                        if name == "tile":
+                            kw = {"out": out}
+                            if op in ("rms_norm", "layer_norm"):
+                                kw.update(weight=w, eps=eps)
+                            if op == "layer_norm":
+                                kw["bias"] = b
+                            rec = tile.run(op, x, **kw)
+                            fn = lambda kw=kw: getattr(tile, op)(x, **kw)  # noqa: E731
+                            entry["plan"] = rec["plan"]
+                            y = out
+                        else:
+                            fn, note = peers.make(name, op, x, w, b, eps, out)
+                            t0 = time.perf_counter()
+                            y = fn()
+                            torch.cuda.synchronize()
+                            entry["first_call_s"] = time.perf_counter() - t0  # torch.compile's compile time
+                            entry["note"] = note
+                            y = out if y is None else y
+                        torch.cuda.synchronize()
+                        entry["oracle"] = check(y, ref, dtype)
+                        if not entry["oracle"]["passed"]:
+                            entry["error"] = "failed the float64 oracle; not timed"
+                        else:
+                            ms, k = time_ms(fn, args.batch_ms, args.batches)
+                            entry.update(ms=ms, launches_per_batch=k, gbs=nbytes / ms / 1e6,
+                                         pct_of_copy=100 * copy_ms / ms)
+                    except peers.Unsupported as e:
+                        entry["unsupported"] = str(e)
+                    except Exception as e:  # a peer failing is recorded, never silently dropped
+                        entry["error"] = f"{type(e).__name__}: {e}"
+                    point["impls"][name] = entry
+                points.append(point)
+                line = " ".join(f"{k}={v.get('pct_of_copy', float('nan')):.0f}%" for k, v in point["impls"].items())
+                print(f"[{done}/{total}] {op} {dtype} N={n} rows={rows}: copy {point['copy']['gbs']:.0f} GB/s; {line}",
+                      flush=True)
+            del x, w, b, out
+            torch.cuda.empty_cache()
+
+    doc = {"schema": "tile-sweep/1", "created": dt.datetime.now(dt.timezone.utc).isoformat(),
+           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
+           "tile": tile.build_info(), "method": __doc__.strip(), "config": vars(args) | {"out": str(args.out)},
+           "points": points}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    os.replace(tmp, args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
