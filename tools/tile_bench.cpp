@@ -40,6 +40,51 @@ double timed(F&& launch) {
   return median_ms(launch, launches, 7);
 }
 
+// One operator call on device buffers holding random inputs, with host copies for the oracle.
+struct DeviceCase {
+  DeviceCase(tile::Op op, tile::DType dt, long long rows, long long cols, uint64_t seed)
+      : x(dt, rows, cols, cols, 0, 0), y(dt, rows, cols, cols, 0, 0), w(dt, cols), b(dt, cols),
+        dx(x.bytes().size()), dy(y.bytes().size()), dw(w.bytes.size()), db(b.bytes.size()) {
+    std::mt19937_64 rng(seed);
+    x.fill_random(rng);
+    w.fill_random(rng, 1.0, 0.5);
+    b.fill_random(rng, 0.0, 0.5);
+    dx.copy_from_host(x.bytes().data(), x.bytes().size());
+    dw.copy_from_host(w.bytes.data(), w.bytes.size());
+    db.copy_from_host(b.bytes.data(), b.bytes.size());
+    set_op(op);
+  }
+  void set_op(tile::Op op) {
+    const tile::DType dt = x.view().dtype;
+    const long long rows = x.view().rows, cols = x.view().cols;
+    call = tile::Call{op, tile::matrix(dx.get(), dt, rows, cols), tile::matrix(dy.get(), dt, rows, cols)};
+    if (op == tile::Op::rms_norm || op == tile::Op::layer_norm) call.weight = {dw.get(), dt, cols};
+    if (op == tile::Op::layer_norm) call.bias = {db.get(), dt, cols};
+  }
+  // Poisons the output, runs once, checks every element against the float64 oracle.
+  tile::OracleCheck run_checked(const tile::PlanRequest& request, tile::LaunchRecord* rec) {
+    dy.fill_byte(0xff);
+    *rec = tile::run(call, {request});
+    TILE_CU_CHECK(cu::driver().cuCtxSynchronize());
+    dy.copy_to_host(y.bytes().data(), y.bytes().size());
+    tile::Call host = call;
+    host.x.data = x.data(), host.y.data = y.data();
+    if (call.weight.data) host.weight.data = w.data();
+    if (call.bias.data) host.bias.data = b.data();
+    return tile::check_against_oracle(host);
+  }
+  // Input read once, output written once, weight and bias once.
+  double bytes() const {
+    const int es = tile::dtype_size(call.x.dtype);
+    return double(call.x.rows * call.x.cols) * 2 * es +
+           double(call.x.cols) * es * ((call.weight.data != nullptr) + (call.bias.data != nullptr));
+  }
+  tile::testing::HostMatrix x, y;
+  tile::testing::HostVector w, b;
+  cu::DeviceBuffer dx, dy, dw, db;
+  tile::Call call;
+};
+
 }  // namespace
 
 int bench_main(int argc, char** argv) {
@@ -68,37 +113,17 @@ int bench_main(int argc, char** argv) {
   std::printf("%-12s %-5s %-12s %10s %10s %10s %9s  %s\n", "op", "dtype", "shape", "kernel_us", "GB/s", "copy_GB/s", "%copy", "plan");
   for (tile::DType dt : {tile::DType::f32, tile::DType::bf16})
     for (auto [rows, cols] : shapes) {
-      std::mt19937_64 rng(uint64_t(rows * 131 + cols));
-      tile::testing::HostMatrix x(dt, rows, cols, cols, 0, 0), y(dt, rows, cols, cols, 0, 0);
-      x.fill_random(rng);
-      tile::testing::HostVector w(dt, cols), b(dt, cols);
-      w.fill_random(rng, 1.0, 0.5);
-      b.fill_random(rng, 0.0, 0.5);
-      cu::DeviceBuffer dx(x.bytes().size()), dy(y.bytes().size()), dw(w.bytes.size()), db(b.bytes.size());
-      dx.copy_from_host(x.bytes().data(), x.bytes().size());
-      dw.copy_from_host(w.bytes.data(), w.bytes.size());
-      db.copy_from_host(b.bytes.data(), b.bytes.size());
+      DeviceCase c(ops[0], dt, rows, cols, uint64_t(rows * 131 + cols));
       for (tile::Op op : ops) {
-        tile::Call call{op, tile::matrix(dx.get(), dt, rows, cols), tile::matrix(dy.get(), dt, rows, cols)};
-        if (op == tile::Op::rms_norm || op == tile::Op::layer_norm) call.weight = {dw.get(), dt, cols};
-        if (op == tile::Op::layer_norm) call.bias = {db.get(), dt, cols};
-        dy.fill_byte(0xff);
-        tile::LaunchRecord rec = tile::run(call, {request});
-        TILE_CU_CHECK(cu::driver().cuCtxSynchronize());
-        dy.copy_to_host(y.bytes().data(), y.bytes().size());
-        tile::Call host = call;
-        host.x.data = x.data(), host.y.data = y.data();
-        if (call.weight.data) host.weight.data = w.data();
-        if (call.bias.data) host.bias.data = b.data();
-        tile::OracleCheck check = tile::check_against_oracle(host);
+        c.set_op(op);
+        tile::LaunchRecord rec;
+        tile::OracleCheck check = c.run_checked(request, &rec);
         if (!check.ok) {
           std::printf("%-12s oracle FAIL: %s\n", tile::op_name(op).c_str(), check.first_mismatch.c_str());
           return 1;
         }
-        // Bytes: input read once, output written once, weight and bias once.
-        double bytes = double(rows * cols) * 2 * tile::dtype_size(dt) +
-                       double(cols) * tile::dtype_size(dt) * ((call.weight.data != nullptr) + (call.bias.data != nullptr));
-        double kernel_ms = timed([&] { tile::run(call, {request}); });
+        const double bytes = c.bytes();
+        double kernel_ms = timed([&] { tile::run(c.call, {request}); });
         size_t copy_bytes = size_t(bytes / 2);  // a copy of bytes/2 reads and writes `bytes`
         cu::DeviceBuffer copy_src(copy_bytes), copy_dst(copy_bytes);
         copy_src.fill_byte(0x3c);
@@ -110,5 +135,50 @@ int bench_main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
+  return 0;
+}
+
+// `tile tune --op OP --shape RxC [--dtype T]`: times every plan of the mapping family (each
+// oracle-checked first) and reports the analytic policy's regret against the fastest.
+int tune_main(int argc, char** argv) {
+  std::string op_text = "softmax", shape = "1024x4096", dtype = "f32";
+  for (int i = 2; i + 1 < argc; i += 2) {
+    std::string flag = argv[i];
+    if (flag == "--op") op_text = argv[i + 1];
+    else if (flag == "--shape") shape = argv[i + 1];
+    else if (flag == "--dtype") dtype = argv[i + 1];
+    else throw tile::Error("tile tune: unknown option '" + flag + "'");
+  }
+  long long rows = 0, cols = 0;
+  if (std::sscanf(shape.c_str(), "%lldx%lld", &rows, &cols) != 2) throw tile::Error("tile tune: --shape expects RxC");
+  const tile::Op op = tile::parse_op(op_text);
+  const tile::DType dt = tile::parse_dtype(dtype);
+  cu::ensure_context(0);
+  DeviceCase c(op, dt, rows, cols, uint64_t(rows * 131 + cols));
+  tile::PlanInputs in;
+  in.op = op, in.x_dtype = in.y_dtype = in.column_dtype = dt, in.has_columns = c.call.weight.data != nullptr;
+  in.rows = rows, in.cols = cols, in.x_stride = in.y_stride = cols;
+  std::vector<tile::MappingPlan> family = tile::mapping_family(in);
+  std::printf("tile tune: %s %s %s, %zu plans; medians of 7 event-timed batches per plan\n", op_text.c_str(),
+              shape.c_str(), dtype.c_str(), family.size());
+  std::vector<std::pair<double, tile::MappingPlan>> times;
+  for (size_t i = 0; i < family.size(); ++i) {
+    tile::PlanRequest exact = tile::PlanRequest::exactly(family[i]);
+    tile::LaunchRecord rec;
+    tile::OracleCheck check = c.run_checked(exact, &rec);
+    if (!check.ok) {
+      std::printf("oracle FAIL for plan %s: %s\n", family[i].to_json().c_str(), check.first_mismatch.c_str());
+      return 1;
+    }
+    times.push_back({timed([&] { tile::run(c.call, {exact}); }), family[i]});
+    if ((i + 1) % 25 == 0) std::printf("  %zu/%zu timed\n", i + 1, family.size()), std::fflush(stdout);
+  }
+  const double policy_ms = times.front().first;  // mapping_family puts the policy's plan first
+  std::sort(times.begin(), times.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::printf("fastest plans (us per launch, GB/s):\n");
+  for (size_t i = 0; i < std::min<size_t>(8, times.size()); ++i)
+    std::printf("  %9.2f %8.0f  %s\n", times[i].first * 1e3, c.bytes() / times[i].first / 1e6, times[i].second.to_json().c_str());
+  std::printf("policy: %.2f us (%.0f GB/s); regret %.1f%% against the fastest\n", policy_ms * 1e3,
+              c.bytes() / policy_ms / 1e6, 100.0 * (policy_ms / times.front().first - 1.0));
   return 0;
 }

@@ -14,7 +14,7 @@
 
 namespace {
 
-const char* kUsage = R"(usage: tile run [options]     (or: tile bench, on a GPU)
+const char* kUsage = R"(usage: tile run [options]     (or, on a GPU: tile bench [--plan JSON] [--shape RxC]..., tile tune --op OP --shape RxC [--dtype T])
   --op NAME          softmax | log_softmax | rms_norm | layer_norm   (default softmax)
   --shape RxC        rows x cols                                     (default 37x1537)
   --dtype T          input dtype f32 | f16 | bf16                    (default f32)
@@ -36,12 +36,14 @@ const char* kUsage = R"(usage: tile run [options]     (or: tile bench, on a GPU)
 }  // namespace
 
 int bench_main(int argc, char** argv);
+int tune_main(int argc, char** argv);
 
 int main(int argc, char** argv) {
-  if (argc >= 2 && std::string(argv[1]) == "bench") {
+  if (argc >= 2 && (std::string(argv[1]) == "bench" || std::string(argv[1]) == "tune")) {
     try {
-      if (!tile::cuda::driver_available()) throw tile::NoDriverError("no CUDA driver: tile bench times GPU kernels");
-      return bench_main(argc, argv);
+      if (!tile::cuda::driver_available())
+        throw tile::NoDriverError("no CUDA driver: tile " + std::string(argv[1]) + " times GPU kernels");
+      return std::string(argv[1]) == "bench" ? bench_main(argc, argv) : tune_main(argc, argv);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "tile: %s\n", e.what());
       return 1;

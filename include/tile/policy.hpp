@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tile/dtype.hpp"
 #include "tile/plan.hpp"
@@ -34,6 +35,12 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& request,
 // Throws tile::Error naming `op`, the plan field, what was expected and what was given.
 void validate_plan(const MappingPlan& plan, const PlanInputs& in, const DeviceLimits& limits,
                    const std::string& op);
+
+// The mapping family `tile tune` searches for a call: every valid plan over power-of-two widths
+// (and the policy's), vector widths whose accesses stay aligned, packings up to 32 programs,
+// register caching where the row fits and re-reading with unroll 1, 2 or 4. Pruned to plans
+// whose first stripe is not mostly past the row end. The policy's plan is always included.
+std::vector<MappingPlan> mapping_family(const PlanInputs& in, const DeviceLimits& limits = {});
 
 // True when every row of every operand starts on a `vector_elems`-element boundary.
 bool rows_aligned(const PlanInputs& in, int vector_elems);

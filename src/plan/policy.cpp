@@ -159,4 +159,40 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("programs_per_group", "shared memory within " + str(limits.max_shared_bytes) + " bytes", str(P));
 }
 
+std::vector<MappingPlan> mapping_family(const PlanInputs& in, const DeviceLimits& limits) {
+  std::vector<MappingPlan> family;
+  auto add = [&](const MappingPlan& p) {
+    try {
+      validate_plan(p, in, limits, "tune");
+    } catch (const Error&) {
+      return;
+    }
+    for (const MappingPlan& q : family)
+      if (q == p) return;
+    family.push_back(p);
+  };
+  const MappingPlan policy = choose_plan(in, {}, limits);
+  add(policy);
+  const int64_t cols = std::max<int64_t>(in.cols, 1);
+  for (int w : {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, policy.workers_per_program})
+    for (int v : {1, 2, 4, 8}) {
+      if (v > 1 && !rows_aligned(in, v)) continue;
+      if (int64_t(w) * v > 2 * int64_t(pow2_at_least(cols))) continue;  // first stripe mostly past the row end
+      for (int programs : {1, 2, 4, 8, 16, 32}) {
+        if (programs > 1 && programs > in.rows) continue;
+        PlanRequest r;
+        r.workers_per_program = w, r.vector_elems = v, r.programs_per_group = programs;
+        for (InputCaching caching : {InputCaching::registers, InputCaching::reread})
+          for (int unroll : {1, 2, 4}) {
+            if (caching == InputCaching::registers && unroll > 1) continue;
+            r.caching = caching, r.stripe_unroll = unroll;
+            MappingPlan p = choose_plan(in, r, limits);
+            if (p.stripe_unroll > p.stripes && caching == InputCaching::reread) continue;
+            add(p);
+          }
+      }
+    }
+  return family;
+}
+
 }  // namespace tile

@@ -65,5 +65,16 @@ TEST(Policy, EveryPolicyPlanValidatesAcrossShapes) {
       }
 }
 
+TEST(Policy, MappingFamilyHoldsValidPlansAndThePolicysOwn) {
+  for (auto [rows, cols, dt] : {std::tuple<int64_t, int64_t, DType>{37, 1537, DType::f32}, {1024, 4096, DType::bf16},
+                                {4096, 32768, DType::f32}, {100000, 64, DType::f32}}) {
+    PlanInputs in = inputs(rows, cols, dt);
+    std::vector<MappingPlan> family = mapping_family(in);
+    EXPECT_GT(family.size(), 10u) << rows << "x" << cols;
+    EXPECT_EQ(family.front(), choose_plan(in, {}));
+    for (const MappingPlan& p : family) EXPECT_NO_THROW(validate_plan(p, in, {}, "tune")) << p.to_json();
+  }
+}
+
 }  // namespace
 }  // namespace tile
