@@ -59,6 +59,11 @@ class RowLowering {
     return unary(ops[int(fn)], std::move(a));
   }
 
+  ExprPtr binary_node(BinaryFn fn, ExprPtr a, ExprPtr b) {
+    static const BinOp ops[] = {BinOp::add, BinOp::sub, BinOp::mul, BinOp::div, BinOp::max, BinOp::min};
+    return binary(ops[int(fn)], std::move(a), std::move(b));
+  }
+
   ExprPtr identity(Reduction kind) {
     return f32_const(kind == Reduction::sum ? 0.0 : -std::numeric_limits<double>::infinity());
   }
@@ -211,8 +216,7 @@ ExprPtr RowLowering::row_scalar(std::vector<Stmt>& out, int node) {
     }
     case RowNode::Kind::binary: {
       ExprPtr a = row_scalar(out, n.a), b = row_scalar(out, n.b);
-      static const BinOp ops[] = {BinOp::add, BinOp::sub, BinOp::mul, BinOp::div, BinOp::max, BinOp::min};
-      value = binary(ops[int(n.binary)], a, b);
+      value = binary_node(n.binary, a, b);
       break;
     }
     case RowNode::Kind::reduce: {
@@ -285,14 +289,13 @@ const std::vector<int>& RowLowering::element(std::vector<Stmt>& out, Slot& slot,
       break;
     }
     case RowNode::Kind::binary: {
-      static const BinOp ops[] = {BinOp::add, BinOp::sub, BinOp::mul, BinOp::div, BinOp::max, BinOp::min};
       auto operand = [&](int id, int j) -> ExprPtr {
         if (prog_.is_element(id)) return r(element(out, slot, id)[j]);
         return row_scalar(out, id);
       };
       for (int j = 0; j < V; ++j) {
         ExprPtr a = operand(n.a, j), b = operand(n.b, j);
-        regs.push_back(assign_new(out, "e", binary(ops[int(n.binary)], a, b)));
+        regs.push_back(assign_new(out, "e", binary_node(n.binary, a, b)));
       }
       break;
     }

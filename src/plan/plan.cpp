@@ -76,8 +76,9 @@ std::string MappingPlan::to_json() const {
   return j.dump();  // keys sorted: the text is canonical and hashes stably
 }
 
-PlanRequest PlanRequest::from_json(const std::string& text) {
-  json j = parse_object(text);
+namespace {
+// The fields of a parsed plan object except width_mode, which request and full plan treat apart.
+PlanRequest request_fields(const json& j) {
   PlanRequest r;
   if (j.contains("programs_per_group")) r.programs_per_group = parse_int(j["programs_per_group"], "programs_per_group");
   if (j.contains("workers_per_program")) r.workers_per_program = parse_int(j["workers_per_program"], "workers_per_program");
@@ -95,6 +96,13 @@ PlanRequest PlanRequest::from_json(const std::string& text) {
     r.alignment = parse_enum(j["alignment"], "alignment", {Alignment::scalar_fallback, Alignment::require});
   if (j.contains("cache_format"))
     r.cache_format = parse_enum(j["cache_format"], "cache_format", {CacheFormat::f32, CacheFormat::packed});
+  return r;
+}
+}  // namespace
+
+PlanRequest PlanRequest::from_json(const std::string& text) {
+  json j = parse_object(text);
+  PlanRequest r = request_fields(j);
   if (j.contains("width_mode")) {
     // A width the caller wrote down is exact by definition; "automatic" with a width is a contradiction.
     WidthMode m = parse_enum(j["width_mode"], "width_mode", {WidthMode::automatic, WidthMode::exact});
@@ -112,9 +120,7 @@ MappingPlan MappingPlan::from_json(const std::string& text) {
   json j = parse_object(text);
   for (const char* f : kFields)
     if (!j.contains(f)) throw_argument_error("mapping plan", f, "the field to be present", "a plan without it");
-  json fields = j;
-  fields.erase("width_mode");  // in a full plan it records where the width came from
-  PlanRequest r = PlanRequest::from_json(fields.dump());
+  const PlanRequest r = request_fields(j);  // width_mode records where the width came from
   MappingPlan p;
   p.programs_per_group = *r.programs_per_group;
   p.workers_per_program = *r.workers_per_program;

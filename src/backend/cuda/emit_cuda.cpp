@@ -132,21 +132,36 @@ class CudaEmitter : public IRPrinter {
     return "tile_" + std::string(dtype_name(dtype)) + "_to_f32(" + (half ? "((unsigned)" + word + " >> 16)" : "(unsigned)" + word) + ")";
   }
 
-  // Raw 16-bit load: words straight from the vector access, or assembled from scalar loads.
-  void print_raw_load(const Stmt& s) {
-    const Buffer& b = k_.buffers[s.buffer];
-    const int bytes = s.width * 2;
-    line("{  // raw " + std::string(s.clamp ? "clamped " : "") + "load " + b.name + ", " + std::to_string(s.width) + " elements");
+  // Every access is one block: its index and valid count, then the vector path when the row is
+  // aligned and the access lies in the row, else the scalar path.
+  void open_access(const Stmt& s) {
     ++indent_;
     line("const long long tile_i = " + expr(*s.index) + ";");
     line("const long long tile_n = " + expr(*s.valid) + ";");
     line("if (" + expr(*s.aligned) + " && tile_n >= " + std::to_string(s.width) + ") {");
     ++indent_;
-    line("const " + std::string(word_type(bytes)) + " tile_w = *reinterpret_cast<const " + word_type(bytes) + "*>(" + b.name + " + tile_i);");
-    for (size_t w = 0; w < s.dsts.size(); ++w) line(reg_name(s.dsts[w]) + " = (int)" + component("tile_w", bytes, int(w)) + ";");
+  }
+  void else_access() {
     --indent_;
     line("} else {");
     ++indent_;
+  }
+  void close_access() {
+    --indent_;
+    line("}");
+    --indent_;
+    line("}");
+  }
+
+  // Raw 16-bit load: words straight from the vector access, or assembled from scalar loads.
+  void print_raw_load(const Stmt& s) {
+    const Buffer& b = k_.buffers[s.buffer];
+    const int bytes = s.width * 2;
+    line("{  // raw " + std::string(s.clamp ? "clamped " : "") + "load " + b.name + ", " + std::to_string(s.width) + " elements");
+    open_access(s);
+    line("const " + std::string(word_type(bytes)) + " tile_w = *reinterpret_cast<const " + word_type(bytes) + "*>(" + b.name + " + tile_i);");
+    for (size_t w = 0; w < s.dsts.size(); ++w) line(reg_name(s.dsts[w]) + " = (int)" + component("tile_w", bytes, int(w)) + ";");
+    else_access();
     auto element = [&](int j) {
       std::string jj = std::to_string(j);
       std::string at = s.clamp ? b.name + "[tile_i + (" + jj + " < tile_n - 1 ? " + jj + " : tile_n - 1)]" : b.name + "[tile_i + " + jj + "]";
@@ -154,10 +169,7 @@ class CudaEmitter : public IRPrinter {
     };
     for (size_t w = 0; w < s.dsts.size(); ++w)
       line(reg_name(s.dsts[w]) + " = (int)(" + element(int(2 * w)) + " | (" + element(int(2 * w + 1)) + " << 16));");
-    --indent_;
-    line("}");
-    --indent_;
-    line("}");
+    close_access();
   }
 
   void print_load(const Stmt& s) override {
@@ -166,11 +178,7 @@ class CudaEmitter : public IRPrinter {
     const std::string dt(dtype_name(b.dtype));
     const int es = dtype_size(b.dtype), bytes = s.width * es;
     line("{  // " + std::string(s.clamp ? "clamped " : "") + "load " + b.name + ", " + std::to_string(s.width) + " elements");
-    ++indent_;
-    line("const long long tile_i = " + expr(*s.index) + ";");
-    line("const long long tile_n = " + expr(*s.valid) + ";");
-    line("if (" + expr(*s.aligned) + " && tile_n >= " + std::to_string(s.width) + ") {");
-    ++indent_;
+    open_access(s);
     line("const " + std::string(word_type(bytes)) + " tile_w = *reinterpret_cast<const " + word_type(bytes) +
          "*>(" + b.name + " + tile_i);");
     for (int j = 0; j < s.width; ++j) {
@@ -178,9 +186,7 @@ class CudaEmitter : public IRPrinter {
       if (es == 2 && bytes > 2) word = j % 2 ? "(" + word + " >> 16)" : word;
       line(reg_name(s.dsts[j]) + " = tile_" + dt + "_to_f32(" + word + ");");
     }
-    --indent_;
-    line("} else {");
-    ++indent_;
+    else_access();
     std::string fill = constant(*f32_const(s.fill));
     // A scalar f32 element is already a float; 16-bit elements are converted from their bits.
     auto scalar = [&](const std::string& element) { return es == 4 ? element : "tile_" + dt + "_to_f32(" + element + ")"; };
@@ -193,10 +199,7 @@ class CudaEmitter : public IRPrinter {
         line(reg_name(s.dsts[j]) + " = " + jj + " < tile_n ? " + scalar(b.name + "[tile_i + " + jj + "]") + " : " + fill + ";");
       }
     }
-    --indent_;
-    line("}");
-    --indent_;
-    line("}");
+    close_access();
   }
 
   void print_store(const Stmt& s) override {
@@ -205,11 +208,7 @@ class CudaEmitter : public IRPrinter {
     const int es = dtype_size(b.dtype), bytes = s.width * es;
     auto bits = [&](int j) { return "tile_f32_bits_" + dt + "(" + reg_name(s.dsts[j]) + ")"; };
     line("{  // store " + b.name + ", " + std::to_string(s.width) + " elements");
-    ++indent_;
-    line("const long long tile_i = " + expr(*s.index) + ";");
-    line("const long long tile_n = " + expr(*s.valid) + ";");
-    line("if (" + expr(*s.aligned) + " && tile_n >= " + std::to_string(s.width) + ") {");
-    ++indent_;
+    open_access(s);
     std::vector<std::string> words;
     if (es == 4) {
       for (int j = 0; j < s.width; ++j) words.push_back(bits(j));
@@ -227,17 +226,12 @@ class CudaEmitter : public IRPrinter {
       value += ")";
     }
     line("*reinterpret_cast<" + std::string(word_type(bytes)) + "*>(" + b.name + " + tile_i) = " + value + ";");
-    --indent_;
-    line("} else {");
-    ++indent_;
+    else_access();
     for (int j = 0; j < s.width; ++j) {
       std::string v = es == 4 ? reg_name(s.dsts[j]) : "(unsigned short)" + bits(j);
       line("if (" + std::to_string(j) + " < tile_n) " + b.name + "[tile_i + " + std::to_string(j) + "] = " + v + ";");
     }
-    --indent_;
-    line("}");
-    --indent_;
-    line("}");
+    close_access();
   }
 
   void print_shfl(const Stmt& s) override {
