@@ -60,6 +60,9 @@ def torch_compile(op, x, weight, bias, eps, out):
             y = F.layer_norm(xf, (cols,), weight.float(), bias.float(), eps)
         return y.to(x.dtype)
 
+    # Every case compiles afresh: dynamo otherwise counts each shape and dtype as a recompile of
+    # `body` and, past its recompile limit, silently runs it uncompiled.
+    torch._dynamo.reset()
     compiled = torch.compile(body, dynamic=False)
     return (lambda: compiled(x, weight, bias)), "torch.compile (dynamic=False) of an fp32-upcast body"
 

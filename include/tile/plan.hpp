@@ -24,7 +24,8 @@ enum class BarrierScope : uint8_t { group, program };
 enum class TailHandling : uint8_t { predicate, clamp };
 // What an access does when its row start is not aligned to the vector width:
 // `scalar_fallback` checks each operand's row at run time and takes scalar accesses for a
-// misaligned one; `require` launches only when every row of every operand is aligned.
+// misaligned one; `require` launches only when every row of every operand is aligned and cols
+// is a multiple of the vector width, and then generates whole-vector accesses only.
 enum class Alignment : uint8_t { scalar_fallback, require };
 // How a register-cached row slice of 16-bit input is held: converted to fp32 when loaded
 // (`f32`, one register an element) or as loaded, two elements a register, converted where

@@ -44,5 +44,7 @@ std::vector<MappingPlan> mapping_family(const PlanInputs& in, const DeviceLimits
 
 // True when every row of every operand starts on a `vector_elems`-element boundary.
 bool rows_aligned(const PlanInputs& in, int vector_elems);
+// True when rows_aligned and cols is a multiple of `vector_elems`: what alignment "require" needs.
+bool whole_vectors(const PlanInputs& in, int vector_elems);
 
 }  // namespace tile

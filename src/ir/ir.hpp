@@ -106,6 +106,7 @@ struct Stmt {
   int region = -1; // shared region
   bool clamp = false;
   bool raw = false;  // load: dsts are i32 registers holding the bits of element pairs
+  bool whole = false;  // load/store: `valid` is <= 0 or >= width, and `aligned` holds (see below)
   float fill = 0.0f;
   BarrierKind barrier = BarrierKind::group;
   std::vector<Stmt> body, else_body;
@@ -121,6 +122,10 @@ struct Stmt {
 // set to `fill`. A `raw` load (16-bit buffers, even width) keeps the bits instead of
 // converting: i32 register w holds element 2w in its low and 2w+1 in its high half, and
 // elements not kept are 0 bits; `unpack16` converts one half to f32 where it is used.
+// A `whole` access is all or nothing: with valid >= width it is the vector access; with
+// valid <= 0 a load keeps only `fill` (a clamped one still reads the vector ending at
+// index + valid, so every lane issues the same load) and a store writes nothing; anything
+// else is an error. It carries no scalar path.
 
 struct Buffer {
   std::string name;

@@ -83,7 +83,7 @@ std::string reg_list(const IRPrinter*, const std::vector<int>& regs,
 
 void IRPrinter::print_load(const Stmt& s) {
   line("{" + reg_list(this, s.dsts, [&](int r) { return reg_name(r); }) + "} = load" +
-       (s.raw ? ".raw" : "") + (s.clamp ? ".clamp" : "") + " " + k_.buffers[s.buffer].name + "[" + expr(*s.index) +
+       (s.raw ? ".raw" : "") + (s.clamp ? ".clamp" : "") + (s.whole ? ".whole" : "") + " " + k_.buffers[s.buffer].name + "[" + expr(*s.index) +
        " +: " + std::to_string(s.width) + "] valid " + expr(*s.valid) + " vector_if " +
        expr(*s.aligned) + " fill " + std::to_string(s.fill));
 }

@@ -236,6 +236,9 @@ class Verifier {
           if (check && s.raw && (!is_load || s.buffer < 0 || s.buffer >= int(k_.buffers.size()) ||
                                  dtype_size(k_.buffers[s.buffer].dtype) != 2))
             error("raw access that is not a load of a 16-bit buffer");
+          // A whole access has no scalar path, so it must be known aligned when generated.
+          if (check && s.whole && !(s.aligned->kind == Expr::Kind::constant && s.aligned->i))
+            error("whole-vector access whose alignment condition is not the constant true");
           for (int r : s.dsts) {
             expect_reg(check, r, s.raw ? Type::i32 : Type::f32, is_load ? "load destination" : "store source");
             if (is_load) define(r, u);

@@ -27,6 +27,7 @@ class RowLowering {
     std::vector<int> words;                 // or raw 16-bit pairs (register-cached 16-bit input)
     ExprPtr col;                            // i64 column of element 0
     ExprPtr in_row_count;                   // i32: how many of the V elements lie in the row
+    ExprPtr live;                           // b1, whole-vector plans: the vector lies in the row
     std::map<int, std::vector<int>> column; // loaded column operands by buffer
     std::map<int, std::vector<int>> memo;   // element node -> registers
   };
@@ -47,6 +48,10 @@ class RowLowering {
   void hoist_row_scalars(std::vector<Stmt>& out, int element_node);
   const std::vector<int>& element(std::vector<Stmt>& out, Slot& slot, int node);
   ExprPtr in_row(const Slot& slot, int j);
+  Stmt whole(Stmt access) const {
+    if (whole_) access.whole = true, access.aligned = b1_const(true);
+    return access;
+  }
   void accumulate(std::vector<Stmt>& out, Slot& slot, int node, int acc);
   int reduce_across_workers(std::vector<Stmt>& out, int acc, Reduction kind);
   void store_output(std::vector<Stmt>& out, Slot& slot);
@@ -81,6 +86,9 @@ class RowLowering {
   std::map<int, int> scalars_;         // row-scalar node -> register
   std::vector<Slot> cached_;           // register caching: one slot per stripe
   int next_shared_ = 0;
+  // alignment "require": rows aligned and cols a multiple of V, so every access is a whole
+  // vector inside or outside the row; no scalar path and one row test per vector.
+  bool whole_ = false;
 };
 
 Kernel RowLowering::run() {
@@ -89,6 +97,7 @@ Kernel RowLowering::run() {
             std::string(dtype_name(sig_.y)) + "_p" + std::to_string(plan_.programs_per_group) + "w" +
             std::to_string(W) + "v" + std::to_string(plan_.vector_elems) + "s" +
             std::to_string(plan_.stripes) + (plan_.caching == InputCaching::registers ? "c" : "r");
+  whole_ = plan_.alignment == Alignment::require;
   k_.programs_per_group = plan_.programs_per_group;
   k_.workers_per_program = W;
   k_.private_budget = plan_.private_budget;
@@ -131,11 +140,9 @@ Kernel RowLowering::run() {
   body.push_back(comment("output pass"));
   hoist_row_scalars(body, prog_.output_node());
   if (plan_.caching == InputCaching::registers) {
-    for (Slot& slot : cached_) {
-      slot.memo.clear();
-      slot.column.clear();
-      store_output(body, slot);
-    }
+    // Element values stay memoised across passes: the output reuses what a reduction pass
+    // computed (softmax's exp), and the inputs it no longer needs die.
+    for (Slot& slot : cached_) store_output(body, slot);
   } else {
     for (Stmt& s : reread_loop([&](std::vector<Stmt>& out, Slot& slot) { store_output(out, slot); }))
       body.push_back(std::move(s));
@@ -183,20 +190,25 @@ void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, std::vector<int>
   int col = assign_new(out, "col", slot.col);
   slot.col = r(col);
   // min(max(load_cols - col, 0), V) as i32: one compare per element instead of i64 math.
-  ExprPtr left = binary(BinOp::sub, r(load_cols_), slot.col);
-  ExprPtr count = binary(BinOp::min, binary(BinOp::max, left, i64(0)), i64(plan_.vector_elems));
-  slot.in_row_count = r(assign_new(out, "n", cast(Type::i32, count)));
+  if (whole_) {
+    slot.live = r(assign_new(out, "live", binary(BinOp::lt, slot.col, r(load_cols_))));
+  } else {
+    ExprPtr left = binary(BinOp::sub, r(load_cols_), slot.col);
+    ExprPtr count = binary(BinOp::min, binary(BinOp::max, left, i64(0)), i64(plan_.vector_elems));
+    slot.in_row_count = r(assign_new(out, "n", cast(Type::i32, count)));
+  }
   ExprPtr index = binary(BinOp::add, r(x_off_), slot.col), valid = binary(BinOp::sub, r(load_cols_), slot.col);
   if (raw) {
-    out.push_back(load_raw(x_regs, 0, index, valid, r(x_aligned_), plan_.tail == TailHandling::clamp));
+    out.push_back(whole(load_raw(x_regs, 0, index, valid, r(x_aligned_), plan_.tail == TailHandling::clamp)));
     slot.words = std::move(x_regs);
   } else {
-    out.push_back(load(x_regs, 0, index, valid, r(x_aligned_), plan_.tail == TailHandling::clamp, 0.0f));
+    out.push_back(whole(load(x_regs, 0, index, valid, r(x_aligned_), plan_.tail == TailHandling::clamp, 0.0f)));
     slot.x = std::move(x_regs);
   }
 }
 
 ExprPtr RowLowering::in_row(const Slot& slot, int j) {
+  if (whole_) return slot.live;
   return binary(BinOp::lt, i32_const(j), slot.in_row_count);
 }
 
@@ -225,11 +237,7 @@ ExprPtr RowLowering::row_scalar(std::vector<Stmt>& out, int node) {
       hoist_row_scalars(out, n.a);
       int acc = assign_new(out, "acc", identity(n.reduction));
       if (plan_.caching == InputCaching::registers) {
-        for (Slot& slot : cached_) {
-          slot.memo.clear();
-          slot.column.clear();
-          accumulate(out, slot, node, acc);
-        }
+        for (Slot& slot : cached_) accumulate(out, slot, node, acc);
       } else {
         for (Stmt& s : reread_loop([&](std::vector<Stmt>& body, Slot& slot) { accumulate(body, slot, node, acc); }))
           out.push_back(std::move(s));
@@ -277,8 +285,8 @@ const std::vector<int>& RowLowering::element(std::vector<Stmt>& out, Slot& slot,
       auto& loaded = slot.column[buffer];
       if (loaded.empty()) {
         for (int j = 0; j < V; ++j) loaded.push_back(temp(n.name, Type::f32));
-        out.push_back(load(loaded, buffer, slot.col, binary(BinOp::sub, r(load_cols_), slot.col),
-                           r(column_aligned_[buffer]), plan_.tail == TailHandling::clamp, 0.0f));
+        out.push_back(whole(load(loaded, buffer, slot.col, binary(BinOp::sub, r(load_cols_), slot.col),
+                                 r(column_aligned_[buffer]), plan_.tail == TailHandling::clamp, 0.0f)));
       }
       regs = loaded;
       break;
@@ -307,6 +315,20 @@ const std::vector<int>& RowLowering::element(std::vector<Stmt>& out, Slot& slot,
 void RowLowering::accumulate(std::vector<Stmt>& out, Slot& slot, int node, int acc) {
   const RowNode& n = prog_.nodes()[node];
   const std::vector<int> values = element(out, slot, n.a);
+  if (whole_) {
+    // The vector is in the row or not as a whole: combine its elements pairwise, then test once.
+    std::vector<ExprPtr> level;
+    for (int v : values) level.push_back(r(v));
+    while (level.size() > 1) {
+      std::vector<ExprPtr> next;
+      for (size_t i = 0; i + 1 < level.size(); i += 2)
+        next.push_back(r(assign_new(out, "p", binary(combine(n.reduction), level[i], level[i + 1]))));
+      if (level.size() % 2) next.push_back(level.back());
+      level = std::move(next);
+    }
+    out.push_back(assign(acc, select(slot.live, binary(combine(n.reduction), r(acc), level[0]), r(acc))));
+    return;
+  }
   for (int j = 0; j < plan_.vector_elems; ++j) {
     // Elements past the row end (and of guard programs) leave the accumulator unchanged.
     out.push_back(assign(acc, select(in_row(slot, j), binary(combine(n.reduction), r(acc), r(values[j])), r(acc))));
@@ -346,8 +368,8 @@ int RowLowering::reduce_across_workers(std::vector<Stmt>& out, int acc, Reductio
 
 void RowLowering::store_output(std::vector<Stmt>& out, Slot& slot) {
   const std::vector<int> values = element(out, slot, prog_.output_node());
-  out.push_back(store(values, 1, binary(BinOp::add, r(y_off_), slot.col),
-                      binary(BinOp::sub, r(store_cols_), slot.col), r(y_aligned_)));
+  out.push_back(whole(store(values, 1, binary(BinOp::add, r(y_off_), slot.col),
+                            binary(BinOp::sub, r(store_cols_), slot.col), r(y_aligned_))));
 }
 
 std::vector<Stmt> RowLowering::reread_loop(const std::function<void(std::vector<Stmt>&, Slot&)>& body) {

@@ -38,6 +38,8 @@ bool valid_width(int w) { return (w >= 1 && w <= 16 && (w & (w - 1)) == 0) || (w
 
 }  // namespace
 
+bool whole_vectors(const PlanInputs& in, int v) { return rows_aligned(in, v) && in.cols % v == 0; }
+
 bool rows_aligned(const PlanInputs& in, int v) {
   auto ok = [&](DType t, int64_t stride) {
     return in.base_alignment % (int64_t(v) * dtype_size(t)) == 0 && stride % v == 0;
@@ -83,7 +85,9 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   p.stripe_unroll = req.stripe_unroll.value_or(p.caching == InputCaching::reread ? std::min(4, p.stripes) : 1);
   p.barrier_scope = req.barrier_scope.value_or(BarrierScope::group);
   p.tail = req.tail.value_or(TailHandling::predicate);
-  p.alignment = req.alignment.value_or(Alignment::scalar_fallback);
+  // Whole vectors when every row is aligned and cols is a multiple of V (contiguous rows of
+  // any aligned tensor): the kernel then has no scalar path and one row test per vector.
+  p.alignment = req.alignment.value_or(whole_vectors(in, p.vector_elems) ? Alignment::require : Alignment::scalar_fallback);
   // Packed caching is offered for experiments; ptxas register counts alone do not favour it
   // (fewer registers for RMSNorm, more for log-softmax), so the default stays f32.
   p.cache_format = req.cache_format.value_or(CacheFormat::f32);
@@ -149,11 +153,11 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
                                      " programs with program-scope barriers (one named barrier each)",
            str(P));
   }
-  if (p.alignment == Alignment::require && !rows_aligned(in, V))
+  if (p.alignment == Alignment::require && !whole_vectors(in, V))
     fail("alignment", "every row of every operand aligned to vector_elems = " + str(V) +
-                          " elements for \"require\"",
+                          " elements and cols a multiple of it for \"require\"",
          "base alignment " + str(in.base_alignment) + " bytes, x stride " + str(in.x_stride) +
-             ", y stride " + str(in.y_stride));
+             ", y stride " + str(in.y_stride) + ", cols " + str(in.cols));
   int reductions = 2;  // the most any operator of the library uses
   if (int64_t(reductions) * P * std::max(1, W / 32) * 4 > limits.max_shared_bytes)
     fail("programs_per_group", "shared memory within " + str(limits.max_shared_bytes) + " bytes", str(P));

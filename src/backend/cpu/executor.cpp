@@ -57,6 +57,7 @@ struct MemOp {
   int width;
   bool clamp;
   bool raw;  // load bits into i32 registers, two elements a register
+  bool whole;  // all or nothing: no scalar path (ir.hpp)
   float fill;
   int32_t index, valid, aligned;  // slots
   int32_t regs;                   // offset in Code::lists of `width` f32 register slots
@@ -271,7 +272,7 @@ class Compiler {
     need(is_load || !s.clamp, "clamp on a store");
     need(!s.raw || (is_load && dtype_size(k_.buffers[s.buffer].dtype) == 2 && s.width <= 16),
          "raw access that is not a 16-bit load of at most 16 elements");
-    MemOp m{s.buffer, s.width, s.clamp, s.raw, s.fill, 0, 0, 0, int32_t(code_.lists.size())};
+    MemOp m{s.buffer, s.width, s.clamp, s.raw, s.whole, s.fill, 0, 0, 0, int32_t(code_.lists.size())};
     for (int r : s.dsts)
       code_.lists.push_back(reg_slot(r, s.raw ? Type::i32 : Type::f32, is_load ? "a load" : "a store"));
     need(s.index && s.valid && s.aligned, "load/store without index, valid or aligned");
@@ -611,11 +612,38 @@ class Runner {
     return true;
   }
 
+  // A whole access outside the vector path: only valid <= 0 is allowed; a clamped load then
+  // reads the vector ending at index + valid, whose values are discarded.
+  void whole_miss(int t, Slot* r, const MemOp& m, const char* what) {
+    const int64_t index = r[m.index].i, valid = r[m.valid].i;
+    if (valid > 0)
+      fail(t, std::string("partial whole-vector ") + what + ": " + std::to_string(valid) + " of " +
+                  std::to_string(m.width) + " elements of buffer '" + k_.buffers[m.buffer].name + "' in the row");
+    if (!m.clamp || std::string(what) != "load") return;
+    const BufferArg& b = args_.buffers[m.buffer];
+    const DType dt = k_.buffers[m.buffer].dtype;
+    const int64_t first = index + valid - m.width;
+    const uint64_t bytes = uint64_t(m.width) * dtype_size(dt);
+    if ((uint64_t(reinterpret_cast<uintptr_t>(b.data)) + uint64_t(first) * dtype_size(dt)) % bytes != 0)
+      fail(t, "misaligned clamped whole-vector load of buffer '" + k_.buffers[m.buffer].name + "'");
+    for (int j = 0; j < m.width; ++j) check_element(t, m, first + j, "load");
+    ++stats_.vector_accesses;
+    stats_.bytes_loaded += int64_t(bytes);
+  }
+
   void load(int t, Slot* r, const MemOp& m) {
     const void* data = args_.buffers[m.buffer].data;
     const DType dt = k_.buffers[m.buffer].dtype;
     const int32_t* dst = &code_.lists[m.regs];
     const int64_t index = r[m.index].i, valid = r[m.valid].i;
+    if (m.whole && valid < m.width) {
+      whole_miss(t, r, m, "load");
+      for (int j = 0; j < (m.raw ? m.width / 2 : m.width); ++j) {
+        if (m.raw) r[dst[j]].i = 0;
+        else r[dst[j]].f = m.fill;
+      }
+      return;
+    }
     if (m.raw) return load_raw(t, r, m, static_cast<const uint16_t*>(data), dst, index, valid);
     if (vector_path(t, r, m, "load")) {
       for (int j = 0; j < m.width; ++j) r[dst[j]].f = load_as_float(data, index + j, dt);
@@ -663,6 +691,7 @@ class Runner {
     const DType dt = k_.buffers[m.buffer].dtype;
     const int32_t* src = &code_.lists[m.regs];
     const int64_t index = r[m.index].i, valid = r[m.valid].i;
+    if (m.whole && valid < m.width) return whole_miss(t, r, m, "store");
     if (vector_path(t, r, m, "store")) {
       for (int j = 0; j < m.width; ++j) store_from_float(data, index + j, dt, r[src[j]].f);
       ++(m.width > 1 ? stats_.vector_accesses : stats_.scalar_accesses);

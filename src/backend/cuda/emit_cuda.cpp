@@ -105,7 +105,7 @@ class CudaEmitter : public IRPrinter {
     switch (op) {
       case UnOp::neg: return "(-" + a + ")";
       case UnOp::exp: return "expf(" + a + ")";
-      case UnOp::exp2: return "exp2f(" + a + ")";
+      case UnOp::exp2: return "tile_exp2(" + a + ")";
       case UnOp::log: return "logf(" + a + ")";
       case UnOp::rsqrt: return "rsqrtf(" + a + ")";
       case UnOp::sqrt: return "sqrtf(" + a + ")";
@@ -138,13 +138,33 @@ class CudaEmitter : public IRPrinter {
     ++indent_;
     line("const long long tile_i = " + expr(*s.index) + ";");
     line("const long long tile_n = " + expr(*s.valid) + ";");
-    line("if (" + expr(*s.aligned) + " && tile_n >= " + std::to_string(s.width) + ") {");
+    if (s.whole)
+      line("if (tile_n >= " + std::to_string(s.width) + ") {");
+    else
+      line("if (" + expr(*s.aligned) + " && tile_n >= " + std::to_string(s.width) + ") {");
     ++indent_;
   }
   void else_access() {
     --indent_;
     line("} else {");
     ++indent_;
+  }
+  // A clamped whole load: lanes past the row end read the row's last vector and keep `fill`,
+  // so every lane issues the same vector load.
+  template <typename Convert>
+  void print_clamped_whole_load(const Stmt& s, Convert convert, const std::string& fill) {
+    const Buffer& b = k_.buffers[s.buffer];
+    const int bytes = s.raw ? s.width * 2 : s.width * dtype_size(b.dtype);
+    const std::string W = std::to_string(s.width);
+    ++indent_;  // inside the block the caller opened
+    line("const long long tile_i = " + expr(*s.index) + ";");
+    line("const long long tile_n = " + expr(*s.valid) + ";");
+    line("const " + std::string(word_type(bytes)) + " tile_w = *reinterpret_cast<const " + word_type(bytes) + "*>(" +
+         b.name + " + (tile_n >= " + W + " ? tile_i : tile_i + tile_n - " + W + "));");
+    for (size_t j = 0; j < s.dsts.size(); ++j)
+      line(reg_name(s.dsts[j]) + " = tile_n >= " + W + " ? " + convert(int(j), "tile_w") + " : " + fill + ";");
+    --indent_;
+    line("}");
   }
   void close_access() {
     --indent_;
@@ -158,10 +178,16 @@ class CudaEmitter : public IRPrinter {
     const Buffer& b = k_.buffers[s.buffer];
     const int bytes = s.width * 2;
     line("{  // raw " + std::string(s.clamp ? "clamped " : "") + "load " + b.name + ", " + std::to_string(s.width) + " elements");
+    if (s.whole && s.clamp) return print_clamped_whole_load(s, [&](int w, const std::string& word) {
+      return "(int)" + component(word, bytes, w); }, "0");
     open_access(s);
     line("const " + std::string(word_type(bytes)) + " tile_w = *reinterpret_cast<const " + word_type(bytes) + "*>(" + b.name + " + tile_i);");
     for (size_t w = 0; w < s.dsts.size(); ++w) line(reg_name(s.dsts[w]) + " = (int)" + component("tile_w", bytes, int(w)) + ";");
     else_access();
+    if (s.whole) {
+      for (size_t w = 0; w < s.dsts.size(); ++w) line(reg_name(s.dsts[w]) + " = 0;");
+      return close_access();
+    }
     auto element = [&](int j) {
       std::string jj = std::to_string(j);
       std::string at = s.clamp ? b.name + "[tile_i + (" + jj + " < tile_n - 1 ? " + jj + " : tile_n - 1)]" : b.name + "[tile_i + " + jj + "]";
@@ -178,16 +204,22 @@ class CudaEmitter : public IRPrinter {
     const std::string dt(dtype_name(b.dtype));
     const int es = dtype_size(b.dtype), bytes = s.width * es;
     line("{  // " + std::string(s.clamp ? "clamped " : "") + "load " + b.name + ", " + std::to_string(s.width) + " elements");
+    auto convert = [&](int j, const std::string& w) {
+      std::string word = es == 4 ? component(w, bytes, j) : component(w, bytes, j / 2);
+      if (es == 2 && bytes > 2) word = j % 2 ? "(" + word + " >> 16)" : word;
+      return "tile_" + dt + "_to_f32(" + word + ")";
+    };
+    std::string fill = constant(*f32_const(s.fill));
+    if (s.whole && s.clamp) return print_clamped_whole_load(s, convert, fill);
     open_access(s);
     line("const " + std::string(word_type(bytes)) + " tile_w = *reinterpret_cast<const " + word_type(bytes) +
          "*>(" + b.name + " + tile_i);");
-    for (int j = 0; j < s.width; ++j) {
-      std::string word = es == 4 ? component("tile_w", bytes, j) : component("tile_w", bytes, j / 2);
-      if (es == 2 && bytes > 2) word = j % 2 ? "(" + word + " >> 16)" : word;
-      line(reg_name(s.dsts[j]) + " = tile_" + dt + "_to_f32(" + word + ");");
-    }
+    for (int j = 0; j < s.width; ++j) line(reg_name(s.dsts[j]) + " = " + convert(j, "tile_w") + ";");
     else_access();
-    std::string fill = constant(*f32_const(s.fill));
+    if (s.whole) {
+      for (int j = 0; j < s.width; ++j) line(reg_name(s.dsts[j]) + " = " + fill + ";");
+      return close_access();
+    }
     // A scalar f32 element is already a float; 16-bit elements are converted from their bits.
     auto scalar = [&](const std::string& element) { return es == 4 ? element : "tile_" + dt + "_to_f32(" + element + ")"; };
     for (int j = 0; j < s.width; ++j) {
@@ -226,6 +258,7 @@ class CudaEmitter : public IRPrinter {
       value += ")";
     }
     line("*reinterpret_cast<" + std::string(word_type(bytes)) + "*>(" + b.name + " + tile_i) = " + value + ";");
+    if (s.whole) return close_access();
     else_access();
     for (int j = 0; j < s.width; ++j) {
       std::string v = es == 4 ? reg_name(s.dsts[j]) : "(unsigned short)" + bits(j);

@@ -188,6 +188,37 @@ TEST(Executor, TailMaskingAndClampLoads) {
   EXPECT_EQ(st.bytes_loaded, 0);
 }
 
+// Loads x[index +: 4] as one whole vector and stores it to y[0 +: 4].
+Kernel whole_load_kernel(bool clamp) {
+  Kernel k = masked_load_kernel(clamp);
+  k.params = {{"valid", Type::i64}, {"index", Type::i64}};
+  k.body[0].index = param(1, Type::i64);
+  k.body[0].whole = true;
+  return k;
+}
+
+TEST(Executor, WholeVectorAccessesAreAllOrNothing) {
+  alignas(16) float in[8] = {10, 11, 12, 13, 14, 15, 16, 17}, out[4];
+  LaunchArgs args{1, {{in, 0, 8}, {out, 0, 4}}, {{0, 4}, {0, 4}}};
+  ExecStats st = execute(whole_load_kernel(false), args);
+  EXPECT_EQ(std::vector<float>(out, out + 4), (std::vector<float>{14, 15, 16, 17}));
+  EXPECT_EQ(st.vector_accesses, 2);
+
+  args.params[0].i = 0;  // past the row end: fill, and no access
+  st = execute(whole_load_kernel(false), args);
+  EXPECT_EQ(std::vector<float>(out, out + 4), (std::vector<float>{-1, -1, -1, -1}));
+  EXPECT_EQ(st.bytes_loaded, 0);
+
+  args.params[0].i = -4, args.params[1].i = 12;  // clamped: reads x[4 +: 4] (ending at index + valid), keeps fill
+  st = execute(whole_load_kernel(true), args);
+  EXPECT_EQ(std::vector<float>(out, out + 4), (std::vector<float>{-1, -1, -1, -1}));
+  EXPECT_EQ(st.bytes_loaded, 16);
+
+  args.params[0].i = 3, args.params[1].i = 4;  // a whole access that is partly in the row is an error, not a mask
+  EXPECT_NE(error_of([&] { execute(whole_load_kernel(false), args); }).find("partial whole-vector load"),
+            std::string::npos);
+}
+
 // Thread `a` of the group writes slot 0 of region "s", then `between` runs, then thread `b`
 // reads (storing what it read to y[0]) or writes the slot.
 Kernel two_accesses(bool b_reads, std::vector<Stmt> between, int programs = 1, int stride = 1,
