@@ -1,10 +1,12 @@
 // tile._tile: the compiled half of the Python package.
 //
-// Arrays arrive through DLPack and become tile::TensorView / VectorView without copies: the
-// leading dimensions of x and out flatten to rows of one row stride, the last one is the
-// contiguous column dimension. CPU arrays run on the CPU backend, CUDA arrays on the CUDA
-// backend. python/tile/__init__.py allocates outputs and resolves streams; this file checks,
-// binds and launches. Tests: tests/python/.
+// Arrays arrive through DLPack (launch, plan, ir, source) or, for torch tensors, as plain
+// integers (launch_raw: pointer, shape, strides, dtype code, device), and become
+// tile::TensorView / VectorView without copies: the leading dimensions of x and out flatten to
+// rows of one row stride, the last one is the contiguous column dimension. Both ways share one
+// set of checks (bind) and one launch (execute). CPU arrays run on the CPU backend, CUDA arrays
+// on the CUDA backend. python/tile/__init__.py allocates outputs and resolves streams; this file
+// checks, binds and launches. Tests: tests/python/.
 #include <dlfcn.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -17,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 // The module is compiled with hidden visibility, libtile.so with default visibility; the
 // library's types keep default visibility here so its exceptions are caught by type.
@@ -45,12 +48,6 @@ std::string tuple_string(const int64_t* values, size_t n) {
   std::string s = "(";
   for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(values[i]);
   return s + (n == 1 ? ",)" : ")");
-}
-
-template <typename A>
-std::string layout(const A& a) {
-  return "shape " + tuple_string(a.shape_ptr(), a.ndim()) + " strides " + tuple_string(a.stride_ptr(), a.ndim()) +
-         " (in elements)";
 }
 
 std::string dtype_string(nb::dlpack::dtype t) {
@@ -84,12 +81,13 @@ std::string dtype_string(nb::dlpack::dtype t) {
   return name;
 }
 
-template <typename A>
-tile::DType dtype_of(const std::string& op, const char* arg, const A& a) {
-  const nb::dlpack::dtype t = a.dtype();
+constexpr nb::dlpack::dtype kF16{uint8_t(nb::dlpack::dtype_code::Float), 16, 1};
+constexpr nb::dlpack::dtype kBF16{uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
+
+tile::DType dtype_of(const std::string& op, const char* arg, nb::dlpack::dtype t) {
   if (t == nb::dtype<float>()) return tile::DType::f32;
-  if (t == nb::dlpack::dtype{uint8_t(nb::dlpack::dtype_code::Float), 16, 1}) return tile::DType::f16;
-  if (t == nb::dlpack::dtype{uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1}) return tile::DType::bf16;
+  if (t == kF16) return tile::DType::f16;
+  if (t == kBF16) return tile::DType::bf16;
   tile::throw_argument_error(op, arg, "dtype float32, float16 or bfloat16", dtype_string(t));
 }
 
@@ -104,9 +102,24 @@ std::string device_string(Device d) {
   return "DLPack device type " + std::to_string(d.type) + " (id " + std::to_string(d.id) + ")";
 }
 
-template <typename A>
-Device device_of(const std::string& op, const char* arg, const A& a, std::optional<Device> like) {
-  Device d{a.device_type(), a.device_id()};
+// What the checks read of an array, whichever way it came: imported through DLPack (launch,
+// plan, ir, source) or as plain integers (launch_raw). Shape and strides are in elements and
+// point into storage that outlives the call.
+struct ArrayInfo {
+  const void* data = nullptr;
+  nb::dlpack::dtype dtype{};
+  size_t ndim = 0;
+  const int64_t* shape = nullptr;
+  const int64_t* strides = nullptr;
+  Device device;
+};
+
+std::string layout(const ArrayInfo& a) {
+  return "shape " + tuple_string(a.shape, a.ndim) + " strides " + tuple_string(a.strides, a.ndim) + " (in elements)";
+}
+
+Device device_of(const std::string& op, const char* arg, const ArrayInfo& a, std::optional<Device> like) {
+  const Device d = a.device;
   if (like && !(d == *like))
     tile::throw_argument_error(op, arg, "an array on " + device_string(*like) + " like x",
                                "one on " + device_string(d));
@@ -120,27 +133,25 @@ inline void* mutable_data(const void* p) { return const_cast<void*>(p); }
 
 // Leading dimensions flatten to rows when they collapse to a single row stride; dimensions of
 // extent 1 take no part (their strides are arbitrary).
-
-template <typename A>
-tile::TensorView as_matrix(const std::string& op, const char* arg, const A& a) {
-  const size_t n = a.ndim();
+tile::TensorView as_matrix(const std::string& op, const char* arg, const ArrayInfo& a) {
+  const size_t n = a.ndim;
   if (n == 0) tile::throw_argument_error(op, arg, "an array of at least one dimension", "a 0-d array");
-  const int64_t cols = int64_t(a.shape(n - 1));
+  const int64_t cols = a.shape[n - 1];
   int64_t rows = 1;
-  for (size_t i = 0; i + 1 < n; ++i) rows *= int64_t(a.shape(i));
+  for (size_t i = 0; i + 1 < n; ++i) rows *= a.shape[i];
   int64_t row_stride = cols;
-  const tile::DType dtype = dtype_of(op, arg, a);
+  const tile::DType dtype = dtype_of(op, arg, a.dtype);
   // An empty array has arbitrary strides.
-  if (rows == 0 || cols == 0) return tile::TensorView{mutable_data(a.data()), dtype, rows, cols, row_stride};
-  if (cols > 1 && a.stride(n - 1) != 1)
+  if (rows == 0 || cols == 0) return tile::TensorView{mutable_data(a.data), dtype, rows, cols, row_stride};
+  if (cols > 1 && a.strides[n - 1] != 1)
     tile::throw_argument_error(op, arg, "a contiguous last dimension (stride 1)", layout(a));
   if (rows > 1) {
     int inner = -1;  // innermost leading dimension of extent > 1
     for (int i = int(n) - 2; i >= 0; --i) {
-      if (a.shape(i) == 1) continue;
+      if (a.shape[i] == 1) continue;
       if (inner < 0) {
-        row_stride = a.stride(i);
-      } else if (a.stride(i) != a.stride(inner) * int64_t(a.shape(inner))) {
+        row_stride = a.strides[i];
+      } else if (a.strides[i] != a.strides[inner] * a.shape[inner]) {
         tile::throw_argument_error(op, arg,
                                    "leading dimensions that flatten to rows of one stride "
                                    "(stride[i] == stride[i+1] * shape[i+1] over dimensions of extent > 1)",
@@ -152,15 +163,19 @@ tile::TensorView as_matrix(const std::string& op, const char* arg, const A& a) {
       tile::throw_argument_error(op, arg, "rows that do not overlap (row stride >= " + std::to_string(cols) + ")",
                                  layout(a));
   }
-  return tile::TensorView{mutable_data(a.data()), dtype, rows, cols, row_stride};
+  return tile::TensorView{mutable_data(a.data), dtype, rows, cols, row_stride};
 }
 
-tile::VectorView as_vector(const std::string& op, const char* arg, const Input& a, int64_t cols) {
-  if (a.ndim() != 1 || int64_t(a.shape(0)) != cols || (cols > 1 && a.stride(0) != 1))
+tile::VectorView as_vector(const std::string& op, const char* arg, const ArrayInfo& a, int64_t cols) {
+  if (a.ndim != 1 || a.shape[0] != cols || (cols > 1 && a.strides[0] != 1))
     tile::throw_argument_error(op, arg, "shape (" + std::to_string(cols) + ",) with stride 1 (one element per column)",
                                layout(a));
-  return tile::VectorView{a.data(), dtype_of(op, arg, a), cols};
+  return tile::VectorView{a.data, dtype_of(op, arg, a.dtype), cols};
 }
+
+// The arguments of a call, in the order they are checked.
+enum Arg { kX, kOut, kWeight, kBias };
+constexpr const char* kArgNames[] = {"x", "out", "weight", "bias"};
 
 template <typename A>
 A import_array(const std::string& op, const char* arg, nb::handle h) {
@@ -176,42 +191,143 @@ A import_array(const std::string& op, const char* arg, nb::handle h) {
   return a;
 }
 
-// A call bound to its arrays; the arrays are held for as long as the call may run. Y is
-// Output for launches and Input for introspection, which never writes.
+// The arrays of launch, plan, ir and source, imported through DLPack one at a time as bind()
+// asks for them, and held for as long as the call may run. Y is Output for launches and Input
+// for introspection, which never writes.
 template <typename Y>
-struct Bound {
+struct DLPackArrays {
+  nb::handle handles[4];
   Input x, weight, bias;
   Y y;
+
+  template <typename A>
+  static ArrayInfo info(const A& a) {
+    return {a.data(), a.dtype(), a.ndim(), a.shape_ptr(), a.stride_ptr(), Device{a.device_type(), a.device_id()}};
+  }
+
+  std::optional<ArrayInfo> operator()(const std::string& op, Arg arg) {
+    const nb::handle h = handles[arg];
+    switch (arg) {
+      case kX:
+        return info(x = import_array<Input>(op, "x", h));
+      case kOut:
+        return info(y = import_array<Y>(op, "out", h));
+      case kWeight:
+        if (h.is_none()) return std::nullopt;
+        return info(weight = import_array<Input>(op, "weight", h));
+      case kBias:
+        if (h.is_none()) return std::nullopt;
+        return info(bias = import_array<Input>(op, "bias", h));
+    }
+    return std::nullopt;
+  }
+};
+
+// The arrays of launch_raw: each a tuple (data pointer, shape, strides in elements, dtype code,
+// device index; -1 for the CPU) or None for an absent weight or bias. The Python package builds
+// these from torch tensors, which costs far less than a DLPack capsule per array.
+struct RawArrays {
+  static constexpr int kMaxDims = 8;  // shapes and strides of more dimensions go to the heap
+  nb::handle handles[4];
+  int64_t dims[4][2 * kMaxDims];
+  std::vector<int64_t> heap[4];
+
+  static int64_t as_int(nb::handle h, const char* arg) {
+    const long long v = PyLong_AsLongLong(h.ptr());
+    if (v == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      throw nb::type_error(("launch_raw: argument '" + std::string(arg) +
+                            "': expected integers in its shape, strides, dtype code and device")
+                               .c_str());
+    }
+    return v;
+  }
+
+  std::optional<ArrayInfo> operator()(const std::string&, Arg arg) {
+    const nb::handle h = handles[arg];
+    const char* name = kArgNames[arg];
+    if ((arg == kWeight || arg == kBias) && h.is_none()) return std::nullopt;
+    const auto malformed = [&] {
+      throw nb::type_error(("launch_raw: argument '" + std::string(name) +
+                            "': expected a tuple (data_ptr, shape, strides, dtype code, device index)")
+                               .c_str());
+    };
+    if (!PyTuple_Check(h.ptr()) || PyTuple_GET_SIZE(h.ptr()) != 5) malformed();
+    PyObject* shape = PyTuple_GET_ITEM(h.ptr(), 1);
+    PyObject* strides = PyTuple_GET_ITEM(h.ptr(), 2);
+    if (!PyTuple_Check(shape) || !PyTuple_Check(strides) || PyTuple_GET_SIZE(shape) != PyTuple_GET_SIZE(strides))
+      malformed();
+    ArrayInfo a;
+    a.ndim = size_t(PyTuple_GET_SIZE(shape));
+    int64_t* d = dims[arg];
+    if (a.ndim > kMaxDims) {
+      heap[arg].resize(2 * a.ndim);
+      d = heap[arg].data();
+    }
+    for (size_t i = 0; i < a.ndim; ++i) {
+      d[i] = as_int(PyTuple_GET_ITEM(shape, i), name);
+      d[a.ndim + i] = as_int(PyTuple_GET_ITEM(strides, i), name);
+    }
+    a.shape = d;
+    a.strides = d + a.ndim;
+    a.data = PyLong_AsVoidPtr(PyTuple_GET_ITEM(h.ptr(), 0));
+    if (!a.data && PyErr_Occurred()) {
+      PyErr_Clear();
+      malformed();
+    }
+    const int64_t code = as_int(PyTuple_GET_ITEM(h.ptr(), 3), name);
+    switch (code) {
+      case int64_t(tile::DType::f32):
+        a.dtype = nb::dtype<float>();
+        break;
+      case int64_t(tile::DType::f16):
+        a.dtype = kF16;
+        break;
+      case int64_t(tile::DType::bf16):
+        a.dtype = kBF16;
+        break;
+      default:
+        throw nb::type_error(("launch_raw: argument '" + std::string(name) + "': unknown dtype code " +
+                              std::to_string(code) + " (see RAW_DTYPE_CODES)")
+                                 .c_str());
+    }
+    const int64_t device = as_int(PyTuple_GET_ITEM(h.ptr(), 4), name);
+    a.device = device < 0 ? Device{kDLCPU, 0} : Device{kDLCUDA, int(device)};
+    return a;
+  }
+};
+
+struct Bound {
   tile::Call call;
   tile::CallOptions options;
 };
 
-template <typename Y>
-Bound<Y> bind(const std::string& op_name, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
-              std::optional<float> eps, const std::optional<std::string>& plan) {
-  Bound<Y> b;
+// Checks and binds a call whichever way its arrays arrive: `arrays(op, arg)` reads one, and
+// each is checked before the next is read, so errors come in one order on every path.
+template <typename Arrays>
+Bound bind(const std::string& op_name, Arrays& arrays, std::optional<float> eps,
+           const std::optional<std::string>& plan) {
+  Bound b;
   b.call.op = tile::parse_op(op_name);
   const std::string op = tile::op_name(b.call.op);
-  b.x = import_array<Input>(op, "x", x);
-  const Device device = device_of(op, "x", b.x, std::nullopt);
-  b.call.x = as_matrix(op, "x", b.x);
+  const ArrayInfo x = *arrays(op, kX);
+  const Device device = device_of(op, "x", x, std::nullopt);
+  b.call.x = as_matrix(op, "x", x);
 
-  b.y = import_array<Y>(op, "out", y);
-  device_of(op, "out", b.y, device);
-  if (b.y.ndim() != b.x.ndim() || !std::equal(b.y.shape_ptr(), b.y.shape_ptr() + b.y.ndim(), b.x.shape_ptr()))
-    tile::throw_argument_error(op, "out", "shape " + tuple_string(b.x.shape_ptr(), b.x.ndim()) + " like x",
-                               "shape " + tuple_string(b.y.shape_ptr(), b.y.ndim()));
-  b.call.y = as_matrix(op, "out", b.y);
+  const ArrayInfo y = *arrays(op, kOut);
+  device_of(op, "out", y, device);
+  if (y.ndim != x.ndim || !std::equal(y.shape, y.shape + y.ndim, x.shape))
+    tile::throw_argument_error(op, "out", "shape " + tuple_string(x.shape, x.ndim) + " like x",
+                               "shape " + tuple_string(y.shape, y.ndim));
+  b.call.y = as_matrix(op, "out", y);
 
-  if (!weight.is_none()) {
-    b.weight = import_array<Input>(op, "weight", weight);
-    device_of(op, "weight", b.weight, device);
-    b.call.weight = as_vector(op, "weight", b.weight, b.call.x.cols);
+  if (const std::optional<ArrayInfo> weight = arrays(op, kWeight)) {
+    device_of(op, "weight", *weight, device);
+    b.call.weight = as_vector(op, "weight", *weight, b.call.x.cols);
   }
-  if (!bias.is_none()) {
-    b.bias = import_array<Input>(op, "bias", bias);
-    device_of(op, "bias", b.bias, device);
-    b.call.bias = as_vector(op, "bias", b.bias, b.call.x.cols);
+  if (const std::optional<ArrayInfo> bias = arrays(op, kBias)) {
+    device_of(op, "bias", *bias, device);
+    b.call.bias = as_vector(op, "bias", *bias, b.call.x.cols);
   }
   b.call.eps = eps;
   if (plan) b.options.plan = tile::PlanRequest::from_json(*plan);
@@ -222,10 +338,9 @@ Bound<Y> bind(const std::string& op_name, nb::handle x, nb::handle y, nb::handle
 
 nb::object json_loads(const std::string& text) { return nb::module_::import_("json").attr("loads")(text); }
 
-// Returns the launch record as a dict, or None when `record` is false (the ops' fast path).
-nb::object launch(const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
-                  std::optional<float> eps, const std::optional<std::string>& plan, uintptr_t stream, bool record) {
-  Bound<Output> b = bind<Output>(op, x, y, weight, bias, eps, plan);
+// Runs a bound call; returns the launch record as a dict, or None when `record` is false (the
+// operators' path, which builds no dict).
+nb::object execute(Bound& b, uintptr_t stream, bool record) {
   b.options.stream = reinterpret_cast<void*>(stream);
   tile::LaunchRecord rec;
   {
@@ -262,11 +377,27 @@ nb::object launch(const std::string& op, nb::handle x, nb::handle y, nb::handle 
   return d;
 }
 
+nb::object launch(const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
+                  std::optional<float> eps, const std::optional<std::string>& plan, uintptr_t stream, bool record) {
+  DLPackArrays<Output> arrays{{x, y, weight, bias}};
+  Bound b = bind(op, arrays, eps, plan);
+  return execute(b, stream, record);
+}
+
+nb::object launch_raw(const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
+                      std::optional<float> eps, const std::optional<std::string>& plan, uintptr_t stream,
+                      bool record) {
+  RawArrays arrays{{x, y, weight, bias}, {}, {}};
+  Bound b = bind(op, arrays, eps, plan);
+  return execute(b, stream, record);
+}
+
 enum class Introspect { plan, ir, source };
 
 std::string introspect(Introspect what, const std::string& op, nb::handle x, nb::handle y, nb::handle weight,
                        nb::handle bias, std::optional<float> eps, const std::optional<std::string>& plan) {
-  const Bound<Input> b = bind<Input>(op, x, y, weight, bias, eps, plan);
+  DLPackArrays<Input> arrays{{x, y, weight, bias}};
+  const Bound b = bind(op, arrays, eps, plan);
   switch (what) {
     case Introspect::plan:
       return tile::plan_for(b.call, b.options.plan).to_json();
@@ -348,6 +479,16 @@ NB_MODULE(_tile, m) {
         nb::arg("stream") = 0, nb::arg("record") = true,
         "Runs op(x) into out on the backend of x's device (CPU or CUDA; stream: a CUstream handle) "
         "and returns the launch record (None when record is false).");
+  m.def("launch_raw", &launch_raw, nb::arg("op"), nb::arg("x"), nb::arg("out"), nb::arg("weight").none() = nb::none(),
+        nb::arg("bias").none() = nb::none(), nb::arg("eps").none() = nb::none(), nb::arg("plan").none() = nb::none(),
+        nb::arg("stream") = 0, nb::arg("record") = true,
+        "launch() with each array given as a tuple (data_ptr, shape, strides in elements, dtype code, device "
+        "index; -1 for the CPU): the same checks and launch without a DLPack capsule per array.");
+  nb::dict codes;  // the dtype codes of launch_raw, by the name numpy and torch give the dtype
+  codes["float32"] = int(tile::DType::f32);
+  codes["float16"] = int(tile::DType::f16);
+  codes["bfloat16"] = int(tile::DType::bf16);
+  m.attr("RAW_DTYPE_CODES") = codes;
   m.def(
       "plan",
       [](const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,

@@ -1,8 +1,9 @@
 """Tile: generated row-reduction kernels (softmax, log-softmax, RMSNorm, LayerNorm).
 
-Arrays travel through DLPack without copies: numpy (CPU) arrays run on the CPU backend, torch
-CUDA tensors on the CUDA backend. The reduction runs over the last dimension, which must be
-contiguous; the leading dimensions must flatten to rows of one stride. Outputs are allocated
+Arrays cross without copies: numpy (CPU) arrays run on the CPU backend, torch CUDA tensors on
+the CUDA backend. Torch CUDA tensors pass as plain integers (pointer, shape, strides, dtype,
+device); everything else through DLPack. The reduction runs over the last dimension, which must
+be contiguous; the leading dimensions must flatten to rows of one stride. Outputs are allocated
 with the input's framework when ``out`` is None.
 
     y = tile.softmax(x)                               # new array, like x
@@ -113,6 +114,11 @@ def _stream_handle(op, stream, on_cuda):
     return handle
 
 
+def _check_out_dtype(op, x, out, dtype):
+    if out.dtype != _out_dtype(op, x, dtype):
+        raise ValueError(f"{op}: argument 'dtype': expected None or out's dtype {out.dtype}, got {dtype}")
+
+
 def _checked_out(op, x, out, weight, bias, dtype):
     for arg, a in (("weight", weight), ("bias", bias)):
         if a is not None:
@@ -120,8 +126,8 @@ def _checked_out(op, x, out, weight, bias, dtype):
     if out is None:
         return _allocate(op, x, dtype)
     _check_array(op, "out", out)
-    if dtype is not None and out.dtype != _out_dtype(op, x, dtype):
-        raise ValueError(f"{op}: argument 'dtype': expected None or out's dtype {out.dtype}, got {dtype}")
+    if dtype is not None:
+        _check_out_dtype(op, x, out, dtype)
     return out
 
 
@@ -131,7 +137,90 @@ def _to_dlpack(torch, a):
     return torch.utils.dlpack.to_dlpack(a) if isinstance(a, torch.Tensor) else a
 
 
+# The torch fast path, switched on by _init_torch once torch is loaded (it may be imported after
+# tile): torch.Tensor, launch_raw's dtype codes by torch dtype, and torch's C entry points for the
+# current device and stream, looked up once instead of on every call.
+class _NoTorch:
+    pass
+
+
+_Tensor = _NoTorch
+_RAW_CODES = {}
+_current_device = None
+_current_stream = None
+_empty_like = None
+_contiguous = None
+
+
+def _init_torch(torch):
+    global _Tensor, _RAW_CODES, _current_device, _current_stream, _empty_like, _contiguous
+    _RAW_CODES = {getattr(torch, name): code for name, code in _tile.RAW_DTYPE_CODES.items()}
+    # Private but long-standing (torch.cuda.current_device and Inductor call them); the public
+    # API where a build lacks them.
+    _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+    _current_stream = (getattr(torch._C, "_cuda_getCurrentRawStream", None)
+                       or (lambda device: torch.cuda.current_stream(device).cuda_stream))
+    _empty_like = torch.empty_like
+    _contiguous = torch.contiguous_format
+    _Tensor = torch.Tensor                      # last: it switches the fast path on
+
+
+def _raw(a):
+    """A torch CUDA tensor as launch_raw reads it; raises for anything else (the DLPack path)."""
+    if not a.is_cuda:
+        raise TypeError
+    return a.data_ptr(), a.shape, a.stride(), _RAW_CODES[a.dtype], a.get_device()
+
+
 def _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record):
+    # The common case inline: torch CUDA tensors cross as plain integers instead of a DLPack
+    # capsule each, whose making and reading cost microseconds per call. launch_raw checks what
+    # launch checks; what this path does not read (another framework's array, a CPU or sparse
+    # tensor, an unsupported dtype) goes the DLPack way, whose checks name the argument.
+    if not (isinstance(x, _Tensor) and x.is_cuda):
+        return _launch_dlpack(op, x, out, weight, bias, eps, plan, stream, dtype, record)
+    try:
+        device = x.get_device()
+        xr = (x.data_ptr(), x.shape, x.stride(), _RAW_CODES[x.dtype], device)
+        if out is not None:
+            if not out.is_cuda:
+                raise TypeError
+            yr = (out.data_ptr(), out.shape, out.stride(), _RAW_CODES[out.dtype], out.get_device())
+        wr = None if weight is None else _raw(weight)
+        br = None if bias is None else _raw(bias)
+    except Exception:
+        xr = None                               # outside the handler: no chained traceback
+    if xr is None:
+        return _launch_dlpack(op, x, out, weight, bias, eps, plan, stream, dtype, record)
+    if dtype is not None:
+        if out is not None:
+            _check_out_dtype(op, x, out, dtype)
+        else:
+            out = _allocate(op, x, dtype)
+            code = _RAW_CODES.get(out.dtype)
+            if code is None:                    # e.g. torch.float64: the DLPack path names it
+                return _launch_dlpack(op, x, out, weight, bias, eps, plan, stream, None, record)
+            yr = (out.data_ptr(), out.shape, out.stride(), code, device)
+    elif out is None:
+        out = _empty_like(x, memory_format=_contiguous)
+        yr = (out.data_ptr(), out.shape, out.stride(), xr[3], device)
+    if eps is not None:
+        eps = float(eps)
+    if plan is not None:
+        plan = _plan_json(op, plan)
+    handle = _current_stream(device) if stream is None else _stream_handle(op, stream, True)
+    if _current_device() == device:
+        rec = _tile.launch_raw(op, xr, yr, wr, br, eps, plan, handle, record)
+    else:                                       # the library launches into the current context
+        with _torch().cuda.device(device):
+            rec = _tile.launch_raw(op, xr, yr, wr, br, eps, plan, handle, record)
+    if rec is None:
+        return out
+    rec["out"] = out
+    return rec
+
+
+def _launch_dlpack(op, x, out, weight, bias, eps, plan, stream, dtype, record):
     torch = _torch()
     eps = None if eps is None else float(eps)
     plan = _plan_json(op, plan)
@@ -142,6 +231,8 @@ def _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record):
         handle = _stream_handle(op, stream, device is not None and device()[0] == 2)  # kDLCUDA
         rec = _tile.launch(op, x, out, weight, bias, eps, plan, handle, record)
     else:
+        if _Tensor is _NoTorch:
+            _init_torch(torch)
         out = _checked_out(op, x, out, weight, bias, dtype)
         args = [op, _to_dlpack(torch, x), _to_dlpack(torch, out), _to_dlpack(torch, weight),
                 _to_dlpack(torch, bias), eps, plan, 0, record]
@@ -176,13 +267,15 @@ def run(op, x, out=None, weight=None, bias=None, eps=None, plan=None, stream=Non
 
 def softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
     """exp(x - max) / sum(exp(x - max)) over the last dimension."""
-    _check_dim("softmax", x, dim)
+    if dim != -1:
+        _check_dim("softmax", x, dim)
     return _launch("softmax", x, out, None, None, None, plan, stream, dtype, False)
 
 
 def log_softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
     """x - max - log(sum(exp(x - max))) over the last dimension."""
-    _check_dim("log_softmax", x, dim)
+    if dim != -1:
+        _check_dim("log_softmax", x, dim)
     return _launch("log_softmax", x, out, None, None, None, plan, stream, dtype, False)
 
 
@@ -250,3 +343,7 @@ def device_info(device=0):
 def build_info():
     """version, git_commit (at configure time), library (the libtile.so loaded), nanobind, compiler."""
     return _tile.build_info()
+
+
+if "torch" in sys.modules:
+    _init_torch(sys.modules["torch"])

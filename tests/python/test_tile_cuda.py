@@ -1,4 +1,6 @@
 """The Python package on the CUDA backend (torch CUDA tensors), against a float64 torch reference."""
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -202,3 +204,146 @@ def test_device_info_and_plan():
     assert tile.run("softmax", x)["cache_origin"] == "launch-cache"
     torch.cuda.synchronize()
     assert_close(first["out"], reference("softmax", x))
+
+
+# The torch fast path: torch CUDA tensors cross as plain integers (tile._tile.launch_raw).
+
+@pytest.fixture
+def fast_path_only(monkeypatch):
+    """Makes the DLPack launch fail, so that a call that succeeds took the fast path."""
+    def dlpack_launch(*args, **kwargs):
+        raise AssertionError("took the DLPack path (tile._tile.launch)")
+    monkeypatch.setattr(tile._tile, "launch", dlpack_launch)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_out", [True, False], ids=["out", "allocated"])
+@pytest.mark.parametrize("shape", [(37, 1537), (2, 4, 4096)])
+def test_fast_path_matches_reference(op, dtype, with_out, shape, fast_path_only):
+    x = make(shape, dtype)
+    weight = make(shape[-1], dtype, seed=1, scale=1.0) if op in NORMS else None
+    bias = make(shape[-1], dtype, seed=2, scale=1.0) if op == "layer_norm" else None
+    out = torch.full_like(x, float("nan")) if with_out else None
+    y = call(op, x, weight, bias, out=out)
+    assert y is out if with_out else (y.dtype == dtype and y.shape == x.shape and y.is_contiguous())
+    torch.cuda.synchronize()
+    assert_close(y, reference(op, x, weight, bias))
+    record = tile.run(op, x, out=out, weight=weight, bias=bias)
+    assert record["backend"] == "cuda" and record["cache_origin"] == "launch-cache"
+    torch.cuda.synchronize()
+    assert_close(record["out"], reference(op, x, weight, bias))
+
+
+def test_fast_path_layouts_and_dtypes(fast_path_only):
+    wide = make((16, 1200), torch.float32)
+    x = wide[:, :1000]                               # strided rows, written into a strided slice
+    out_wide = torch.full((16, 1200), -7.0, device="cuda")
+    w = torch.nn.Parameter(make(1000, torch.float32, seed=1))   # requires grad: read as it is
+    tile.layer_norm(x, weight=w, out=out_wide[:, :1000])
+    torch.cuda.synchronize()
+    assert_close(out_wide[:, :1000], reference("layer_norm", x, w.detach()))
+    assert (out_wide[:, 1000:] == -7.0).all()
+    xb = make((8, 2048), torch.bfloat16)
+    y32 = tile.rms_norm(xb, weight=make(2048, torch.float32, seed=1), dtype="float32")
+    assert y32.dtype == torch.float32
+    y16 = torch.empty(8, 2048, device="cuda", dtype=torch.float16)
+    assert tile.softmax(xb, out=y16, dtype=torch.float16) is y16
+    torch.cuda.synchronize()
+    assert_close(y16, reference("softmax", xb))
+    assert tile.softmax(torch.empty(0, 64, device="cuda")).shape == (0, 64)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_fast_path_on_a_non_default_stream(op, fast_path_only):
+    x = make((256, 3072), torch.bfloat16)
+    weight = make(3072, torch.bfloat16, seed=1, scale=1.0) if op in NORMS else None
+    want = reference(op, x, weight)
+    call(op, x, weight)                              # compile and load first: the host must not lag
+    s = torch.cuda.Stream()                          # torch's pool streams do not wait for stream 0
+    for how in ("current", "explicit"):
+        y = torch.full_like(x, float("nan"))
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s):
+            # Long work ahead on s: a launch that went to another stream would finish first.
+            if hasattr(torch.cuda, "_sleep"):
+                torch.cuda._sleep(100_000_000)
+            if how == "current":
+                call(op, x, weight, out=y)
+            else:
+                call(op, x, weight, out=y, stream=s)
+        early = y.clone()                            # on the default stream, not ordered after s
+        s.synchronize()
+        torch.cuda.synchronize()
+        if hasattr(torch.cuda, "_sleep"):
+            assert torch.isnan(early).all(), f"{how}: the launch did not go on stream s"
+        assert_close(y, want)
+
+
+def outcome(fn):
+    try:
+        fn()
+    except Exception as e:                           # noqa: BLE001 - the type and message are compared
+        return type(e), str(e)
+    return None
+
+
+def test_fast_path_errors_match_the_dlpack_path():
+    x = make((4, 64), torch.float32)
+    bf = make((4, 64), torch.bfloat16)
+    cases = [  # (op, x, out, weight, bias, plan, stream, dtype, message pattern)
+        ("softmax", x.t(), None, None, None, None, None, None,
+         r"softmax: argument 'x': expected a contiguous last dimension \(stride 1\), got shape \(64, 4\)"),
+        ("softmax", x, torch.empty(4, 32, device="cuda"), None, None, None, None, None,
+         r"softmax: argument 'out': expected shape \(4, 64\) like x, got shape \(4, 32\)"),
+        ("softmax", x, torch.empty(4, 128, device="cuda")[:, ::2], None, None, None, None, None,
+         r"softmax: argument 'out': expected a contiguous last dimension"),
+        ("rms_norm", x, None, torch.ones(63, device="cuda"), None, None, None, None,
+         r"rms_norm: argument 'weight': expected shape \(64,\) with stride 1"),
+        ("layer_norm", x, None, torch.ones(64, device="cuda"), torch.ones(64, device="cuda", dtype=torch.float16),
+         None, None, None, r"layer_norm: argument 'bias': expected the weight's dtype f32, got f16"),
+        ("softmax", torch.ones(4, 8, dtype=torch.int32, device="cuda"), None, None, None, None, None, None,
+         r"softmax: argument 'x': expected dtype float32, float16 or bfloat16, got int32"),
+        ("softmax", x, torch.empty(4, 64, device="cuda", dtype=torch.float64), None, None, None, None, None,
+         r"softmax: argument 'out': expected dtype float32, float16 or bfloat16, got float64"),
+        ("softmax", x, None, None, None, None, None, torch.float64,
+         r"softmax: argument 'out': expected dtype float32, float16 or bfloat16, got float64"),
+        ("softmax", x, torch.empty(4, 64), None, None, None, None, None,
+         r"softmax: argument 'out': expected an array on cuda:\d like x, got one on cpu"),
+        ("rms_norm", x, None, torch.ones(64), None, None, None, None,
+         r"rms_norm: argument 'weight': expected an array on cuda:\d like x, got one on cpu"),
+        ("softmax", x, None, None, None, None, None, "int8", r"softmax: argument 'dtype': expected float32"),
+        ("softmax", bf, torch.empty_like(bf), None, None, None, None, "float32",
+         r"softmax: argument 'dtype': expected None or out's dtype torch.bfloat16"),
+        ("softmax", x, None, None, None, 3, None, None, r"softmax: argument 'plan': expected a dict"),
+        ("softmax", x, None, None, None, {"warps": 2}, None, None,
+         r"mapping plan: argument 'warps': expected a known plan field"),
+        ("softmax", x, None, None, None, None, "default", None, r"softmax: argument 'stream': expected an int"),
+        ("rms_norm", x, [[1.0]], None, None, None, None, None,
+         r"rms_norm: argument 'out': expected an array exporting DLPack"),
+    ]
+    for op, a, out, w, b, plan, stream, dtype, pattern in cases:
+        got = outcome(lambda: tile.run(op, a, out=out, weight=w, bias=b, plan=plan, stream=stream, dtype=dtype))
+        want = outcome(lambda: tile._launch_dlpack(op, a, out, w, b, None, plan, stream, dtype, True))
+        assert got is not None and got == want, (pattern, got, want)
+        assert got[0] in (ValueError, TypeError) and re.search(pattern, got[1]), (pattern, got)
+    with pytest.raises(ValueError) as info:
+        tile.softmax(torch.ones(4, 8, dtype=torch.int32, device="cuda"))
+    assert info.value.__context__ is None            # not raised inside the fast path's handler
+    with pytest.raises(ValueError, match=r"softmax: argument 'dim': expected -1 or 1"):
+        tile.softmax(x, dim=0)
+    with pytest.raises(ValueError, match=r"rms_norm: argument 'eps': expected a finite value >= 0"):
+        tile.rms_norm(x, eps=-1.0)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_fast_path_on_another_device():
+    x = make((8, 512), torch.float32).to("cuda:1")
+    torch.cuda.set_device(0)
+    y = tile.softmax(x)                              # makes cuda:1 current for the launch
+    assert y.device == x.device and torch.cuda.current_device() == 0
+    torch.cuda.synchronize(1)
+    assert_close(y, reference("softmax", x))
+    with pytest.raises(ValueError, match=r"softmax: argument 'out': expected an array on cuda:1 like x, "
+                                         r"got one on cuda:0"):
+        tile.softmax(x, out=torch.empty(8, 512, device="cuda:0"))
