@@ -18,6 +18,12 @@ constexpr int64_t kTargetStripes = 4;
 // Widest automatic program: __launch_bounds__(1024) leaves 64 registers a thread, too few for a
 // cached row slice plus its index math (ptxas spills); 512 threads leave 128.
 constexpr int kMaxAutomaticWidth = 512;
+// Longest input row (bytes) cached in registers. Longer rows are re-read: a cached slice of
+// more than about 32 scalars a worker costs occupancy, and a re-read of a row read moments
+// earlier mostly hits L2 (H200 measurements: docs/source/internals/tile/policy.md).
+constexpr int64_t kRegisterRowBytes = 32 * 1024;
+// Input bytes one iteration of a re-read loop covers across the program.
+constexpr int64_t kRereadIterationBytes = 32 * 1024;
 // Threads a group of packed short-row programs aims for.
 constexpr int kTargetGroupThreads = 256;
 // Groups per SM below which packing more rows per group would leave SMs idle.
@@ -65,9 +71,19 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
 
   // Cooperating width: one worker per vector up to a warp (sub-warp programs for short rows),
   // then whole warps, about kTargetStripes vectors per worker, at most one group.
+  const int xes = dtype_size(in.x_dtype);
+  const bool long_row = cols * xes > kRegisterRowBytes &&
+                        req.caching.value_or(InputCaching::reread) == InputCaching::reread && !req.stripes;
+  // Re-read loops: 16-bit inputs unroll 4 vectors a worker, 32-bit ones 2 (more threads), with
+  // the program's width set so one iteration covers kRereadIterationBytes.
+  const int reread_unroll = req.stripe_unroll.value_or(xes == 2 ? 4 : 2);
   if (req.workers_per_program) {
     p.workers_per_program = *req.workers_per_program;
     p.width_mode = WidthMode::exact;
+  } else if (long_row) {
+    int64_t w = round_up(ceil_div(kRereadIterationBytes, int64_t(p.vector_elems) * xes * reread_unroll), 32);
+    p.workers_per_program = int(std::clamp<int64_t>(w, 32, limits.max_threads_per_group));
+    p.width_mode = WidthMode::automatic;
   } else {
     int64_t stripes_wanted = req.stripes ? *req.stripes : kTargetStripes;
     if (vectors <= 16 && !req.stripes)
@@ -79,10 +95,13 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   }
   p.stripes = req.stripes ? *req.stripes : int(std::max<int64_t>(1, ceil_div(vectors, p.workers_per_program)));
   p.private_budget = req.private_budget.value_or(64);
-  p.caching = req.caching.value_or(int64_t(p.stripes) * p.vector_elems <= p.private_budget
+  p.caching = req.caching.value_or(!long_row && int64_t(p.stripes) * p.vector_elems <= p.private_budget
                                        ? InputCaching::registers
                                        : InputCaching::reread);
-  p.stripe_unroll = req.stripe_unroll.value_or(p.caching == InputCaching::reread ? std::min(4, p.stripes) : 1);
+  if (long_row)
+    p.stripe_unroll = std::min(reread_unroll, p.stripes);
+  else
+    p.stripe_unroll = req.stripe_unroll.value_or(p.caching == InputCaching::reread ? std::min(4, p.stripes) : 1);
   p.barrier_scope = req.barrier_scope.value_or(BarrierScope::group);
   p.tail = req.tail.value_or(TailHandling::predicate);
   // Whole vectors when every row is aligned and cols is a multiple of V (contiguous rows of

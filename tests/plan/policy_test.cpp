@@ -26,14 +26,24 @@ TEST(Policy, LongRowsGetMultiWarpProgramsWithCachedRows) {
   EXPECT_EQ(p.stripes, 4);
   EXPECT_EQ(p.caching, InputCaching::registers);
   EXPECT_EQ(p.programs_per_group, 1);
-  p = choose_plan(inputs(64, 32768), {});
+  p = choose_plan(inputs(64, 8192), {});
+  EXPECT_EQ(p.workers_per_program, 512);  // 32 KiB rows: the last length cached in registers
+  EXPECT_EQ(p.cached_scalars(), 16);
+  EXPECT_EQ(p.caching, InputCaching::registers);
+  p = choose_plan(inputs(64, 16384), {});
+  EXPECT_EQ(p.caching, InputCaching::reread);  // 64 KiB rows are re-read, 32 KiB per iteration
+  EXPECT_EQ(p.workers_per_program, 1024);
+  EXPECT_EQ(p.stripe_unroll, 2);
+  p = choose_plan(inputs(64, 262144, DType::bf16), {});
+  EXPECT_EQ(p.caching, InputCaching::reread);
+  EXPECT_EQ(p.vector_elems, 8);
+  EXPECT_EQ(p.workers_per_program, 512);  // 16-bit rows unroll 4 vectors a worker
+  EXPECT_EQ(p.stripe_unroll, 4);
+  PlanRequest cached;
+  cached.caching = InputCaching::registers;  // a caller may still cache a long row
+  p = choose_plan(inputs(64, 32768), cached);
   EXPECT_EQ(p.workers_per_program, 512);  // the automatic width stops at 512
   EXPECT_EQ(p.cached_scalars(), 64);
-  p = choose_plan(inputs(64, 65536), {});
-  EXPECT_EQ(p.caching, InputCaching::reread);
-  p = choose_plan(inputs(64, 262144, DType::bf16), {});
-  EXPECT_EQ(p.caching, InputCaching::reread);  // beyond the 64-scalar budget at 1024 workers
-  EXPECT_EQ(p.vector_elems, 8);
 }
 
 TEST(Policy, VectorWidthFollowsRowAlignment) {
