@@ -2,6 +2,8 @@
 
 #include <set>
 
+#include "lower/lower_row_program.hpp"
+
 namespace tile {
 
 namespace {
@@ -23,12 +25,19 @@ CostEstimate estimate_cost(const RowProgram& program, const PlanInputs& in, cons
   const int64_t programs = groups * P;  // including guard programs
 
   // The element expression of every pass: one per reduction, then the output.
+  // Re-read plans compute softmax's max and sum, and LayerNorm's sum and squared deviations,
+  // in one pass each.
+  const bool cached = plan.caching == InputCaching::registers;
   std::vector<int> passes;
-  for (size_t n = 0; n < program.nodes().size(); ++n)
-    if (program.nodes()[n].kind == RowNode::Kind::reduce) passes.push_back(program.nodes()[n].a);
+  std::set<int> merged;
+  for (size_t n = 0; n < program.nodes().size(); ++n) {
+    if (program.nodes()[n].kind != RowNode::Kind::reduce || merged.count(int(n))) continue;
+    passes.push_back(program.nodes()[n].a);
+    for (int partner : {online_max_partner(program, int(n)), online_variance_partner(program, int(n))})
+      if (!cached && partner >= 0) merged.insert(partner);
+  }
   passes.push_back(program.output_node());
 
-  const bool cached = plan.caching == InputCaching::registers;
   c.input_passes = cached ? 1 : int(passes.size());
   // Stripes each worker walks per pass (re-read loops round up to whole unrolled iterations).
   const int64_t step = W * V * plan.stripe_unroll;

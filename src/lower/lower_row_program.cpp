@@ -54,6 +54,14 @@ class RowLowering {
   }
   void accumulate(std::vector<Stmt>& out, Slot& slot, int node, int acc);
   int reduce_across_workers(std::vector<Stmt>& out, int acc, Reduction kind);
+  int online_partner(int max_node) const;
+  void online_mean_m2(std::vector<Stmt>& out, int sum_node, int m2_node);
+  void chan_merge(std::vector<Stmt>& out, int n, int mean, int m2, ExprPtr other_n, ExprPtr other_mean, ExprPtr other_m2);
+  void online_max_sum(std::vector<Stmt>& out, int max_node, int sum_node);
+  void online_combine(std::vector<Stmt>& out, int m, int s, ExprPtr other_m, ExprPtr other_s);
+  ExprPtr exp2_of_difference(ExprPtr a, ExprPtr b) {
+    return unary(UnOp::exp2, binary(BinOp::mul, binary(BinOp::sub, std::move(a), std::move(b)), f32_const(1.4426950408889634)));
+  }
   void store_output(std::vector<Stmt>& out, Slot& slot);
   std::vector<Stmt> reread_loop(const std::function<void(std::vector<Stmt>&, Slot&)>& body);
 
@@ -232,6 +240,18 @@ ExprPtr RowLowering::row_scalar(std::vector<Stmt>& out, int node) {
       break;
     }
     case RowNode::Kind::reduce: {
+      if (plan_.caching == InputCaching::reread && n.reduction == Reduction::max) {
+        if (int partner = online_partner(node); partner >= 0) {
+          online_max_sum(out, node, partner);
+          return r(scalars_[node]);
+        }
+      }
+      if (plan_.caching == InputCaching::reread && n.reduction == Reduction::sum) {
+        if (int partner = online_variance_partner(prog_, node); partner >= 0) {
+          online_mean_m2(out, node, partner);
+          return r(scalars_[node]);
+        }
+      }
       out.push_back(comment("reduction %" + std::to_string(node) + " (" +
                             (n.reduction == Reduction::sum ? "sum" : "max") + ")"));
       hoist_row_scalars(out, n.a);
@@ -366,6 +386,223 @@ int RowLowering::reduce_across_workers(std::vector<Stmt>& out, int acc, Reductio
   return total;
 }
 
+int RowLowering::online_partner(int max_node) const { return online_max_partner(prog_, max_node); }
+
+// m, s <- the running max and rescaled sum of exp(x - m) after merging (other_m, other_s).
+// Only while the merged max is -inf (nothing seen yet) is the sum left as it is, since
+// exp(-inf - -inf) would be NaN; a +inf or NaN element still makes the sum NaN, as in PyTorch.
+void RowLowering::online_combine(std::vector<Stmt>& out, int m, int s, ExprPtr other_m, ExprPtr other_s) {
+  int merged = assign_new(out, "m", binary(BinOp::max, r(m), other_m));
+  ExprPtr rescaled = binary(BinOp::add, binary(BinOp::mul, r(s), exp2_of_difference(r(m), r(merged))),
+                            binary(BinOp::mul, other_s, exp2_of_difference(other_m, r(merged))));
+  ExprPtr seen = binary(BinOp::lt, f32_const(-std::numeric_limits<double>::infinity()), r(merged));
+  out.push_back(assign(s, select(seen, rescaled, r(s))));
+  out.push_back(assign(m, r(merged)));
+}
+
+// Re-read plans compute softmax's max M and sum of exp(E - M) in one pass (the running sum is
+// rescaled whenever the running max grows), so the row is read twice instead of three times.
+void RowLowering::online_max_sum(std::vector<Stmt>& out, int max_node, int sum_node) {
+  out.push_back(comment("reductions %" + std::to_string(max_node) + " (max) and %" + std::to_string(sum_node) +
+                        " (sum of exp(x - max)) in one pass"));
+  const int e = prog_.nodes()[max_node].a;
+  hoist_row_scalars(out, e);
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  int m = assign_new(out, "acc_max", f32_const(neg_inf));
+  int s = assign_new(out, "acc_sum", f32_const(0.0));
+  // Per loop iteration: the max of its U vectors, then one rescale of the running sum.
+  struct Vec {
+    std::vector<ExprPtr> x;
+    ExprPtr live;  // whole-vector plans: the vector lies in the row
+  };
+  std::vector<Vec> vecs;
+  auto tree_max = [&](std::vector<Stmt>& body, std::vector<ExprPtr> level) {
+    while (level.size() > 1) {
+      std::vector<ExprPtr> next;
+      for (size_t i = 0; i + 1 < level.size(); i += 2)
+        next.push_back(r(assign_new(body, "p", binary(BinOp::max, level[i], level[i + 1]))));
+      if (level.size() % 2) next.push_back(level.back());
+      level = std::move(next);
+    }
+    return level[0];
+  };
+  for (Stmt& st : reread_loop([&](std::vector<Stmt>& body, Slot& slot) {
+         const std::vector<int> values = element(body, slot, e);
+         Vec v;
+         for (int j = 0; j < plan_.vector_elems; ++j) {
+           // Elements outside the row count as -inf: they move neither the max nor the sum.
+           if (whole_) v.x.push_back(r(values[j]));
+           else v.x.push_back(r(assign_new(body, "v", select(in_row(slot, j), r(values[j]), f32_const(neg_inf)))));
+         }
+         if (whole_) v.live = slot.live;
+         vecs.push_back(std::move(v));
+         if (int(vecs.size()) < plan_.stripe_unroll) return;
+         std::vector<ExprPtr> maxima;
+         for (const Vec& u : vecs) {
+           ExprPtr mx = tree_max(body, u.x);
+           maxima.push_back(u.live ? select(u.live, mx, f32_const(neg_inf)) : mx);
+         }
+         int merged = assign_new(body, "m", binary(BinOp::max, r(m), tree_max(body, maxima)));
+         ExprPtr sum;
+         for (const Vec& u : vecs) {
+           ExprPtr part;
+           for (const ExprPtr& x : u.x) {
+             ExprPtr term = exp2_of_difference(x, r(merged));
+             part = part ? binary(BinOp::add, part, term) : term;
+           }
+           if (u.live) part = select(u.live, part, f32_const(0.0));
+           part = r(assign_new(body, "vs", part));
+           sum = sum ? binary(BinOp::add, sum, part) : part;
+         }
+         ExprPtr seen = binary(BinOp::lt, f32_const(neg_inf), r(merged));
+         body.push_back(assign(s, select(seen, binary(BinOp::add, binary(BinOp::mul, r(s), exp2_of_difference(r(m), r(merged))), sum), r(s))));
+         body.push_back(assign(m, r(merged)));
+         vecs.clear();
+       }))
+    out.push_back(std::move(st));
+
+  // Across workers: the same merge, by warp butterfly, then through shared memory.
+  const int W = plan_.workers_per_program;
+  auto butterfly = [&](int width) {
+    for (int offset = width / 2; offset >= 1; offset /= 2) {
+      int om = temp("t", Type::f32), os = temp("t", Type::f32);
+      out.push_back(shfl_xor(om, m, offset, width));
+      out.push_back(shfl_xor(os, s, offset, width));
+      online_combine(out, m, s, r(om), r(os));
+    }
+  };
+  butterfly(std::min(W, 32));
+  if (W > 32) {
+    const int warps = W / 32;
+    int ids[2];
+    for (int& id : ids) {
+      SharedRegion region{"partials" + std::to_string(k_.shared.size()), next_shared_, warps, warps};
+      next_shared_ += warps * plan_.programs_per_group;
+      id = int(k_.shared.size());
+      k_.shared.push_back(region);
+    }
+    out.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)),
+                      {shared_store(ids[0], special(Special::warp_in_program), r(m)),
+                       shared_store(ids[1], special(Special::warp_in_program), r(s))}));
+    out.push_back(barrier(plan_.barrier_scope == BarrierScope::group ? BarrierKind::group : BarrierKind::program));
+    int pm = temp("partial", Type::f32), ps = temp("partial", Type::f32);
+    ExprPtr slot = binary(BinOp::min, special(Special::lane), i32_const(warps - 1));
+    out.push_back(shared_load(pm, ids[0], slot));
+    out.push_back(shared_load(ps, ids[1], slot));
+    ExprPtr mine = binary(BinOp::lt, special(Special::lane), i32_const(warps));
+    out.push_back(assign(m, select(mine, r(pm), f32_const(neg_inf))));
+    out.push_back(assign(s, select(mine, r(ps), f32_const(0.0))));
+    butterfly(32);
+  }
+  scalars_[max_node] = m;
+  scalars_[sum_node] = s;
+}
+
+// (n, mean, m2) <- the count, mean and sum of squared deviations of the union of two parts
+// (Chan et al.); an empty union stays as it is instead of dividing by zero.
+void RowLowering::chan_merge(std::vector<Stmt>& out, int n, int mean, int m2, ExprPtr other_n, ExprPtr other_mean,
+                             ExprPtr other_m2) {
+  int total = assign_new(out, "n", binary(BinOp::add, r(n), other_n));
+  int delta = assign_new(out, "d", binary(BinOp::sub, other_mean, r(mean)));
+  ExprPtr any = binary(BinOp::lt, f32_const(0.0), r(total));
+  ExprPtr share = binary(BinOp::div, other_n, r(total));
+  out.push_back(assign(m2, select(any, binary(BinOp::add, binary(BinOp::add, r(m2), other_m2),
+                                                   binary(BinOp::mul, binary(BinOp::mul, r(delta), r(delta)),
+                                                          binary(BinOp::mul, r(n), share))),
+                                  r(m2))));
+  out.push_back(assign(mean, select(any, binary(BinOp::add, r(mean), binary(BinOp::mul, r(delta), share)), r(mean))));
+  out.push_back(assign(n, r(total)));
+}
+
+// Re-read plans compute LayerNorm's sum and its sum of squared deviations from the mean in one
+// pass, merging per-iteration (count, mean, m2) partials; the row is read twice, not three times.
+void RowLowering::online_mean_m2(std::vector<Stmt>& out, int sum_node, int m2_node) {
+  out.push_back(comment("reductions %" + std::to_string(sum_node) + " (sum) and %" + std::to_string(m2_node) +
+                        " (sum of squared deviations from the mean) in one pass"));
+  const int e = prog_.nodes()[sum_node].a;
+  hoist_row_scalars(out, e);
+  int n = assign_new(out, "acc_n", f32_const(0.0));
+  int mean = assign_new(out, "acc_mean", f32_const(0.0));
+  int m2 = assign_new(out, "acc_m2", f32_const(0.0));
+  std::vector<std::pair<std::vector<ExprPtr>, ExprPtr>> vecs;  // kept values, count kept
+  for (Stmt& st : reread_loop([&](std::vector<Stmt>& body, Slot& slot) {
+         const std::vector<int> values = element(body, slot, e);
+         std::vector<ExprPtr> kept;
+         ExprPtr count;
+         for (int j = 0; j < plan_.vector_elems; ++j)
+           kept.push_back(r(assign_new(body, "v", select(in_row(slot, j), r(values[j]), f32_const(0.0)))));
+         if (whole_) {
+           count = select(slot.live, f32_const(plan_.vector_elems), f32_const(0.0));
+         } else {
+           count = cast(Type::f32, slot.in_row_count);
+         }
+         vecs.push_back({kept, r(assign_new(body, "k", count))});
+         if (int(vecs.size()) < plan_.stripe_unroll) return;
+         // The iteration's partial: count, mean, then squared deviations of the kept elements.
+         ExprPtr k, sum;
+         for (auto& [xs, c] : vecs) {
+           k = k ? binary(BinOp::add, k, c) : c;
+           for (const ExprPtr& x : xs) sum = sum ? binary(BinOp::add, sum, x) : x;
+         }
+         int kk = assign_new(body, "k", k);
+         int local_mean = assign_new(body, "lm", select(binary(BinOp::lt, f32_const(0.0), r(kk)),
+                                                         binary(BinOp::div, sum, r(kk)), f32_const(0.0)));
+         ExprPtr dev;
+         for (size_t i = 0; i < vecs.size(); ++i) {
+           auto& [xs, c] = vecs[i];
+           for (size_t j = 0; j < xs.size(); ++j) {
+             ExprPtr d = binary(BinOp::sub, xs[j], r(local_mean));
+             // Only kept elements deviate: element j of a vector is kept when j < its count.
+             ExprPtr sq = select(binary(BinOp::lt, f32_const(double(j)), c), binary(BinOp::mul, d, d), f32_const(0.0));
+             dev = dev ? binary(BinOp::add, dev, sq) : sq;
+           }
+         }
+         int local_m2 = assign_new(body, "lq", dev);
+         chan_merge(body, n, mean, m2, r(kk), r(local_mean), r(local_m2));
+         vecs.clear();
+       }))
+    out.push_back(std::move(st));
+
+  const int W = plan_.workers_per_program;
+  auto butterfly = [&](int width) {
+    for (int offset = width / 2; offset >= 1; offset /= 2) {
+      int on = temp("t", Type::f32), om = temp("t", Type::f32), oq = temp("t", Type::f32);
+      out.push_back(shfl_xor(on, n, offset, width));
+      out.push_back(shfl_xor(om, mean, offset, width));
+      out.push_back(shfl_xor(oq, m2, offset, width));
+      chan_merge(out, n, mean, m2, r(on), r(om), r(oq));
+    }
+  };
+  butterfly(std::min(W, 32));
+  if (W > 32) {
+    const int warps = W / 32;
+    int ids[3];
+    for (int& id : ids) {
+      SharedRegion region{"partials" + std::to_string(k_.shared.size()), next_shared_, warps, warps};
+      next_shared_ += warps * plan_.programs_per_group;
+      id = int(k_.shared.size());
+      k_.shared.push_back(region);
+    }
+    out.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)),
+                      {shared_store(ids[0], special(Special::warp_in_program), r(n)),
+                       shared_store(ids[1], special(Special::warp_in_program), r(mean)),
+                       shared_store(ids[2], special(Special::warp_in_program), r(m2))}));
+    out.push_back(barrier(plan_.barrier_scope == BarrierScope::group ? BarrierKind::group : BarrierKind::program));
+    ExprPtr slot = binary(BinOp::min, special(Special::lane), i32_const(warps - 1));
+    ExprPtr mine = binary(BinOp::lt, special(Special::lane), i32_const(warps));
+    int regs[3] = {n, mean, m2};
+    for (int i = 0; i < 3; ++i) {
+      int partial = temp("partial", Type::f32);
+      out.push_back(shared_load(partial, ids[i], slot));
+      out.push_back(assign(regs[i], select(mine, r(partial), f32_const(0.0))));
+    }
+    butterfly(32);
+  }
+  // The row sum is count x mean; the program's mean divides it by cols again.
+  scalars_[sum_node] = assign_new(out, "s", binary(BinOp::mul, r(n), r(mean)));
+  scalars_[m2_node] = m2;
+}
+
 void RowLowering::store_output(std::vector<Stmt>& out, Slot& slot) {
   const std::vector<int> values = element(out, slot, prog_.output_node());
   out.push_back(whole(store(values, 1, binary(BinOp::add, r(y_off_), slot.col),
@@ -393,6 +630,40 @@ std::vector<Stmt> RowLowering::reread_loop(const std::function<void(std::vector<
 }
 
 }  // namespace
+
+int online_variance_partner(const RowProgram& program, int sum_node) {
+  const auto& nodes = program.nodes();
+  auto is = [&](int id, RowNode::Kind kind) { return id >= 0 && nodes[id].kind == kind; };
+  if (!is(sum_node, RowNode::Kind::reduce) || nodes[sum_node].reduction != Reduction::sum) return -1;
+  const int e = nodes[sum_node].a;
+  for (size_t s = 0; s < nodes.size(); ++s) {
+    const RowNode& n = nodes[s];
+    if (n.kind != RowNode::Kind::reduce || n.reduction != Reduction::sum) continue;
+    const RowNode& sq = nodes[n.a];  // c * c
+    if (sq.kind != RowNode::Kind::binary || sq.binary != BinaryFn::mul || sq.a != sq.b) continue;
+    const RowNode& c = nodes[sq.a];  // E - sum / cols
+    if (c.kind != RowNode::Kind::binary || c.binary != BinaryFn::sub || c.a != e || !is(c.b, RowNode::Kind::binary)) continue;
+    const RowNode& mean = nodes[c.b];
+    if (mean.binary == BinaryFn::div && mean.a == sum_node && is(mean.b, RowNode::Kind::cols)) return int(s);
+  }
+  return -1;
+}
+
+int online_max_partner(const RowProgram& program, int max_node) {
+  const auto& nodes = program.nodes();
+  if (nodes[max_node].kind != RowNode::Kind::reduce || nodes[max_node].reduction != Reduction::max) return -1;
+  const int e = nodes[max_node].a;
+  for (size_t s = 0; s < nodes.size(); ++s) {
+    const RowNode& n = nodes[s];
+    if (n.kind != RowNode::Kind::reduce || n.reduction != Reduction::sum) continue;
+    const RowNode& ex = nodes[n.a];
+    if (ex.kind != RowNode::Kind::unary || ex.unary != UnaryFn::exp) continue;
+    const RowNode& diff = nodes[ex.a];
+    if (diff.kind == RowNode::Kind::binary && diff.binary == BinaryFn::sub && diff.a == e && diff.b == max_node)
+      return int(s);
+  }
+  return -1;
+}
 
 ir::Kernel lower_row_program(const RowProgram& program, const KernelSignature& signature,
                              const MappingPlan& plan) {

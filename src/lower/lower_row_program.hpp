@@ -3,7 +3,9 @@
 // Each worker computes row = group_index * programs_per_group + program_in_group and covers
 // the row in stripes of workers_per_program * vector_elems elements. With register caching the
 // row slice is loaded once into `cached` registers and every reduction pass and the output
-// pass read those; with re-reading every pass loads the row again. Row reductions are a warp
+// pass read those; with re-reading every pass loads the row again, except that softmax's max
+// and its sum of exp(x - max) share one pass (online_max_partner), as do LayerNorm's sum
+// and sum of squared deviations (online_variance_partner). Row reductions are a warp
 // shuffle butterfly, then (multi-warp programs) one shared slot per warp, one barrier and a
 // second butterfly that every warp runs, so no broadcast barrier is needed. Guard programs
 // (rows past the last) run every instruction with their loads and stores masked off (or
@@ -28,5 +30,12 @@ struct KernelSignature {
 // x_stride, y_stride (i64), then the program's scalars (f32).
 ir::Kernel lower_row_program(const RowProgram& program, const KernelSignature& signature,
                              const MappingPlan& plan);
+
+// The sum reduction of exp(E - M), where M is the max reduction `max_node` of E (softmax's
+// normaliser), or -1. Re-read plans compute the two in one pass with a running rescale.
+int online_max_partner(const RowProgram& program, int max_node);
+// The sum reduction of (E - S / cols)^2, where S is the sum reduction `sum_node` of E
+// (LayerNorm's variance), or -1. Re-read plans compute the two in one pass (Chan's merge).
+int online_variance_partner(const RowProgram& program, int sum_node);
 
 }  // namespace tile
