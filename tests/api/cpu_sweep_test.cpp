@@ -109,6 +109,22 @@ TEST(CpuSemantics, NanAndAllNegativeInfinityRowsFollowPyTorch) {
     }
 }
 
+TEST(CpuSemantics, LayerNormOfRowsFarFromZeroKeepsItsVariance) {
+  // Rows of 100 + N(0, 1): a variance from E[x^2] - E[x]^2 would lose three digits in fp32.
+  std::mt19937_64 rng(11);
+  HostMatrix x(DType::f32, 4, 5000, 5000), y(DType::f32, 4, 5000, 5000);
+  x.fill_random(rng);
+  for (int64_t i = 0; i < 4 * 5000; ++i) store_from_float(x.data(), i, DType::f32, 100.0f + load_as_float(x.data(), i, DType::f32));
+  for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
+    PlanRequest plan;
+    plan.caching = caching;
+    Call call{Op::layer_norm, x.view(), y.view()};
+    run(call, {plan, nullptr, Backend::cpu});
+    OracleCheck check = check_against_oracle(call);
+    EXPECT_TRUE(check.ok) << to_string(caching) << ": " << check.first_mismatch;
+  }
+}
+
 TEST(CpuSemantics, InPlaceCallsReadBeforeWriting) {
   std::mt19937_64 rng(5);
   for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
