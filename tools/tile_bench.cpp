@@ -8,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include <chrono>
+
 #include "backend/cuda/driver.hpp"
+#include "backend/cuda/jit_module.hpp"
 #include "testing/host_tensor.hpp"
 #include "tile/tile.hpp"
 
@@ -87,12 +90,70 @@ struct DeviceCase {
 
 }  // namespace
 
+// `tile bench --host`: per operator and small shape (the four seed shapes, fp32, and decode
+// sizes of 1, 8, 64 rows x 4096 and 16384): host microseconds per tile::run call (median of 25
+// samples of 200 calls issued back to back, steady_clock, one synchronize after each sample),
+// then GPU microseconds per launch back to back (event-timed batches) for the kernel, for a
+// device copy of the same bytes and for an empty kernel (the launch floor).
+int host_main() {
+  cu::ensure_context(0);
+  cu::DeviceInfo dev = cu::device_info(0);
+  auto empty = tile::cuda::compile_cubin("extern \"C\" __global__ void tile_empty() {}", tile::cuda::arch_name(dev));
+  CUfunction empty_fn = tile::cuda::get_function(*empty, "tile_empty");
+  auto launch_empty = [&] { TILE_CU_CHECK(cu::driver().cuLaunchKernel(empty_fn, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr)); };
+  const double floor_us = timed(launch_empty) * 1e3;
+  std::printf("device %s (%s); empty-kernel launch floor %.2f us per launch back to back\n", dev.name.c_str(),
+              dev.uuid.c_str(), floor_us);
+  std::printf("%-12s %-12s %9s %9s %9s %9s %9s %9s\n", "op", "shape", "host_us", "wall_us", "gpu_us", "copy_us",
+              "gpu/copy", "gpu/floor");
+  std::vector<std::pair<long long, long long>> shapes = {{37, 1537}, {256, 3072}, {768, 6144}, {1024, 4096},
+                                                         {1, 4096}, {8, 4096}, {64, 4096}, {1, 16384}, {8, 16384}, {64, 16384}};
+  for (tile::Op op : {tile::Op::softmax, tile::Op::log_softmax, tile::Op::rms_norm, tile::Op::layer_norm})
+    for (auto [rows, cols] : shapes) {
+      DeviceCase c(op, tile::DType::f32, rows, cols, uint64_t(rows * 131 + cols));
+      tile::LaunchRecord rec;
+      tile::OracleCheck check = c.run_checked({}, &rec);
+      if (!check.ok) {
+        std::printf("%-12s oracle FAIL: %s\n", tile::op_name(op).c_str(), check.first_mismatch.c_str());
+        return 1;
+      }
+      std::vector<double> host, wall;
+      for (int i = 0; i < 20; ++i) tile::run(c.call);
+      TILE_CU_CHECK(cu::driver().cuCtxSynchronize());
+      for (int sample = 0; sample < 25; ++sample) {
+        auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < 200; ++i) tile::run(c.call);
+        auto t1 = std::chrono::steady_clock::now();
+        TILE_CU_CHECK(cu::driver().cuCtxSynchronize());
+        auto t2 = std::chrono::steady_clock::now();
+        host.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 200);
+        wall.push_back(std::chrono::duration<double, std::micro>(t2 - t0).count() / 200);
+      }
+      std::sort(host.begin(), host.end());
+      std::sort(wall.begin(), wall.end());
+      const double gpu_us = timed([&] { tile::run(c.call); }) * 1e3;
+      size_t copy_bytes = size_t(c.bytes() / 2);
+      cu::DeviceBuffer src(copy_bytes), dst(copy_bytes);
+      src.fill_byte(0x3c);
+      const double copy_us = timed([&] {
+        TILE_CU_CHECK(cu::driver().cuMemcpyDtoDAsync(dst.device_ptr(), src.device_ptr(), copy_bytes, nullptr));
+      }) * 1e3;
+      std::printf("%-12s %-12s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", tile::op_name(op).c_str(),
+                  (std::to_string(rows) + "x" + std::to_string(cols)).c_str(), host[12], wall[12], gpu_us, copy_us,
+                  gpu_us / copy_us, gpu_us / floor_us);
+      std::fflush(stdout);
+    }
+  return 0;
+}
+
 int bench_main(int argc, char** argv) {
   std::vector<std::pair<long long, long long>> shapes = {{37, 1537}, {256, 3072}, {768, 6144}, {1024, 4096}, {32768, 4096}, {4096, 32768}};
   std::vector<tile::Op> ops = {tile::Op::softmax, tile::Op::log_softmax, tile::Op::rms_norm, tile::Op::layer_norm};
   // `tile bench [--plan JSON] [--shape RxC]...`: fixed plan fields for every call; shapes to time.
+  // `tile bench --host`: host and launch-bound times of small calls (host_main).
   tile::PlanRequest request;
   std::vector<std::pair<long long, long long>> chosen;
+  if (argc == 3 && std::string(argv[2]) == "--host") return host_main();
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--plan") {
