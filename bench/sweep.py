@@ -154,21 +154,26 @@ def main(argv):
                         entry["error"] = f"{type(e).__name__}: {e}"
                     point["impls"][name] = entry
                 points.append(point)
+                write(args, points, partial=True)  # a run cut short keeps every finished point
                 line = " ".join(f"{k}={v.get('pct_of_copy', float('nan')):.0f}%" for k, v in point["impls"].items())
                 print(f"[{done}/{total}] {op} {dtype} N={n} rows={rows}: copy {point['copy']['gbs']:.0f} GB/s; {line}",
                       flush=True)
             del x, w, b, out
             torch.cuda.empty_cache()
 
+    write(args, points, partial=False)
+    print(f"wrote {args.out}")
+
+
+def write(args, points, partial):
     doc = {"schema": "tile-sweep/1", "created": dt.datetime.now(dt.timezone.utc).isoformat(),
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
            "tile": tile.build_info(), "method": __doc__.strip(), "config": vars(args) | {"out": str(args.out)},
-           "points": points}
+           "complete": not partial, "points": points}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1, default=str))
     os.replace(tmp, args.out)
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
