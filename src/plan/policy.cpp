@@ -22,8 +22,10 @@ constexpr int kMaxAutomaticWidth = 512;
 // more than about 32 scalars a worker costs occupancy, and a re-read of a row read moments
 // earlier mostly hits L2 (H200 measurements: docs/source/internals/tile/policy.md).
 constexpr int64_t kRegisterRowBytes = 32 * 1024;
-// Input bytes one iteration of a re-read loop covers across the program.
-constexpr int64_t kRereadIterationBytes = 32 * 1024;
+// Input bytes one iteration of a re-read loop covers across the program: half the row, at most
+// 64 KiB, in 4 vectors a worker.
+constexpr int64_t kRereadIterationBytes = 64 * 1024;
+constexpr int kRereadUnroll = 4;
 // Threads a group of packed short-row programs aims for.
 constexpr int kTargetGroupThreads = 256;
 // Groups per SM below which packing more rows per group would leave SMs idle.
@@ -74,14 +76,13 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   const int xes = dtype_size(in.x_dtype);
   const bool long_row = cols * xes > kRegisterRowBytes &&
                         req.caching.value_or(InputCaching::reread) == InputCaching::reread && !req.stripes;
-  // Re-read loops: 16-bit inputs unroll 4 vectors a worker, 32-bit ones 2 (more threads), with
-  // the program's width set so one iteration covers kRereadIterationBytes.
-  const int reread_unroll = req.stripe_unroll.value_or(xes == 2 ? 4 : 2);
+  const int reread_unroll = req.stripe_unroll.value_or(kRereadUnroll);
   if (req.workers_per_program) {
     p.workers_per_program = *req.workers_per_program;
     p.width_mode = WidthMode::exact;
   } else if (long_row) {
-    int64_t w = round_up(ceil_div(kRereadIterationBytes, int64_t(p.vector_elems) * xes * reread_unroll), 32);
+    const int64_t iteration = std::min(kRereadIterationBytes, cols * xes / 2);
+    int64_t w = round_up(ceil_div(iteration, int64_t(p.vector_elems) * xes * reread_unroll), 32);
     p.workers_per_program = int(std::clamp<int64_t>(w, 32, limits.max_threads_per_group));
     p.width_mode = WidthMode::automatic;
   } else {

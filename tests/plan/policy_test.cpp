@@ -31,13 +31,13 @@ TEST(Policy, LongRowsGetMultiWarpProgramsWithCachedRows) {
   EXPECT_EQ(p.cached_scalars(), 16);
   EXPECT_EQ(p.caching, InputCaching::registers);
   p = choose_plan(inputs(64, 16384), {});
-  EXPECT_EQ(p.caching, InputCaching::reread);  // 64 KiB rows are re-read, 32 KiB per iteration
-  EXPECT_EQ(p.workers_per_program, 1024);
-  EXPECT_EQ(p.stripe_unroll, 2);
+  EXPECT_EQ(p.caching, InputCaching::reread);  // 64 KiB rows are re-read, half a row per iteration
+  EXPECT_EQ(p.workers_per_program, 512);
+  EXPECT_EQ(p.stripe_unroll, 4);
   p = choose_plan(inputs(64, 262144, DType::bf16), {});
   EXPECT_EQ(p.caching, InputCaching::reread);
   EXPECT_EQ(p.vector_elems, 8);
-  EXPECT_EQ(p.workers_per_program, 512);  // 16-bit rows unroll 4 vectors a worker
+  EXPECT_EQ(p.workers_per_program, 1024);  // 64 KiB per iteration at most
   EXPECT_EQ(p.stripe_unroll, 4);
   PlanRequest cached;
   cached.caching = InputCaching::registers;  // a caller may still cache a long row

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""The analytic policy's regret: its plan timed against a family of plans around it.
+
+For each operator, dtype and N (inputs of about --input-mib MiB, as bench/sweep.py), the
+candidates are the policy's plan and plans that fix some fields and let the policy fill the
+rest: widths giving 1, 2, 4, 8 or 16 stripes, packing 2-16 programs for short rows, sub-warp
+programs for rows of at most 32 vectors, and for rows of 16384 elements or more re-reading
+with 256, 512 or 1024 workers and an unroll of 2 or 4, plus register caching with 1024
+workers. Candidates are resolved with tile.plan() and deduplicated, every one is checked
+against a float64 oracle (torch on the GPU) on the output before it is timed, and a time is
+the median of --batches CUDA-event-timed batches of back-to-back launches of about
+--batch-ms each. Regret = policy time / fastest candidate's time - 1.
+
+This is the same search as `tile tune` over a smaller family (tile tune times every plan of
+the mapping family and checks on the CPU, minutes per shape); it fits a whole sweep of N in a
+few minutes of GPU time.
+
+    python bench/regret.py --out bench/results/regret.json [--markdown FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peers  # noqa: E402
+import sweep  # noqa: E402
+
+import tile  # noqa: E402
+
+
+def candidates(n, element_bytes):
+    vectors = n * element_bytes // 16
+    out = [None]
+    for stripes in (1, 2, 4, 8, 16):
+        w = vectors // stripes
+        if 32 <= w <= 1024 and w % 32 == 0:
+            out.append({"workers_per_program": w})
+            for programs in (2, 4, 8, 16):
+                if w * programs <= 1024 and w <= 256:
+                    out.append({"workers_per_program": w, "programs_per_group": programs})
+    if vectors <= 32:
+        for w in (4, 8, 16, 32):
+            for programs in (8, 16, 32):
+                if w <= vectors and w * programs <= 1024:
+                    out.append({"workers_per_program": w, "programs_per_group": programs})
+    if n >= 16384:
+        for w in (256, 512, 1024):
+            for unroll in (2, 4):
+                out.append({"workers_per_program": w, "caching": "reread", "stripe_unroll": unroll})
+        out.append({"workers_per_program": 1024, "caching": "registers", "private_budget": 128})
+    return out
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ops", nargs="+", default=sweep.OPS, choices=sweep.OPS)
+    ap.add_argument("--dtypes", nargs="+", default=list(sweep.DTYPES), choices=list(sweep.DTYPES))
+    ap.add_argument("--ns", nargs="+", type=int, default=sweep.NS)
+    ap.add_argument("--input-mib", type=float, default=512)
+    ap.add_argument("--batch-ms", type=float, default=10)
+    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("regret.py: needs a CUDA device")
+
+    cases = []
+    gen = torch.Generator(device="cuda").manual_seed(20261130)
+    total, done = len(args.ops) * len(args.dtypes) * len(args.ns), 0
+    for dtype in args.dtypes:
+        tdt = sweep.DTYPES[dtype]
+        es = torch.tensor([], dtype=tdt).element_size()
+        for n in args.ns:
+            rows = max(1, int(args.input_mib * 2**20 / (n * es)))
+            x = torch.randn(rows, n, device="cuda", dtype=torch.float32, generator=gen).to(tdt)
+            w = (1 + 0.5 * torch.randn(n, device="cuda", generator=gen)).to(tdt)
+            b = (0.5 * torch.randn(n, device="cuda", generator=gen)).to(tdt)
+            out = torch.empty_like(x)
+            for op in args.ops:
+                done += 1
+                eps = peers.EPS.get(op, 0.0)
+                kw = {"out": out}
+                if op in ("rms_norm", "layer_norm"):
+                    kw.update(weight=w, eps=eps)
+                if op == "layer_norm":
+                    kw["bias"] = b
+                ref = sweep.reference(op, x, w, b, eps)
+                plans, timed = {}, []
+                for request in candidates(n, es):
+                    try:
+                        plan = tile.plan(op, x, plan=request, **{k: v for k, v in kw.items() if k != "eps"})
+                    except Exception as e:  # a candidate the call cannot take (validation names the field)
+                        timed.append({"request": request, "rejected": f"{type(e).__name__}: {e}"})
+                        continue
+                    # width_mode (exact or automatic) does not change the kernel
+                    key = json.dumps({k: v for k, v in plan.items() if k != "width_mode"}, sort_keys=True)
+                    if key in plans:
+                        continue
+                    plans[key] = request
+                    entry = {"request": request, "plan": plan}
+                    out.fill_(float("nan"))
+                    tile.run(op, x, plan=plan, **kw)
+                    torch.cuda.synchronize()
+                    entry["oracle"] = sweep.check(out, ref, dtype)
+                    if entry["oracle"]["passed"]:
+                        entry["ms"], _ = sweep.time_ms(lambda: tile.run(op, x, plan=plan, **kw), args.batch_ms,
+                                                       args.batches)
+                    timed.append(entry)
+                del ref
+                ok = [t for t in timed if "ms" in t]
+                policy = next((t for t in timed if t.get("request") is None), None)
+                best = min(ok, key=lambda t: t["ms"]) if ok else None
+                case = {"op": op, "dtype": dtype, "n": n, "rows": rows, "candidates": timed}
+                if policy and "ms" in policy and best:
+                    case.update(policy_ms=policy["ms"], best_ms=best["ms"], best_plan=best["plan"],
+                                policy_plan=policy["plan"], regret=policy["ms"] / best["ms"] - 1)
+                else:
+                    case["error"] = "the policy's plan failed the oracle or nothing was timed"
+                cases.append(case)
+                print(f"[{done}/{total}] {op} {dtype} N={n}: {len(ok)} plans; regret "
+                      f"{100 * case.get('regret', float('nan')):.1f}%", flush=True)
+            del x, w, b, out
+            torch.cuda.empty_cache()
+
+    regrets = [c["regret"] for c in cases if "regret" in c]
+    summary = {"cases": len(cases), "with_regret": len(regrets),
+               "geomean_regret": math.exp(sum(math.log1p(r) for r in regrets) / len(regrets)) - 1 if regrets else None,
+               "worst_regret": max(regrets) if regrets else None}
+    doc = {"schema": "tile-regret/1", "created": dt.datetime.now(dt.timezone.utc).isoformat(),
+           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
+           "tile": tile.build_info(), "method": __doc__.strip(), "config": vars(args) | {"out": str(args.out)},
+           "summary": summary, "cases": cases}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    os.replace(tmp, args.out)
+    print(f"regret: geometric mean {100 * (summary['geomean_regret'] or 0):.1f}%, worst "
+          f"{100 * (summary['worst_regret'] or 0):.1f}% over {len(regrets)} cases; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
