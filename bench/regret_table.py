@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Markdown tables of a bench/regret.py run (schema tile-regret/1): the analytic policy's
+regret per operator, dtype and N, the fastest plan where the policy's was not, and a summary.
+
+    python bench/regret_table.py bench/results/regret-h200.json --markdown FILE   (or - for stdout)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+
+def plan_text(p):
+    return f"w{p['workers_per_program']} p{p['programs_per_group']} v{p['vector_elems']} s{p['stripes']} " \
+           f"{p['caching']}" + (f" u{p['stripe_unroll']}" if p["caching"] == "reread" else "")
+
+
+def render(doc, source):
+    cases = doc["cases"]
+    ops = list(dict.fromkeys(c["op"] for c in cases))
+    ns = sorted({c["n"] for c in cases})
+    lines = [f"Regret of the analytic policy (source `{source}`; GPU {doc['gpu']}; created {doc['created']}).",
+             "",
+             "Regret = the policy's time / the fastest candidate's time − 1, in percent; `—`: no number "
+             "(the policy's plan failed the oracle or nothing was timed). Candidates per case in brackets.",
+             ""]
+    for dtype in dict.fromkeys(c["dtype"] for c in cases):
+        lines += [f"**{dtype}**", "", "| N | " + " | ".join(ops) + " |", "| ---: |" + " ---: |" * len(ops)]
+        for n in ns:
+            cells = []
+            for op in ops:
+                c = next((c for c in cases if c["op"] == op and c["dtype"] == dtype and c["n"] == n), None)
+                if c is None:
+                    cells.append("")
+                    continue
+                timed = sum(1 for t in c["candidates"] if "ms" in t)
+                cells.append(f"{100 * c['regret']:.1f} ({timed})" if "regret" in c else f"— ({timed})")
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        lines.append("")
+    regrets = [c["regret"] for c in cases if "regret" in c]
+    geo = math.exp(sum(math.log1p(r) for r in regrets) / len(regrets)) - 1 if regrets else float("nan")
+    worst = sorted((c for c in cases if "regret" in c), key=lambda c: -c["regret"])
+    lines += [f"- Geometric mean regret over {len(regrets)} of {len(cases)} cases: **{100 * geo:.1f} %**",
+              f"- Cases with regret above 5 %: {sum(r > 0.05 for r in regrets)}; above 10 %: "
+              f"{sum(r > 0.10 for r in regrets)}",
+              "", "Largest regrets:", "", "| op | dtype | N | regret % | policy plan | fastest plan |",
+              "| --- | --- | ---: | ---: | --- | --- |"]
+    for c in worst[:8]:
+        lines.append(f"| {c['op']} | {c['dtype']} | {c['n']} | {100 * c['regret']:.1f} | "
+                     f"{plan_text(c['policy_plan'])} | {plan_text(c['best_plan'])} |")
+    failed = [(c["op"], c["dtype"], c["n"]) for c in cases for t in c["candidates"]
+              if "oracle" in t and not t["oracle"]["passed"]]
+    lines += ["", f"Candidates that failed the float64 oracle: {len(failed)}" +
+              (": " + ", ".join(f"{o} {d} N={n}" for o, d, n in failed) if failed else "."), ""]
+    return "\n".join(lines)
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("regret", type=Path)
+    ap.add_argument("--markdown", required=True, help="output file, or - for stdout")
+    args = ap.parse_args(argv)
+    try:
+        doc = json.loads(args.regret.read_text())
+    except (OSError, ValueError) as e:
+        print(f"regret_table.py: cannot read {args.regret}: {e}", file=sys.stderr)
+        return 2
+    if not isinstance(doc, dict) or doc.get("schema") != "tile-regret/1":
+        print(f"regret_table.py: {args.regret}: schema is {doc.get('schema') if isinstance(doc, dict) else None!r}, "
+              "expected 'tile-regret/1'", file=sys.stderr)
+        return 2
+    text = render(doc, args.regret.name)
+    if args.markdown == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.markdown).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
