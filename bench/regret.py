@@ -78,22 +78,14 @@ def main(argv):
     gen = torch.Generator(device="cuda").manual_seed(20261130)
     total, done = len(args.ops) * len(args.dtypes) * len(args.ns), 0
     for dtype in args.dtypes:
-        tdt = sweep.DTYPES[dtype]
-        es = torch.tensor([], dtype=tdt).element_size()
+        es = torch.tensor([], dtype=sweep.DTYPES[dtype]).element_size()
         for n in args.ns:
-            rows = max(1, int(args.input_mib * 2**20 / (n * es)))
-            x = torch.randn(rows, n, device="cuda", dtype=torch.float32, generator=gen).to(tdt)
-            w = (1 + 0.5 * torch.randn(n, device="cuda", generator=gen)).to(tdt)
-            b = (0.5 * torch.randn(n, device="cuda", generator=gen)).to(tdt)
+            rows, x, w, b = sweep.inputs(dtype, n, args.input_mib, gen)
             out = torch.empty_like(x)
             for op in args.ops:
                 done += 1
                 eps = peers.EPS.get(op, 0.0)
-                kw = {"out": out}
-                if op in ("rms_norm", "layer_norm"):
-                    kw.update(weight=w, eps=eps)
-                if op == "layer_norm":
-                    kw["bias"] = b
+                kw = sweep.tile_kwargs(op, out, w, b, eps)
                 ref = sweep.reference(op, x, w, b, eps)
                 plans, timed = {}, []
                 for request in candidates(n, es):

@@ -48,6 +48,27 @@ def reference(op, x, w, b, eps):
     return (x64 - mean) * torch.rsqrt(var + eps) * w.double() + b.double()
 
 
+def inputs(dtype, n, input_mib, gen):
+    """(rows, x, weight, bias) of about input_mib MiB: x ~ N(0, 1), weight 1 + 0.5 N(0, 1), bias 0.5 N(0, 1)."""
+    tdt = DTYPES[dtype]
+    es = torch.tensor([], dtype=tdt).element_size()
+    rows = max(1, int(input_mib * 2**20 / (n * es)))
+    x = torch.randn(rows, n, device="cuda", dtype=torch.float32, generator=gen).to(tdt)
+    w = (1 + 0.5 * torch.randn(n, device="cuda", generator=gen)).to(tdt)
+    b = (0.5 * torch.randn(n, device="cuda", generator=gen)).to(tdt)
+    return rows, x, w, b
+
+
+def tile_kwargs(op, out, w, b, eps):
+    """Keyword arguments of tile.<op> / tile.run for one call writing `out`."""
+    kw = {"out": out}
+    if op in ("rms_norm", "layer_norm"):
+        kw.update(weight=w, eps=eps)
+    if op == "layer_norm":
+        kw["bias"] = b
+    return kw
+
+
 def check(y, ref, dtype):
     rtol, atol = TOL[dtype]
     err = (y.double() - ref).abs()
@@ -97,13 +118,9 @@ def main(argv):
     total = len(args.ops) * len(args.dtypes) * len(args.ns)
     done = 0
     for dtype in args.dtypes:
-        tdt = DTYPES[dtype]
-        es = torch.tensor([], dtype=tdt).element_size()
+        es = torch.tensor([], dtype=DTYPES[dtype]).element_size()
         for n in args.ns:
-            rows = max(1, int(args.input_mib * 2**20 / (n * es)))
-            x = torch.randn(rows, n, device="cuda", dtype=torch.float32, generator=gen).to(tdt)
-            w = (1 + 0.5 * torch.randn(n, device="cuda", generator=gen)).to(tdt)
-            b = (0.5 * torch.randn(n, device="cuda", generator=gen)).to(tdt)
+            rows, x, w, b = inputs(dtype, n, args.input_mib, gen)
             out = torch.empty_like(x)
             for op in args.ops:
                 done += 1
@@ -123,11 +140,7 @@ def main(argv):
                     try:
                         out.fill_(float("nan"))
                         if name == "tile":
-                            kw = {"out": out}
-                            if op in ("rms_norm", "layer_norm"):
-                                kw.update(weight=w, eps=eps)
-                            if op == "layer_norm":
-                                kw["bias"] = b
+                            kw = tile_kwargs(op, out, w, b, eps)
                             rec = tile.run(op, x, **kw)
                             fn = lambda kw=kw: getattr(tile, op)(x, **kw)  # noqa: E731
                             entry["plan"] = rec["plan"]

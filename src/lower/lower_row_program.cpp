@@ -55,6 +55,9 @@ class RowLowering {
   void accumulate(std::vector<Stmt>& out, Slot& slot, int node, int acc);
   int reduce_across_workers(std::vector<Stmt>& out, int acc, Reduction kind);
   int online_partner(int max_node) const;
+  using Merge = std::function<void(std::vector<Stmt>&, const std::vector<ExprPtr>&)>;
+  void merge_across_workers(std::vector<Stmt>& out, const std::vector<int>& regs,
+                            const std::vector<double>& identities, const Merge& merge);
   void online_mean_m2(std::vector<Stmt>& out, int sum_node, int m2_node);
   void chan_merge(std::vector<Stmt>& out, int n, int mean, int m2, ExprPtr other_n, ExprPtr other_mean, ExprPtr other_m2);
   void online_max_sum(std::vector<Stmt>& out, int max_node, int sum_node);
@@ -400,6 +403,45 @@ void RowLowering::online_combine(std::vector<Stmt>& out, int m, int s, ExprPtr o
   out.push_back(assign(m, r(merged)));
 }
 
+// Merges per-worker partial statistics `regs` across the program: a warp butterfly, then
+// (multi-warp programs) one shared slot per warp and statistic, one barrier, and a butterfly
+// over the warps' partials. `merge` folds the other side's values into `regs`; a lane past the
+// last warp contributes `identities`.
+void RowLowering::merge_across_workers(std::vector<Stmt>& out, const std::vector<int>& regs,
+                                       const std::vector<double>& identities, const Merge& merge) {
+  const int W = plan_.workers_per_program;
+  auto butterfly = [&](int width) {
+    for (int offset = width / 2; offset >= 1; offset /= 2) {
+      std::vector<ExprPtr> other;
+      for (size_t i = 0; i < regs.size(); ++i) other.push_back(r(temp("t", Type::f32)));
+      for (size_t i = 0; i < regs.size(); ++i) out.push_back(shfl_xor(other[i]->id, regs[i], offset, width));
+      merge(out, other);
+    }
+  };
+  butterfly(std::min(W, 32));
+  if (W <= 32) return;
+  const int warps = W / 32;
+  std::vector<int> ids;
+  std::vector<Stmt> stores;
+  for (int reg_id : regs) {
+    SharedRegion region{"partials" + std::to_string(k_.shared.size()), next_shared_, warps, warps};
+    next_shared_ += warps * plan_.programs_per_group;
+    ids.push_back(int(k_.shared.size()));
+    k_.shared.push_back(region);
+    stores.push_back(shared_store(ids.back(), special(Special::warp_in_program), r(reg_id)));
+  }
+  out.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)), std::move(stores)));
+  out.push_back(barrier(plan_.barrier_scope == BarrierScope::group ? BarrierKind::group : BarrierKind::program));
+  ExprPtr slot = binary(BinOp::min, special(Special::lane), i32_const(warps - 1));
+  ExprPtr mine = binary(BinOp::lt, special(Special::lane), i32_const(warps));
+  for (size_t i = 0; i < regs.size(); ++i) {
+    int partial = temp("partial", Type::f32);
+    out.push_back(shared_load(partial, ids[i], slot));
+    out.push_back(assign(regs[i], select(mine, r(partial), f32_const(identities[i]))));
+  }
+  butterfly(32);
+}
+
 // Re-read plans compute softmax's max M and sum of exp(E - M) in one pass (the running sum is
 // rescaled whenever the running max grows), so the row is read twice instead of three times.
 void RowLowering::online_max_sum(std::vector<Stmt>& out, int max_node, int sum_node) {
@@ -462,38 +504,9 @@ void RowLowering::online_max_sum(std::vector<Stmt>& out, int max_node, int sum_n
     out.push_back(std::move(st));
 
   // Across workers: the same merge, by warp butterfly, then through shared memory.
-  const int W = plan_.workers_per_program;
-  auto butterfly = [&](int width) {
-    for (int offset = width / 2; offset >= 1; offset /= 2) {
-      int om = temp("t", Type::f32), os = temp("t", Type::f32);
-      out.push_back(shfl_xor(om, m, offset, width));
-      out.push_back(shfl_xor(os, s, offset, width));
-      online_combine(out, m, s, r(om), r(os));
-    }
-  };
-  butterfly(std::min(W, 32));
-  if (W > 32) {
-    const int warps = W / 32;
-    int ids[2];
-    for (int& id : ids) {
-      SharedRegion region{"partials" + std::to_string(k_.shared.size()), next_shared_, warps, warps};
-      next_shared_ += warps * plan_.programs_per_group;
-      id = int(k_.shared.size());
-      k_.shared.push_back(region);
-    }
-    out.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)),
-                      {shared_store(ids[0], special(Special::warp_in_program), r(m)),
-                       shared_store(ids[1], special(Special::warp_in_program), r(s))}));
-    out.push_back(barrier(plan_.barrier_scope == BarrierScope::group ? BarrierKind::group : BarrierKind::program));
-    int pm = temp("partial", Type::f32), ps = temp("partial", Type::f32);
-    ExprPtr slot = binary(BinOp::min, special(Special::lane), i32_const(warps - 1));
-    out.push_back(shared_load(pm, ids[0], slot));
-    out.push_back(shared_load(ps, ids[1], slot));
-    ExprPtr mine = binary(BinOp::lt, special(Special::lane), i32_const(warps));
-    out.push_back(assign(m, select(mine, r(pm), f32_const(neg_inf))));
-    out.push_back(assign(s, select(mine, r(ps), f32_const(0.0))));
-    butterfly(32);
-  }
+  merge_across_workers(out, {m, s}, {neg_inf, 0.0}, [&](std::vector<Stmt>& body, const std::vector<ExprPtr>& other) {
+    online_combine(body, m, s, other[0], other[1]);
+  });
   scalars_[max_node] = m;
   scalars_[sum_node] = s;
 }
@@ -563,41 +576,9 @@ void RowLowering::online_mean_m2(std::vector<Stmt>& out, int sum_node, int m2_no
        }))
     out.push_back(std::move(st));
 
-  const int W = plan_.workers_per_program;
-  auto butterfly = [&](int width) {
-    for (int offset = width / 2; offset >= 1; offset /= 2) {
-      int on = temp("t", Type::f32), om = temp("t", Type::f32), oq = temp("t", Type::f32);
-      out.push_back(shfl_xor(on, n, offset, width));
-      out.push_back(shfl_xor(om, mean, offset, width));
-      out.push_back(shfl_xor(oq, m2, offset, width));
-      chan_merge(out, n, mean, m2, r(on), r(om), r(oq));
-    }
-  };
-  butterfly(std::min(W, 32));
-  if (W > 32) {
-    const int warps = W / 32;
-    int ids[3];
-    for (int& id : ids) {
-      SharedRegion region{"partials" + std::to_string(k_.shared.size()), next_shared_, warps, warps};
-      next_shared_ += warps * plan_.programs_per_group;
-      id = int(k_.shared.size());
-      k_.shared.push_back(region);
-    }
-    out.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)),
-                      {shared_store(ids[0], special(Special::warp_in_program), r(n)),
-                       shared_store(ids[1], special(Special::warp_in_program), r(mean)),
-                       shared_store(ids[2], special(Special::warp_in_program), r(m2))}));
-    out.push_back(barrier(plan_.barrier_scope == BarrierScope::group ? BarrierKind::group : BarrierKind::program));
-    ExprPtr slot = binary(BinOp::min, special(Special::lane), i32_const(warps - 1));
-    ExprPtr mine = binary(BinOp::lt, special(Special::lane), i32_const(warps));
-    int regs[3] = {n, mean, m2};
-    for (int i = 0; i < 3; ++i) {
-      int partial = temp("partial", Type::f32);
-      out.push_back(shared_load(partial, ids[i], slot));
-      out.push_back(assign(regs[i], select(mine, r(partial), f32_const(0.0))));
-    }
-    butterfly(32);
-  }
+  merge_across_workers(out, {n, mean, m2}, {0.0, 0.0, 0.0}, [&](std::vector<Stmt>& body, const std::vector<ExprPtr>& other) {
+    chan_merge(body, n, mean, m2, other[0], other[1], other[2]);
+  });
   // The row sum is count x mean; the program's mean divides it by cols again.
   scalars_[sum_node] = assign_new(out, "s", binary(BinOp::mul, r(n), r(mean)));
   scalars_[m2_node] = m2;
