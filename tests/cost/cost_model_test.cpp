@@ -34,5 +34,20 @@ TEST(CostModel, CountsInactiveTailAndGuardProgramReadsExactly) {
   EXPECT_EQ(checked, 48);
 }
 
+TEST(CostModel, RereadPlansReadEveryRowTwice) {
+  // Softmax's max and sum, and LayerNorm's mean and variance, share one pass; RMSNorm has one
+  // reduction: every operator reads a re-read row once for its statistics, once for its output.
+  PlanInputs in;
+  in.rows = 4, in.cols = 100000, in.x_stride = in.y_stride = in.cols;
+  MappingPlan plan;
+  plan.caching = InputCaching::reread, plan.workers_per_program = 256, plan.vector_elems = 4;
+  for (Op op : {Op::softmax, Op::log_softmax, Op::rms_norm, Op::layer_norm}) {
+    in.op = op;
+    EXPECT_EQ(estimate_cost(make_program(op, true, true), in, plan).input_passes, 2) << op_name(op);
+  }
+  plan.caching = InputCaching::registers;
+  EXPECT_EQ(estimate_cost(make_program(Op::layer_norm, true, true), in, plan).input_passes, 1);
+}
+
 }  // namespace
 }  // namespace tile::testing
