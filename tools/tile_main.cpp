@@ -14,7 +14,7 @@
 
 namespace {
 
-const char* kUsage = R"(usage: tile run [options]     (or, on a GPU: tile bench [--plan JSON] [--shape RxC]..., tile bench --host, tile tune --op OP --shape RxC [--dtype T])
+const char* kUsage = R"(usage: tile run [options]     (or, on a GPU: tile bench [--plan JSON] [--shape RxC]..., tile bench --host, tile tune --op OP --shape RxC [--dtype T] [--out FILE])
   --op NAME          softmax | log_softmax | rms_norm | layer_norm   (default softmax)
   --shape RxC        rows x cols                                     (default 37x1537)
   --dtype T          input dtype f32 | f16 | bf16                    (default f32)

@@ -94,5 +94,8 @@ struct OracleCheck {
 // Compares the output a call wrote (host memory, call.y) with the oracle, element by element:
 // |y - ref| <= rtol*|ref| + atol*max|ref in row| + floor, NaN where and only where ref is NaN.
 OracleCheck check_against_oracle(const Call& call);
+// The same comparison against a reference computed earlier by oracle() for the same inputs
+// (for checking many plans of one call without recomputing it).
+OracleCheck check_against(const Call& call, const std::vector<double>& reference);
 
 }  // namespace tile

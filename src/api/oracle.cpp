@@ -61,8 +61,11 @@ std::vector<double> oracle(const Call& call) {
   return out;
 }
 
-OracleCheck check_against_oracle(const Call& call) {
-  const std::vector<double> ref = oracle(call);
+OracleCheck check_against_oracle(const Call& call) { return check_against(call, oracle(call)); }
+
+OracleCheck check_against(const Call& call, const std::vector<double>& ref) {
+  TILE_CHECK(int64_t(ref.size()) == call.x.rows * call.x.cols, "reference of ", ref.size(), " values for a ",
+             call.x.rows, " x ", call.x.cols, " call");
   // rtol covers rounding to the output dtype plus fp32 accumulation; atol is relative to the
   // row's largest |ref| (softmax rows hold many tiny values); floor is the output's smallest step.
   double rtol = 2e-5, atol = 1e-6, floor = 0;

@@ -125,6 +125,22 @@ TEST(CpuSemantics, LayerNormOfRowsFarFromZeroKeepsItsVariance) {
   }
 }
 
+TEST(CpuSemantics, CheckAgainstAStoredReferenceMatchesTheOracleCheck) {
+  std::mt19937_64 rng(3);
+  HostMatrix x(DType::bf16, 5, 300, 300), y(DType::bf16, 5, 300, 300);
+  x.fill_random(rng);
+  Call call{Op::log_softmax, x.view(), y.view()};
+  run(call, {{}, nullptr, Backend::cpu});
+  const std::vector<double> reference = oracle(call);
+  OracleCheck stored = check_against(call, reference), fresh = check_against_oracle(call);
+  EXPECT_TRUE(stored.ok) << stored.first_mismatch;
+  EXPECT_EQ(stored.checked, fresh.checked);
+  EXPECT_EQ(stored.max_abs_error, fresh.max_abs_error);
+  store_from_float(y.data(), 7, DType::bf16, 0.5f);  // a wrong element is found either way
+  EXPECT_FALSE(check_against(call, reference).ok);
+  EXPECT_THROW(check_against(call, std::vector<double>(10)), InternalError);
+}
+
 TEST(CpuSemantics, InPlaceCallsReadBeforeWriting) {
   std::mt19937_64 rng(5);
   for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
