@@ -13,10 +13,13 @@ import math
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plot_sweep import plan_text as sweep_plan_text  # noqa: E402
+
 
 def plan_text(p):
-    return f"w{p['workers_per_program']} p{p['programs_per_group']} v{p['vector_elems']} s{p['stripes']} " \
-           f"{p['caching']}" + (f" u{p['stripe_unroll']}" if p["caching"] == "reread" else "")
+    # The sweep tables' compact plan, plus the unroll that tells re-read plans apart.
+    return sweep_plan_text(p) + (f" u{p['stripe_unroll']}" if p["caching"] == "reread" else "")
 
 
 def render(doc, source):

@@ -48,6 +48,14 @@ double timed(F&& launch) {
   return median_ms(launch, launches, 7);
 }
 
+// Milliseconds per device-to-device copy that reads and writes `bytes` in all, timed like a kernel.
+double copy_ms(double bytes) {
+  const size_t half = size_t(bytes / 2);
+  cu::DeviceBuffer src(half), dst(half);
+  src.fill_byte(0x3c);
+  return timed([&] { TILE_CU_CHECK(cu::driver().cuMemcpyDtoDAsync(dst.device_ptr(), src.device_ptr(), half, nullptr)); });
+}
+
 // One operator call on device buffers holding random inputs, with host copies for the oracle.
 struct DeviceCase {
   DeviceCase(tile::Op op, tile::DType dt, long long rows, long long cols, uint64_t seed)
@@ -140,12 +148,7 @@ int host_main() {
       std::sort(host.begin(), host.end());
       std::sort(wall.begin(), wall.end());
       const double gpu_us = timed([&] { tile::run(c.call); }) * 1e3;
-      size_t copy_bytes = size_t(c.bytes() / 2);
-      cu::DeviceBuffer src(copy_bytes), dst(copy_bytes);
-      src.fill_byte(0x3c);
-      const double copy_us = timed([&] {
-        TILE_CU_CHECK(cu::driver().cuMemcpyDtoDAsync(dst.device_ptr(), src.device_ptr(), copy_bytes, nullptr));
-      }) * 1e3;
+      const double copy_us = copy_ms(c.bytes()) * 1e3;
       std::printf("%-12s %-12s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", tile::op_name(op).c_str(),
                   (std::to_string(rows) + "x" + std::to_string(cols)).c_str(), host[12], wall[12], gpu_us, copy_us,
                   gpu_us / copy_us, gpu_us / floor_us);
@@ -193,11 +196,7 @@ int bench_main(int argc, char** argv) {
         }
         const double bytes = c.bytes();
         double kernel_ms = timed([&] { tile::run(c.call, {request}); });
-        size_t copy_bytes = size_t(bytes / 2);  // a copy of bytes/2 reads and writes `bytes`
-        cu::DeviceBuffer copy_src(copy_bytes), copy_dst(copy_bytes);
-        copy_src.fill_byte(0x3c);
-        double copy_ms = timed([&] { TILE_CU_CHECK(cu::driver().cuMemcpyDtoDAsync(copy_dst.device_ptr(), copy_src.device_ptr(), copy_bytes, nullptr)); });
-        double gbs = bytes / kernel_ms / 1e6, copy_gbs = bytes / copy_ms / 1e6;
+        double gbs = bytes / kernel_ms / 1e6, copy_gbs = bytes / copy_ms(bytes) / 1e6;
         std::printf("%-12s %-5s %-12s %10.2f %10.0f %10.0f %8.1f%%  %s\n", tile::op_name(op).c_str(),
                     std::string(tile::dtype_name(dt)).c_str(), (std::to_string(rows) + "x" + std::to_string(cols)).c_str(),
                     kernel_ms * 1e3, gbs, copy_gbs, 100.0 * gbs / copy_gbs, rec.plan.to_json().c_str());

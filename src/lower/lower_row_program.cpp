@@ -54,10 +54,11 @@ class RowLowering {
   }
   void accumulate(std::vector<Stmt>& out, Slot& slot, int node, int acc);
   int reduce_across_workers(std::vector<Stmt>& out, int acc, Reduction kind);
-  int online_partner(int max_node) const;
-  using Merge = std::function<void(std::vector<Stmt>&, const std::vector<ExprPtr>&)>;
-  void merge_across_workers(std::vector<Stmt>& out, const std::vector<int>& regs,
-                            const std::vector<double>& identities, const Merge& merge);
+  // merge(out, mine, other) folds the other side's values into the registers `mine`.
+  using Merge = std::function<void(std::vector<Stmt>&, const std::vector<int>&, const std::vector<ExprPtr>&)>;
+  std::vector<int> merge_across_workers(std::vector<Stmt>& out, const std::vector<int>& regs,
+                                        const std::vector<double>& identities, const Merge& merge);
+  ExprPtr pairwise(std::vector<Stmt>& out, std::vector<ExprPtr> level, BinOp op);
   void online_mean_m2(std::vector<Stmt>& out, int sum_node, int m2_node);
   void chan_merge(std::vector<Stmt>& out, int n, int mean, int m2, ExprPtr other_n, ExprPtr other_mean, ExprPtr other_m2);
   void online_max_sum(std::vector<Stmt>& out, int max_node, int sum_node);
@@ -244,7 +245,7 @@ ExprPtr RowLowering::row_scalar(std::vector<Stmt>& out, int node) {
     }
     case RowNode::Kind::reduce: {
       if (plan_.caching == InputCaching::reread && n.reduction == Reduction::max) {
-        if (int partner = online_partner(node); partner >= 0) {
+        if (int partner = online_max_partner(prog_, node); partner >= 0) {
           online_max_sum(out, node, partner);
           return r(scalars_[node]);
         }
@@ -342,14 +343,8 @@ void RowLowering::accumulate(std::vector<Stmt>& out, Slot& slot, int node, int a
     // The vector is in the row or not as a whole: combine its elements pairwise, then test once.
     std::vector<ExprPtr> level;
     for (int v : values) level.push_back(r(v));
-    while (level.size() > 1) {
-      std::vector<ExprPtr> next;
-      for (size_t i = 0; i + 1 < level.size(); i += 2)
-        next.push_back(r(assign_new(out, "p", binary(combine(n.reduction), level[i], level[i + 1]))));
-      if (level.size() % 2) next.push_back(level.back());
-      level = std::move(next);
-    }
-    out.push_back(assign(acc, select(slot.live, binary(combine(n.reduction), r(acc), level[0]), r(acc))));
+    ExprPtr combined = pairwise(out, std::move(level), combine(n.reduction));
+    out.push_back(assign(acc, select(slot.live, binary(combine(n.reduction), r(acc), combined), r(acc))));
     return;
   }
   for (int j = 0; j < plan_.vector_elems; ++j) {
@@ -358,38 +353,24 @@ void RowLowering::accumulate(std::vector<Stmt>& out, Slot& slot, int node, int a
   }
 }
 
-int RowLowering::reduce_across_workers(std::vector<Stmt>& out, int acc, Reduction kind) {
-  const int W = plan_.workers_per_program;
-  const int segment = std::min(W, 32);
-  auto butterfly = [&](int value, int width) {
-    for (int offset = width / 2; offset >= 1; offset /= 2) {
-      int other = temp("t", Type::f32);
-      out.push_back(shfl_xor(other, value, offset, width));
-      out.push_back(assign(value, binary(combine(kind), r(value), r(other))));
-    }
-  };
-  butterfly(acc, segment);
-  if (W <= 32) return acc;
-
-  // One slot per warp of each program; a region per reduction so no pass overwrites slots
-  // another warp may still read.
-  const int warps = W / 32;
-  SharedRegion region{"partials" + std::to_string(k_.shared.size()), next_shared_, warps, warps};
-  next_shared_ += warps * plan_.programs_per_group;
-  int id = int(k_.shared.size());
-  k_.shared.push_back(region);
-  out.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)),
-                    {shared_store(id, special(Special::warp_in_program), r(acc))}));
-  out.push_back(barrier(plan_.barrier_scope == BarrierScope::group ? BarrierKind::group : BarrierKind::program));
-  int partial = temp("partial", Type::f32);
-  out.push_back(shared_load(partial, id, binary(BinOp::min, special(Special::lane), i32_const(warps - 1))));
-  int total = assign_new(out, "total",
-                         select(binary(BinOp::lt, special(Special::lane), i32_const(warps)), r(partial), identity(kind)));
-  butterfly(total, 32);
-  return total;
+// values[0] op values[1] ..., as a balanced tree of registers.
+ExprPtr RowLowering::pairwise(std::vector<Stmt>& out, std::vector<ExprPtr> level, BinOp op) {
+  while (level.size() > 1) {
+    std::vector<ExprPtr> next;
+    for (size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(r(assign_new(out, "p", binary(op, level[i], level[i + 1]))));
+    if (level.size() % 2) next.push_back(level.back());
+    level = std::move(next);
+  }
+  return level[0];
 }
 
-int RowLowering::online_partner(int max_node) const { return online_max_partner(prog_, max_node); }
+int RowLowering::reduce_across_workers(std::vector<Stmt>& out, int acc, Reduction kind) {
+  const double identity = kind == Reduction::sum ? 0.0 : -std::numeric_limits<double>::infinity();
+  return merge_across_workers(out, {acc}, {identity},
+                              [&](std::vector<Stmt>& body, const std::vector<int>& mine, const std::vector<ExprPtr>& other) {
+                                body.push_back(assign(mine[0], binary(combine(kind), r(mine[0]), other[0])));
+                              })[0];
+}
 
 // m, s <- the running max and rescaled sum of exp(x - m) after merging (other_m, other_s).
 // Only while the merged max is -inf (nothing seen yet) is the sum left as it is, since
@@ -403,23 +384,25 @@ void RowLowering::online_combine(std::vector<Stmt>& out, int m, int s, ExprPtr o
   out.push_back(assign(m, r(merged)));
 }
 
-// Merges per-worker partial statistics `regs` across the program: a warp butterfly, then
-// (multi-warp programs) one shared slot per warp and statistic, one barrier, and a butterfly
-// over the warps' partials. `merge` folds the other side's values into `regs`; a lane past the
-// last warp contributes `identities`.
-void RowLowering::merge_across_workers(std::vector<Stmt>& out, const std::vector<int>& regs,
-                                       const std::vector<double>& identities, const Merge& merge) {
+// Merges per-worker partial statistics `regs` across the program and returns the registers
+// holding the program's result: a warp butterfly, then (multi-warp programs) one shared slot per
+// warp and statistic, one barrier, and a butterfly that every warp runs over the warps'
+// partials, so no broadcast barrier is needed. A lane past the last warp contributes
+// `identities`. Each statistic has its own region, so no pass overwrites slots another warp
+// may still read.
+std::vector<int> RowLowering::merge_across_workers(std::vector<Stmt>& out, const std::vector<int>& regs,
+                                                   const std::vector<double>& identities, const Merge& merge) {
   const int W = plan_.workers_per_program;
-  auto butterfly = [&](int width) {
+  auto butterfly = [&](const std::vector<int>& mine, int width) {
     for (int offset = width / 2; offset >= 1; offset /= 2) {
       std::vector<ExprPtr> other;
-      for (size_t i = 0; i < regs.size(); ++i) other.push_back(r(temp("t", Type::f32)));
-      for (size_t i = 0; i < regs.size(); ++i) out.push_back(shfl_xor(other[i]->id, regs[i], offset, width));
-      merge(out, other);
+      for (size_t i = 0; i < mine.size(); ++i) other.push_back(r(temp("t", Type::f32)));
+      for (size_t i = 0; i < mine.size(); ++i) out.push_back(shfl_xor(other[i]->id, mine[i], offset, width));
+      merge(out, mine, other);
     }
   };
-  butterfly(std::min(W, 32));
-  if (W <= 32) return;
+  butterfly(regs, std::min(W, 32));
+  if (W <= 32) return regs;
   const int warps = W / 32;
   std::vector<int> ids;
   std::vector<Stmt> stores;
@@ -434,12 +417,14 @@ void RowLowering::merge_across_workers(std::vector<Stmt>& out, const std::vector
   out.push_back(barrier(plan_.barrier_scope == BarrierScope::group ? BarrierKind::group : BarrierKind::program));
   ExprPtr slot = binary(BinOp::min, special(Special::lane), i32_const(warps - 1));
   ExprPtr mine = binary(BinOp::lt, special(Special::lane), i32_const(warps));
+  std::vector<int> totals;
   for (size_t i = 0; i < regs.size(); ++i) {
     int partial = temp("partial", Type::f32);
     out.push_back(shared_load(partial, ids[i], slot));
-    out.push_back(assign(regs[i], select(mine, r(partial), f32_const(identities[i]))));
+    totals.push_back(assign_new(out, "total", select(mine, r(partial), f32_const(identities[i]))));
   }
-  butterfly(32);
+  butterfly(totals, 32);
+  return totals;
 }
 
 // Re-read plans compute softmax's max M and sum of exp(E - M) in one pass (the running sum is
@@ -458,16 +443,6 @@ void RowLowering::online_max_sum(std::vector<Stmt>& out, int max_node, int sum_n
     ExprPtr live;  // whole-vector plans: the vector lies in the row
   };
   std::vector<Vec> vecs;
-  auto tree_max = [&](std::vector<Stmt>& body, std::vector<ExprPtr> level) {
-    while (level.size() > 1) {
-      std::vector<ExprPtr> next;
-      for (size_t i = 0; i + 1 < level.size(); i += 2)
-        next.push_back(r(assign_new(body, "p", binary(BinOp::max, level[i], level[i + 1]))));
-      if (level.size() % 2) next.push_back(level.back());
-      level = std::move(next);
-    }
-    return level[0];
-  };
   for (Stmt& st : reread_loop([&](std::vector<Stmt>& body, Slot& slot) {
          const std::vector<int> values = element(body, slot, e);
          Vec v;
@@ -481,10 +456,10 @@ void RowLowering::online_max_sum(std::vector<Stmt>& out, int max_node, int sum_n
          if (int(vecs.size()) < plan_.stripe_unroll) return;
          std::vector<ExprPtr> maxima;
          for (const Vec& u : vecs) {
-           ExprPtr mx = tree_max(body, u.x);
+           ExprPtr mx = pairwise(body, u.x, BinOp::max);
            maxima.push_back(u.live ? select(u.live, mx, f32_const(neg_inf)) : mx);
          }
-         int merged = assign_new(body, "m", binary(BinOp::max, r(m), tree_max(body, maxima)));
+         int merged = assign_new(body, "m", binary(BinOp::max, r(m), pairwise(body, maxima, BinOp::max)));
          ExprPtr sum;
          for (const Vec& u : vecs) {
            ExprPtr part;
@@ -504,11 +479,12 @@ void RowLowering::online_max_sum(std::vector<Stmt>& out, int max_node, int sum_n
     out.push_back(std::move(st));
 
   // Across workers: the same merge, by warp butterfly, then through shared memory.
-  merge_across_workers(out, {m, s}, {neg_inf, 0.0}, [&](std::vector<Stmt>& body, const std::vector<ExprPtr>& other) {
-    online_combine(body, m, s, other[0], other[1]);
-  });
-  scalars_[max_node] = m;
-  scalars_[sum_node] = s;
+  const std::vector<int> total = merge_across_workers(
+      out, {m, s}, {neg_inf, 0.0}, [&](std::vector<Stmt>& body, const std::vector<int>& mine, const std::vector<ExprPtr>& other) {
+        online_combine(body, mine[0], mine[1], other[0], other[1]);
+      });
+  scalars_[max_node] = total[0];
+  scalars_[sum_node] = total[1];
 }
 
 // (n, mean, m2) <- the count, mean and sum of squared deviations of the union of two parts
@@ -576,12 +552,14 @@ void RowLowering::online_mean_m2(std::vector<Stmt>& out, int sum_node, int m2_no
        }))
     out.push_back(std::move(st));
 
-  merge_across_workers(out, {n, mean, m2}, {0.0, 0.0, 0.0}, [&](std::vector<Stmt>& body, const std::vector<ExprPtr>& other) {
-    chan_merge(body, n, mean, m2, other[0], other[1], other[2]);
-  });
+  const std::vector<int> total = merge_across_workers(
+      out, {n, mean, m2}, {0.0, 0.0, 0.0},
+      [&](std::vector<Stmt>& body, const std::vector<int>& mine, const std::vector<ExprPtr>& other) {
+        chan_merge(body, mine[0], mine[1], mine[2], other[0], other[1], other[2]);
+      });
   // The row sum is count x mean; the program's mean divides it by cols again.
-  scalars_[sum_node] = assign_new(out, "s", binary(BinOp::mul, r(n), r(mean)));
-  scalars_[m2_node] = m2;
+  scalars_[sum_node] = assign_new(out, "s", binary(BinOp::mul, r(total[0]), r(total[1])));
+  scalars_[m2_node] = total[2];
 }
 
 void RowLowering::store_output(std::vector<Stmt>& out, Slot& slot) {
