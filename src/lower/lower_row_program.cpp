@@ -63,6 +63,11 @@ class RowLowering {
   void chan_merge(std::vector<Stmt>& out, int n, int mean, int m2, ExprPtr other_n, ExprPtr other_mean, ExprPtr other_m2);
   void online_max_sum(std::vector<Stmt>& out, int max_node, int sum_node);
   void online_combine(std::vector<Stmt>& out, int m, int s, ExprPtr other_m, ExprPtr other_s);
+  // The base the online sum is kept relative to: the max, or 0 while the max is -inf.
+  ExprPtr online_base(ExprPtr max) {
+    ExprPtr seen = binary(BinOp::lt, f32_const(-std::numeric_limits<double>::infinity()), max);
+    return select(seen, max, f32_const(0.0));
+  }
   ExprPtr exp2_of_difference(ExprPtr a, ExprPtr b) {
     return unary(UnOp::exp2, binary(BinOp::mul, binary(BinOp::sub, std::move(a), std::move(b)), f32_const(1.4426950408889634)));
   }
@@ -373,14 +378,14 @@ int RowLowering::reduce_across_workers(std::vector<Stmt>& out, int acc, Reductio
 }
 
 // m, s <- the running max and rescaled sum of exp(x - m) after merging (other_m, other_s).
-// Only while the merged max is -inf (nothing seen yet) is the sum left as it is, since
-// exp(-inf - -inf) would be NaN; a +inf or NaN element still makes the sum NaN, as in PyTorch.
+// The sums are rescaled to a base that is the merged max, or 0 while that is -inf (nothing
+// but -inf seen): exp(-inf - 0) is 0, and no guard skips the update, so a NaN that fmax
+// ignored still reaches the sum through exp(NaN), as does a +inf (inf - inf), as in PyTorch.
 void RowLowering::online_combine(std::vector<Stmt>& out, int m, int s, ExprPtr other_m, ExprPtr other_s) {
   int merged = assign_new(out, "m", binary(BinOp::max, r(m), other_m));
-  ExprPtr rescaled = binary(BinOp::add, binary(BinOp::mul, r(s), exp2_of_difference(r(m), r(merged))),
-                            binary(BinOp::mul, other_s, exp2_of_difference(other_m, r(merged))));
-  ExprPtr seen = binary(BinOp::lt, f32_const(-std::numeric_limits<double>::infinity()), r(merged));
-  out.push_back(assign(s, select(seen, rescaled, r(s))));
+  int base = assign_new(out, "b", online_base(r(merged)));
+  out.push_back(assign(s, binary(BinOp::add, binary(BinOp::mul, r(s), exp2_of_difference(r(m), r(base))),
+                                 binary(BinOp::mul, other_s, exp2_of_difference(other_m, r(base))))));
   out.push_back(assign(m, r(merged)));
 }
 
@@ -460,19 +465,19 @@ void RowLowering::online_max_sum(std::vector<Stmt>& out, int max_node, int sum_n
            maxima.push_back(u.live ? select(u.live, mx, f32_const(neg_inf)) : mx);
          }
          int merged = assign_new(body, "m", binary(BinOp::max, r(m), pairwise(body, maxima, BinOp::max)));
+         int base = assign_new(body, "b", online_base(r(merged)));
          ExprPtr sum;
          for (const Vec& u : vecs) {
            ExprPtr part;
            for (const ExprPtr& x : u.x) {
-             ExprPtr term = exp2_of_difference(x, r(merged));
+             ExprPtr term = exp2_of_difference(x, r(base));
              part = part ? binary(BinOp::add, part, term) : term;
            }
            if (u.live) part = select(u.live, part, f32_const(0.0));
            part = r(assign_new(body, "vs", part));
            sum = sum ? binary(BinOp::add, sum, part) : part;
          }
-         ExprPtr seen = binary(BinOp::lt, f32_const(neg_inf), r(merged));
-         body.push_back(assign(s, select(seen, binary(BinOp::add, binary(BinOp::mul, r(s), exp2_of_difference(r(m), r(merged))), sum), r(s))));
+         body.push_back(assign(s, binary(BinOp::add, binary(BinOp::mul, r(s), exp2_of_difference(r(m), r(base))), sum)));
          body.push_back(assign(m, r(merged)));
          vecs.clear();
        }))
