@@ -92,10 +92,20 @@ struct OracleCheck {
   std::string first_mismatch;  // "row r col c: got g, want w (tolerance t)"
 };
 // Compares the output a call wrote (host memory, call.y) with the oracle, element by element:
-// |y - ref| <= rtol*|ref| + atol*max|ref in row| + floor, NaN where and only where ref is NaN.
+// NaN where and only where ref is NaN, the same infinity where ref is infinite, otherwise
+// |y - ref| <= rtol*|ref| + atol*max|ref in row| + floor after clamping both to the output
+// dtype's range, with rtol growing by one fp32 unit roundoff per step of the plan's
+// merge_depth and, for LayerNorm, an allowance for the fp32 rounding of the mean amplified by
+// 1 / sqrt(var + eps) (docs/source/numerics.md gives the rule). Without a plan, the plan the
+// policy chooses for the call.
 OracleCheck check_against_oracle(const Call& call);
+OracleCheck check_against_oracle(const Call& call, const MappingPlan& plan);
 // The same comparison against a reference computed earlier by oracle() for the same inputs
 // (for checking many plans of one call without recomputing it).
 OracleCheck check_against(const Call& call, const std::vector<double>& reference);
+OracleCheck check_against(const Call& call, const std::vector<double>& reference, const MappingPlan& plan);
+// The longest chain of fp32 roundings a reduction's partial goes through under `plan` for rows
+// of `cols`: the elements a worker combines in sequence plus the butterfly levels.
+int merge_depth(const MappingPlan& plan, int64_t cols);
 
 }  // namespace tile

@@ -1,5 +1,6 @@
 // The float64 reference, written independently of the IR: plain loops over host memory with
-// PyTorch's semantics (NaN propagates, an all -inf softmax row is NaN).
+// PyTorch's semantics (NaN propagates, an all -inf softmax row is NaN), and the rule a kernel's
+// output is checked by (docs/source/numerics.md).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -8,6 +9,45 @@
 #include "api/call.hpp"
 
 namespace tile {
+
+namespace {
+
+constexpr double kUnit = 0x1p-24;  // fp32's unit roundoff
+
+// A LayerNorm row's float64 mean, 1 / sqrt(var + eps) and largest |x| (NaN when the row is).
+struct NormRow {
+  double mean = 0, inv = 0, amax = 0;
+};
+
+NormRow layer_norm_row(const Call& call, int64_t r, double eps) {
+  const int64_t cols = call.x.cols;
+  NormRow n;
+  for (int64_t c = 0; c < cols; ++c) {
+    double v = load_as_float(call.x.data, r * call.x.row_stride + c, call.x.dtype);
+    n.mean += v;
+    n.amax = std::max(n.amax, std::abs(v));
+  }
+  n.mean /= double(cols);
+  double var = 0;
+  for (int64_t c = 0; c < cols; ++c) {
+    double d = load_as_float(call.x.data, r * call.x.row_stride + c, call.x.dtype) - n.mean;
+    var += d * d;
+  }
+  n.inv = 1.0 / std::sqrt(var / double(cols) + eps);
+  return n;
+}
+
+// The magnitude from which a value rounds to infinity in `t` (half a unit above the largest).
+double overflow_threshold(DType t) {
+  switch (t) {
+    case DType::f32: return 0x1p128 * (1 - 0x1p-25);
+    case DType::f16: return 65520.0;
+    case DType::bf16: return 0x1p128 * (1 - 0x1p-9);
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+}  // namespace
 
 std::vector<double> oracle(const Call& call) {
   check_call(call);
@@ -61,32 +101,72 @@ std::vector<double> oracle(const Call& call) {
   return out;
 }
 
-OracleCheck check_against_oracle(const Call& call) { return check_against(call, oracle(call)); }
+int merge_depth(const MappingPlan& p, int64_t cols) {
+  // The elements a worker combines in sequence (its cached slice, or the loop iterations plus
+  // one iteration's elements), then the warp and the cross-warp butterflies.
+  const int64_t per_iteration = int64_t(p.workers_per_program) * p.vector_elems * p.stripe_unroll;
+  int64_t chain = p.caching == InputCaching::registers
+                      ? int64_t(p.stripes) * p.vector_elems
+                      : (cols + per_iteration - 1) / per_iteration + int64_t(p.stripe_unroll) * p.vector_elems;
+  int levels = 0;
+  for (int w = std::min(p.workers_per_program, 32); w > 1; w /= 2) ++levels;
+  if (p.workers_per_program > 32) levels += 5;
+  return int(std::min<int64_t>(chain + levels, 1 << 30));
+}
 
+OracleCheck check_against_oracle(const Call& call) { return check_against(call, oracle(call), plan_for(call)); }
+OracleCheck check_against_oracle(const Call& call, const MappingPlan& plan) {
+  return check_against(call, oracle(call), plan);
+}
 OracleCheck check_against(const Call& call, const std::vector<double>& ref) {
+  return check_against(call, ref, plan_for(call));
+}
+
+OracleCheck check_against(const Call& call, const std::vector<double>& ref, const MappingPlan& plan) {
   TILE_CHECK(int64_t(ref.size()) == call.x.rows * call.x.cols, "reference of ", ref.size(), " values for a ",
              call.x.rows, " x ", call.x.cols, " call");
   // rtol covers rounding to the output dtype plus fp32 accumulation; atol is relative to the
-  // row's largest |ref| (softmax rows hold many tiny values); floor is the output's smallest step.
-  double rtol = 2e-5, atol = 1e-6, floor = 0;
+  // row's largest |ref| (softmax rows hold many tiny values); floor is the output's smallest
+  // step (a few fp32 subnormal steps for fp32). The merge depth adds one unit roundoff per
+  // rounding a reduction's partial goes through.
+  double rtol = 2e-5, atol = 1e-6, floor = 0x1p-147;
   if (call.y.dtype == DType::f16) rtol = 1.5e-3, atol = 1e-4, floor = 6e-8;
   if (call.y.dtype == DType::bf16) rtol = 8e-3, atol = 1e-4, floor = 1e-38;
+  const double depth = merge_depth(plan, call.x.cols);
+  rtol += (depth + 8) * kUnit;
+  const double limit = overflow_threshold(call.y.dtype);
+  const double eps = call.op == Op::layer_norm ? call_eps(call) : 0.0;
+  auto weight = [&](int64_t c) { return call.weight.data ? std::abs(double(load_as_float(call.weight.data, c, call.weight.dtype))) : 1.0; };
   OracleCheck check;
   const int64_t rows = call.x.rows, cols = call.x.cols;
   for (int64_t r = 0; r < rows; ++r) {
     double row_max = 0;
     for (int64_t c = 0; c < cols; ++c)
-      if (std::isfinite(ref[r * cols + c])) row_max = std::max(row_max, std::abs(ref[r * cols + c]));
+      if (std::isfinite(ref[r * cols + c])) row_max = std::max(row_max, std::min(std::abs(ref[r * cols + c]), limit));
+    // LayerNorm centres by an fp32 mean: its rounding through `depth` merges, amplified by
+    // 1 / sqrt(var + eps) (ill-conditioned rows far from zero).
+    NormRow norm;
+    double mean_error = 0;
+    if (call.op == Op::layer_norm) {
+      norm = layer_norm_row(call, r, eps);
+      mean_error = kUnit * (depth * std::abs(norm.mean) + 4 * std::log2(depth + 2) * norm.amax);
+    }
     for (int64_t c = 0; c < cols; ++c) {
-      double want = ref[r * cols + c];
-      double got = load_as_float(call.y.data, r * call.y.row_stride + c, call.y.dtype);
-      double tol = rtol * std::abs(want) + atol * row_max + floor;
-      double err = std::abs(got - want);
-      bool ok = std::isnan(want) ? std::isnan(got) : (std::isinf(want) ? got == want : err <= tol);
+      const double want = ref[r * cols + c];
+      const double got = load_as_float(call.y.data, r * call.y.row_stride + c, call.y.dtype);
+      // Results beyond the output dtype's range round to +-inf: compare after clamping both.
+      const double want_c = std::clamp(want, -limit, limit), got_c = std::clamp(got, -limit, limit);
+      double tol = rtol * std::abs(want_c) + atol * row_max + floor;
+      if (mean_error > 0) {
+        const double x = load_as_float(call.x.data, r * call.x.row_stride + c, call.x.dtype);
+        tol += mean_error * norm.inv * (2 + std::abs((x - norm.mean) * norm.inv)) * weight(c);
+      }
+      const double err = std::abs(got_c - want_c);
+      bool ok = std::isnan(want) ? std::isnan(got) : std::isinf(want) ? got == want : !std::isnan(got) && err <= tol;
       ++check.checked;
       if (std::isfinite(want) && std::isfinite(got)) {
-        check.max_abs_error = std::max(check.max_abs_error, err);
-        if (want != 0) check.max_rel_error = std::max(check.max_rel_error, err / std::abs(want));
+        check.max_abs_error = std::max(check.max_abs_error, std::abs(got - want));
+        if (want != 0) check.max_rel_error = std::max(check.max_rel_error, std::abs(got - want) / std::abs(want));
       }
       if (!ok) {
         if (check.mismatches++ == 0) {

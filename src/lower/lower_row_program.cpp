@@ -1,9 +1,11 @@
 #include "lower/lower_row_program.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include "tile/error.hpp"
 
@@ -12,6 +14,9 @@ namespace tile {
 namespace {
 
 using namespace ir;
+
+// Scales are clamped to [2^-103, 2^125] (scale_of); kScaleLo is also an empty part's scale.
+constexpr double kScaleLo = 0x1p-103, kScaleHi = 0x1p125;
 
 class RowLowering {
  public:
@@ -60,7 +65,33 @@ class RowLowering {
                                         const std::vector<double>& identities, const Merge& merge);
   ExprPtr pairwise(std::vector<Stmt>& out, std::vector<ExprPtr> level, BinOp op);
   void online_mean_m2(std::vector<Stmt>& out, int sum_node, int m2_node);
-  void chan_merge(std::vector<Stmt>& out, int n, int mean, int m2, ExprPtr other_n, ExprPtr other_mean, ExprPtr other_m2);
+
+  // One vector access's values of an element expression, and which of them lie in the row.
+  struct Vec {
+    std::vector<ExprPtr> x;
+    ExprPtr live;   // whole-vector plans: the vector lies in the row
+    ExprPtr count;  // otherwise: i32, how many of its elements do
+  };
+  // Count, scale, mean and m2 of a part (see stats_part); -1 where absent.
+  struct Stats {
+    bool centred = false, scaled = false;
+    int n = -1, p = -1, mean = -1, m2 = -1;
+    std::vector<int> regs() const;
+    Stats with(std::vector<int> regs) const;  // the same layout in other registers
+    std::vector<double> identities() const;
+  };
+  Vec vec_of(std::vector<Stmt>& out, Slot& slot, int node);
+  // op over term(x) of the in-row elements (identity for the others): a pairwise tree per
+  // vector, chained across vectors.
+  ExprPtr masked_reduce(std::vector<Stmt>& out, const std::vector<Vec>& vecs, BinOp op, double identity,
+                        const std::function<ExprPtr(std::vector<Stmt>&, const ExprPtr&)>& term);
+  ExprPtr count_of(std::vector<Stmt>& out, const std::vector<Vec>& vecs);
+  ExprPtr scale_of(std::vector<Stmt>& out, ExprPtr amax);
+  Stats stats_part(std::vector<Stmt>& out, const std::vector<Vec>& vecs, bool centred, bool scaled);
+  void stats_merge(std::vector<Stmt>& out, const Stats& mine, const std::vector<ExprPtr>& other);
+  Stats row_stats(std::vector<Stmt>& out, int e, bool centred, bool scaled);
+  void norm_statistics(std::vector<Stmt>& out);
+  const std::vector<int>& norm_product(std::vector<Stmt>& out, Slot& slot);
   void online_max_sum(std::vector<Stmt>& out, int max_node, int sum_node);
   void online_combine(std::vector<Stmt>& out, int m, int s, ExprPtr other_m, ExprPtr other_s);
   // The base the online sum is kept relative to: the max, or 0 while the max is -inf.
@@ -106,7 +137,12 @@ class RowLowering {
   // alignment "require": rows aligned and cols a multiple of V, so every access is a whole
   // vector inside or outside the row; no scalar path and one row test per vector.
   bool whole_ = false;
+  // RMSNorm's / LayerNorm's normalisation (norm_idiom) and its output-pass row scalars.
+  std::optional<NormIdiom> norm_;
+  bool norm_scaled_ = false;
+  int norm_pinv_ = -1, norm_mean_ = -1, norm_k_ = -1;
 };
+
 
 Kernel RowLowering::run() {
   const int W = plan_.workers_per_program;
@@ -129,6 +165,10 @@ Kernel RowLowering::run() {
   k_.params = {{"rows", Type::i64}, {"cols", Type::i64}, {"x_stride", Type::i64}, {"y_stride", Type::i64}};
   for (const std::string& s : prog_.scalars()) k_.params.push_back({s, Type::f32});
   p_rows_ = 0, p_cols_ = 1, p_xs_ = 2, p_ys_ = 3;
+
+  norm_ = norm_idiom(prog_);
+  // fp16 input needs no scaling: its squares and sums stay far inside fp32's range.
+  norm_scaled_ = norm_ && !(prog_.nodes()[norm_->element].kind == RowNode::Kind::input && sig_.x == DType::f16);
 
   prologue();
   std::vector<Stmt>& body = k_.body;
@@ -153,7 +193,12 @@ Kernel RowLowering::run() {
       cached_.push_back(std::move(slot));
     }
   }
-  for (int node : reductions) row_scalar(body, node);
+  for (int node : reductions) {
+    if (norm_ && (node == norm_->mean_sum || node == norm_->square_sum))
+      norm_statistics(body);
+    else
+      row_scalar(body, node);
+  }
   body.push_back(comment("output pass"));
   hoist_row_scalars(body, prog_.output_node());
   if (plan_.caching == InputCaching::registers) {
@@ -231,6 +276,12 @@ ExprPtr RowLowering::in_row(const Slot& slot, int j) {
 
 ExprPtr RowLowering::row_scalar(std::vector<Stmt>& out, int node) {
   if (auto it = scalars_.find(node); it != scalars_.end()) return r(it->second);
+  if (norm_ && node == norm_->inv) {
+    norm_statistics(out);
+    return r(norm_k_);
+  }
+  TILE_CHECK(!norm_ || (node != norm_->mean_sum && node != norm_->square_sum),
+             "reduction %", node, " of the normalisation idiom used outside it");
   const RowNode& n = prog_.nodes()[node];
   TILE_CHECK(!prog_.is_element(node), "row_scalar of an element node");
   ExprPtr value;
@@ -283,6 +334,11 @@ ExprPtr RowLowering::row_scalar(std::vector<Stmt>& out, int node) {
 // Computes every row scalar an element expression uses before the pass that needs it, so
 // none is first defined inside a stripe loop.
 void RowLowering::hoist_row_scalars(std::vector<Stmt>& out, int node) {
+  if (norm_ && node == norm_->product) {
+    norm_statistics(out);
+    hoist_row_scalars(out, norm_->element);
+    return;
+  }
   const RowNode& n = prog_.nodes()[node];
   for (int operand : {n.a, n.b}) {
     if (operand < 0 || n.kind == RowNode::Kind::reduce) continue;
@@ -295,6 +351,9 @@ void RowLowering::hoist_row_scalars(std::vector<Stmt>& out, int node) {
 
 const std::vector<int>& RowLowering::element(std::vector<Stmt>& out, Slot& slot, int node) {
   if (auto it = slot.memo.find(node); it != slot.memo.end()) return it->second;
+  if (norm_ && node == norm_->product) return norm_product(out, slot);
+  TILE_CHECK(!norm_ || !norm_->centred() || node != norm_->centered,
+             "centred node %", node, " of the normalisation idiom used outside it");
   const RowNode& n = prog_.nodes()[node];
   const int V = plan_.vector_elems;
   std::vector<int> regs;
@@ -492,79 +551,242 @@ void RowLowering::online_max_sum(std::vector<Stmt>& out, int max_node, int sum_n
   scalars_[sum_node] = total[1];
 }
 
-// (n, mean, m2) <- the count, mean and sum of squared deviations of the union of two parts
-// (Chan et al.); an empty union stays as it is instead of dividing by zero.
-void RowLowering::chan_merge(std::vector<Stmt>& out, int n, int mean, int m2, ExprPtr other_n, ExprPtr other_mean,
-                             ExprPtr other_m2) {
-  int total = assign_new(out, "n", binary(BinOp::add, r(n), other_n));
-  int delta = assign_new(out, "d", binary(BinOp::sub, other_mean, r(mean)));
-  ExprPtr any = binary(BinOp::lt, f32_const(0.0), r(total));
-  ExprPtr share = binary(BinOp::div, other_n, r(total));
-  out.push_back(assign(m2, select(any, binary(BinOp::add, binary(BinOp::add, r(m2), other_m2),
-                                                   binary(BinOp::mul, binary(BinOp::mul, r(delta), r(delta)),
-                                                          binary(BinOp::mul, r(n), share))),
-                                  r(m2))));
-  out.push_back(assign(mean, select(any, binary(BinOp::add, r(mean), binary(BinOp::mul, r(delta), share)), r(mean))));
-  out.push_back(assign(n, r(total)));
+// ---- Scaled statistics (RMSNorm, LayerNorm) ----
+//
+// A part is the elements one worker covers (register caching) or one loop iteration covers
+// (re-read). Scaled parts carry an exact power of two p near their largest |x| and statistics
+// of x / p, which lie in [-8, 8]: no square or sum overflows or underflows whatever the
+// magnitude of x. Merging two parts rescales the one with the smaller p by p_lo / p_hi, also
+// an exact power of two. docs/source/numerics.md gives the bounds.
+
+RowLowering::Vec RowLowering::vec_of(std::vector<Stmt>& out, Slot& slot, int node) {
+  Vec v;
+  for (int id : element(out, slot, node)) v.x.push_back(r(id));
+  if (whole_) v.live = slot.live;
+  else v.count = slot.in_row_count;
+  return v;
 }
 
-// Re-read plans compute LayerNorm's sum and its sum of squared deviations from the mean in one
-// pass, merging per-iteration (count, mean, m2) partials; the row is read twice, not three times.
+ExprPtr RowLowering::masked_reduce(std::vector<Stmt>& out, const std::vector<Vec>& vecs, BinOp op, double identity,
+                                   const std::function<ExprPtr(std::vector<Stmt>&, const ExprPtr&)>& term) {
+  ExprPtr acc;
+  for (const Vec& v : vecs) {
+    std::vector<ExprPtr> level;
+    for (size_t j = 0; j < v.x.size(); ++j) {
+      ExprPtr t = term(out, v.x[j]);
+      if (!whole_) t = select(binary(BinOp::lt, i32_const(int64_t(j)), v.count), t, f32_const(identity));
+      level.push_back(r(assign_new(out, "t", t)));
+    }
+    ExprPtr combined = pairwise(out, std::move(level), op);
+    if (whole_) combined = select(v.live, combined, f32_const(identity));
+    acc = r(assign_new(out, "a", acc ? binary(op, acc, combined) : combined));
+  }
+  return acc;
+}
+
+ExprPtr RowLowering::count_of(std::vector<Stmt>& out, const std::vector<Vec>& vecs) {
+  ExprPtr acc;
+  for (const Vec& v : vecs) {
+    ExprPtr c = whole_ ? select(v.live, f32_const(plan_.vector_elems), f32_const(0.0)) : cast(Type::f32, v.count);
+    acc = acc ? binary(BinOp::add, acc, c) : c;
+  }
+  return r(assign_new(out, "k", acc));
+}
+
+// p = 2^floor(log2 c) or twice that, for c = amax clamped to [2^-103, 2^125]: c + c * 2^-23
+// rounds to c plus one or two units in the last place of c, so the difference is a power of
+// two; c >= 2^-103 keeps c * 2^-23 normal, c <= 2^125 keeps p and 1 / p normal.
+ExprPtr RowLowering::scale_of(std::vector<Stmt>& out, ExprPtr amax) {
+  ExprPtr c = r(assign_new(out, "c", binary(BinOp::min, binary(BinOp::max, amax, f32_const(kScaleLo)), f32_const(kScaleHi))));
+  ExprPtr up = r(assign_new(out, "u", binary(BinOp::add, c, binary(BinOp::mul, c, f32_const(0x1p-23)))));
+  return r(assign_new(out, "p", binary(BinOp::mul, binary(BinOp::sub, up, c), f32_const(0x1p23))));
+}
+
+RowLowering::Stats RowLowering::stats_part(std::vector<Stmt>& out, const std::vector<Vec>& vecs, bool centred,
+                                           bool scaled) {
+  Stats st;
+  st.centred = centred, st.scaled = scaled;
+  ExprPtr pinv;
+  if (scaled) {
+    ExprPtr amax = masked_reduce(out, vecs, BinOp::max, 0.0, [&](std::vector<Stmt>&, const ExprPtr& x) {
+      return binary(BinOp::max, x, unary(UnOp::neg, x));
+    });
+    st.p = scale_of(out, amax)->id;
+    pinv = r(assign_new(out, "pinv", binary(BinOp::div, f32_const(1.0), r(st.p))));
+  }
+  auto scaled_x = [&](const ExprPtr& x) { return pinv ? binary(BinOp::mul, x, pinv) : x; };
+  if (!centred) {
+    st.m2 = masked_reduce(out, vecs, BinOp::add, 0.0, [&](std::vector<Stmt>& body, const ExprPtr& x) {
+      ExprPtr t = r(assign_new(body, "t", scaled_x(x)));
+      return binary(BinOp::mul, t, t);
+    })->id;
+    return st;
+  }
+  // Shifted by the part's first element (in the row whenever any is): a constant part has the
+  // exact mean and m2 = 0, so a constant row normalises to exactly 0.
+  st.n = count_of(out, vecs)->id;
+  ExprPtr shift = r(assign_new(out, "K", scaled_x(vecs[0].x[0])));
+  ExprPtr sum = masked_reduce(out, vecs, BinOp::add, 0.0, [&](std::vector<Stmt>&, const ExprPtr& x) {
+    return binary(BinOp::sub, scaled_x(x), shift);
+  });
+  st.mean = assign_new(out, "lm", binary(BinOp::add, shift, binary(BinOp::div, sum, binary(BinOp::max, r(st.n), f32_const(1.0)))));
+  st.m2 = masked_reduce(out, vecs, BinOp::add, 0.0, [&](std::vector<Stmt>& body, const ExprPtr& x) {
+    ExprPtr d = r(assign_new(body, "d", binary(BinOp::sub, scaled_x(x), r(st.mean))));
+    return binary(BinOp::mul, d, d);
+  })->id;
+  return st;
+}
+
+std::vector<int> RowLowering::Stats::regs() const {
+  std::vector<int> v;
+  for (int id : {n, p, mean, m2})
+    if (id >= 0) v.push_back(id);
+  return v;
+}
+
+RowLowering::Stats RowLowering::Stats::with(std::vector<int> v) const {
+  Stats st = *this;
+  size_t i = 0;
+  for (int* id : {&st.n, &st.p, &st.mean, &st.m2})
+    if (*id >= 0) *id = v[i++];
+  return st;
+}
+
+std::vector<double> RowLowering::Stats::identities() const {
+  std::vector<double> v;  // an empty part: count 0, the smallest scale, zero statistics
+  if (n >= 0) v.push_back(0.0);
+  if (p >= 0) v.push_back(kScaleLo);
+  if (mean >= 0) v.push_back(0.0);
+  v.push_back(0.0);
+  return v;
+}
+
+// mine <- the union of the parts `mine` and `other` (values in Stats::regs() order). The part
+// with the smaller scale is rescaled by r = p_lo / p_hi. LayerNorm merges by Chan et al.'s
+// formulas; an empty side is selected away, never used in arithmetic.
+void RowLowering::stats_merge(std::vector<Stmt>& out, const Stats& mine, const std::vector<ExprPtr>& other) {
+  size_t i = 0;
+  ExprPtr on = mine.n >= 0 ? other[i++] : nullptr, op = mine.p >= 0 ? other[i++] : nullptr;
+  ExprPtr omean = mine.mean >= 0 ? other[i++] : nullptr, om2 = other[i++];
+  ExprPtr ratio, mine_hi;
+  if (mine.scaled) {
+    int hi = assign_new(out, "P", binary(BinOp::max, r(mine.p), op));
+    ratio = r(assign_new(out, "r", binary(BinOp::div, binary(BinOp::min, r(mine.p), op), r(hi))));
+    mine_hi = r(assign_new(out, "mine_hi", binary(BinOp::le, op, r(mine.p))));
+    out.push_back(assign(mine.p, r(hi)));
+  }
+  if (!mine.centred) {
+    if (!mine.scaled) {
+      out.push_back(assign(mine.m2, binary(BinOp::add, r(mine.m2), om2)));
+      return;
+    }
+    ExprPtr hi = select(mine_hi, r(mine.m2), om2), lo = select(mine_hi, om2, r(mine.m2));
+    out.push_back(assign(mine.m2, binary(BinOp::add, hi, binary(BinOp::mul, lo, binary(BinOp::mul, ratio, ratio)))));
+    return;
+  }
+  ExprPtr ma = r(mine.mean), mb = omean, qa = r(mine.m2), qb = om2;
+  if (mine.scaled) {
+    ExprPtr ra = r(assign_new(out, "ra", select(mine_hi, f32_const(1.0), ratio)));
+    ExprPtr rb = r(assign_new(out, "rb", select(mine_hi, ratio, f32_const(1.0))));
+    ma = r(assign_new(out, "ma", binary(BinOp::mul, ma, ra)));
+    mb = r(assign_new(out, "mb", binary(BinOp::mul, mb, rb)));
+    qa = binary(BinOp::mul, qa, binary(BinOp::mul, ra, ra));
+    qb = binary(BinOp::mul, qb, binary(BinOp::mul, rb, rb));
+  }
+  int total = assign_new(out, "n", binary(BinOp::add, r(mine.n), on));
+  int delta = assign_new(out, "d", binary(BinOp::sub, mb, ma));
+  int share = assign_new(out, "sh", binary(BinOp::div, on, binary(BinOp::max, r(total), f32_const(1.0))));
+  ExprPtr mean = binary(BinOp::add, ma, binary(BinOp::mul, r(delta), r(share)));
+  ExprPtr m2 = binary(BinOp::add, binary(BinOp::add, qa, qb),
+                      binary(BinOp::mul, binary(BinOp::mul, r(delta), r(delta)), binary(BinOp::mul, r(mine.n), r(share))));
+  ExprPtr other_empty = r(assign_new(out, "oe", binary(BinOp::eq, on, f32_const(0.0))));
+  ExprPtr mine_empty = r(assign_new(out, "me", binary(BinOp::eq, r(mine.n), f32_const(0.0))));
+  out.push_back(assign(mine.m2, select(other_empty, r(mine.m2), select(mine_empty, om2, m2))));
+  out.push_back(assign(mine.mean, select(other_empty, r(mine.mean), select(mine_empty, omean, mean))));
+  out.push_back(assign(mine.n, r(total)));
+}
+
+// The statistics of element expression `e` over the whole row, in every worker of the program.
+RowLowering::Stats RowLowering::row_stats(std::vector<Stmt>& out, int e, bool centred, bool scaled) {
+  hoist_row_scalars(out, e);
+  Stats st;
+  if (plan_.caching == InputCaching::registers) {
+    std::vector<Vec> vecs;
+    for (Slot& slot : cached_) vecs.push_back(vec_of(out, slot, e));
+    st = stats_part(out, vecs, centred, scaled);
+  } else {
+    st.centred = centred, st.scaled = scaled;
+    if (centred) st.n = assign_new(out, "acc_n", f32_const(0.0));
+    if (scaled) st.p = assign_new(out, "acc_p", f32_const(kScaleLo));
+    if (centred) st.mean = assign_new(out, "acc_mean", f32_const(0.0));
+    st.m2 = assign_new(out, "acc_m2", f32_const(0.0));
+    std::vector<Vec> vecs;
+    for (Stmt& s : reread_loop([&](std::vector<Stmt>& body, Slot& slot) {
+           vecs.push_back(vec_of(body, slot, e));
+           if (int(vecs.size()) < plan_.stripe_unroll) return;
+           std::vector<ExprPtr> part;
+           for (int id : stats_part(body, vecs, centred, scaled).regs()) part.push_back(r(id));
+           stats_merge(body, st, part);
+           vecs.clear();
+         }))
+      out.push_back(std::move(s));
+  }
+  return st.with(merge_across_workers(out, st.regs(), st.identities(),
+                                      [&](std::vector<Stmt>& body, const std::vector<int>& mine, const std::vector<ExprPtr>& other) {
+                                        stats_merge(body, st.with(mine), other);
+                                      }));
+}
+
+// RMSNorm's and LayerNorm's statistics and the row scalars of the output pass: 1 / p and, for
+// LayerNorm, the mean of x / p; `inv` becomes k = p * inv = rsqrt(m2 / cols + s / p^2), so
+// the product C * inv is (x / p - mean) * k. Where s / p^2 overflows, s dwarfs the statistics
+// and k is p * rsqrt(s). Where it underflows, a floor of 2^-126 for s > 0 (below the
+// statistics of any row that is not constant) keeps a constant row's 0 * k at 0, not 0 * inf.
+void RowLowering::norm_statistics(std::vector<Stmt>& out) {
+  if (norm_k_ >= 0) return;
+  const NormIdiom& n = *norm_;
+  out.push_back(comment(std::string(n.centred() ? "count, mean and squared deviations" : "sum of squares") +
+                        (norm_scaled_ ? " scaled by a power of two" : "") + " for %" + std::to_string(n.inv)));
+  Stats st = row_stats(out, n.element, n.centred(), norm_scaled_);
+  ExprPtr s = row_scalar(out, n.eps);
+  ExprPtr cols = cast(Type::f32, param(p_cols_, Type::i64));
+  ExprPtr ms = binary(BinOp::div, r(st.m2), cols);
+  if (n.centred()) norm_mean_ = st.mean;
+  if (!norm_scaled_) {
+    norm_k_ = assign_new(out, "k", unary(UnOp::rsqrt, binary(BinOp::add, ms, s)));
+    return;
+  }
+  norm_pinv_ = assign_new(out, "pinv", binary(BinOp::div, f32_const(1.0), r(st.p)));
+  ExprPtr s_scaled = binary(BinOp::mul, binary(BinOp::mul, s, r(norm_pinv_)), r(norm_pinv_));
+  int e2 = assign_new(out, "e2", binary(BinOp::max, s_scaled, binary(BinOp::min, s, f32_const(0x1p-126))));
+  ExprPtr overflow = binary(BinOp::eq, r(e2), f32_const(std::numeric_limits<double>::infinity()));
+  norm_k_ = assign_new(out, "k", select(overflow, binary(BinOp::mul, r(st.p), unary(UnOp::rsqrt, s)),
+                                        unary(UnOp::rsqrt, binary(BinOp::add, ms, r(e2)))));
+}
+
+// The product C * inv of the idiom, element by element: (x / p - mean) * k, or (x / p) * k
+// for RMSNorm (1 / p times k could overflow for tiny rows when s is 0).
+const std::vector<int>& RowLowering::norm_product(std::vector<Stmt>& out, Slot& slot) {
+  norm_statistics(out);
+  const std::vector<int> x = element(out, slot, norm_->element);
+  std::vector<int> regs;
+  for (int id : x) {
+    ExprPtr v = norm_pinv_ >= 0 ? binary(BinOp::mul, r(id), r(norm_pinv_)) : r(id);
+    if (norm_mean_ >= 0) v = binary(BinOp::sub, v, r(norm_mean_));
+    regs.push_back(assign_new(out, "e", binary(BinOp::mul, v, r(norm_k_))));
+  }
+  return slot.memo[norm_->product] = regs;
+}
+
+// Re-read plans compute a sum and the sum of squared deviations from its mean in one pass
+// (online_variance_partner) where no normalisation idiom takes them: Chan's merge, unscaled.
 void RowLowering::online_mean_m2(std::vector<Stmt>& out, int sum_node, int m2_node) {
   out.push_back(comment("reductions %" + std::to_string(sum_node) + " (sum) and %" + std::to_string(m2_node) +
                         " (sum of squared deviations from the mean) in one pass"));
-  const int e = prog_.nodes()[sum_node].a;
-  hoist_row_scalars(out, e);
-  int n = assign_new(out, "acc_n", f32_const(0.0));
-  int mean = assign_new(out, "acc_mean", f32_const(0.0));
-  int m2 = assign_new(out, "acc_m2", f32_const(0.0));
-  std::vector<std::pair<std::vector<ExprPtr>, ExprPtr>> vecs;  // kept values, count kept
-  for (Stmt& st : reread_loop([&](std::vector<Stmt>& body, Slot& slot) {
-         const std::vector<int> values = element(body, slot, e);
-         std::vector<ExprPtr> kept;
-         ExprPtr count;
-         for (int j = 0; j < plan_.vector_elems; ++j)
-           kept.push_back(r(assign_new(body, "v", select(in_row(slot, j), r(values[j]), f32_const(0.0)))));
-         if (whole_) {
-           count = select(slot.live, f32_const(plan_.vector_elems), f32_const(0.0));
-         } else {
-           count = cast(Type::f32, slot.in_row_count);
-         }
-         vecs.push_back({kept, r(assign_new(body, "k", count))});
-         if (int(vecs.size()) < plan_.stripe_unroll) return;
-         // The iteration's partial: count, mean, then squared deviations of the kept elements.
-         ExprPtr k, sum;
-         for (auto& [xs, c] : vecs) {
-           k = k ? binary(BinOp::add, k, c) : c;
-           for (const ExprPtr& x : xs) sum = sum ? binary(BinOp::add, sum, x) : x;
-         }
-         int kk = assign_new(body, "k", k);
-         int local_mean = assign_new(body, "lm", select(binary(BinOp::lt, f32_const(0.0), r(kk)),
-                                                         binary(BinOp::div, sum, r(kk)), f32_const(0.0)));
-         ExprPtr dev;
-         for (size_t i = 0; i < vecs.size(); ++i) {
-           auto& [xs, c] = vecs[i];
-           for (size_t j = 0; j < xs.size(); ++j) {
-             ExprPtr d = binary(BinOp::sub, xs[j], r(local_mean));
-             // Only kept elements deviate: element j of a vector is kept when j < its count.
-             ExprPtr sq = select(binary(BinOp::lt, f32_const(double(j)), c), binary(BinOp::mul, d, d), f32_const(0.0));
-             dev = dev ? binary(BinOp::add, dev, sq) : sq;
-           }
-         }
-         int local_m2 = assign_new(body, "lq", dev);
-         chan_merge(body, n, mean, m2, r(kk), r(local_mean), r(local_m2));
-         vecs.clear();
-       }))
-    out.push_back(std::move(st));
-
-  const std::vector<int> total = merge_across_workers(
-      out, {n, mean, m2}, {0.0, 0.0, 0.0},
-      [&](std::vector<Stmt>& body, const std::vector<int>& mine, const std::vector<ExprPtr>& other) {
-        chan_merge(body, mine[0], mine[1], mine[2], other[0], other[1], other[2]);
-      });
+  Stats st = row_stats(out, prog_.nodes()[sum_node].a, true, false);
   // The row sum is count x mean; the program's mean divides it by cols again.
-  scalars_[sum_node] = assign_new(out, "s", binary(BinOp::mul, r(total[0]), r(total[1])));
-  scalars_[m2_node] = total[2];
+  scalars_[sum_node] = assign_new(out, "s", binary(BinOp::mul, r(st.n), r(st.mean)));
+  scalars_[m2_node] = st.m2;
 }
 
 void RowLowering::store_output(std::vector<Stmt>& out, Slot& slot) {
@@ -611,6 +833,61 @@ int online_variance_partner(const RowProgram& program, int sum_node) {
     if (mean.binary == BinaryFn::div && mean.a == sum_node && is(mean.b, RowNode::Kind::cols)) return int(s);
   }
   return -1;
+}
+
+std::optional<NormIdiom> norm_idiom(const RowProgram& program) {
+  const auto& nodes = program.nodes();
+  const int count = int(nodes.size());
+  std::vector<std::vector<int>> users(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    if (nodes[i].a >= 0) users[size_t(nodes[i].a)].push_back(i);
+    if (nodes[i].b >= 0 && nodes[i].b != nodes[i].a) users[size_t(nodes[i].b)].push_back(i);
+  }
+  auto used_only_by = [&](int node, std::initializer_list<int> allowed) {
+    if (node == program.output_node() || users[size_t(node)].empty()) return false;
+    for (int u : users[size_t(node)])
+      if (std::find(allowed.begin(), allowed.end(), u) == allowed.end()) return false;
+    return true;
+  };
+  auto is = [&](int id, RowNode::Kind kind) { return id >= 0 && nodes[id].kind == kind; };
+  auto is_binary = [&](int id, BinaryFn fn) { return is(id, RowNode::Kind::binary) && nodes[id].binary == fn; };
+  auto is_sum = [&](int id) { return is(id, RowNode::Kind::reduce) && nodes[id].reduction == Reduction::sum; };
+  // s / cols, with s a sum reduction: the sum, or -1.
+  auto sum_over_cols = [&](int id) { return is_binary(id, BinaryFn::div) && is_sum(nodes[id].a) && is(nodes[id].b, RowNode::Kind::cols) ? nodes[id].a : -1; };
+  std::function<bool(int)> reads_reduction = [&](int id) {
+    if (id < 0) return false;
+    return is(id, RowNode::Kind::reduce) || reads_reduction(nodes[id].a) || reads_reduction(nodes[id].b);
+  };
+  for (int inv = 0; inv < count; ++inv) {
+    if (!is(inv, RowNode::Kind::unary) || nodes[inv].unary != UnaryFn::rsqrt) continue;
+    const int t = nodes[inv].a;
+    if (!is_binary(t, BinaryFn::add)) continue;
+    for (auto [ms, eps] : {std::pair{nodes[t].a, nodes[t].b}, std::pair{nodes[t].b, nodes[t].a}}) {
+      const int square_sum = sum_over_cols(ms);
+      if (square_sum < 0 || program.is_element(eps) || reads_reduction(eps)) continue;
+      const int square = nodes[square_sum].a;
+      if (!is_binary(square, BinaryFn::mul) || nodes[square].a != nodes[square].b) continue;
+      const int c = nodes[square].a;
+      if (users[size_t(inv)].size() != 1) continue;
+      const int product = users[size_t(inv)][0];
+      if (!is_binary(product, BinaryFn::mul) ||
+          !((nodes[product].a == c && nodes[product].b == inv) || (nodes[product].a == inv && nodes[product].b == c)))
+        continue;
+      if (!used_only_by(square, {square_sum}) || !used_only_by(square_sum, {ms}) || !used_only_by(ms, {t}) ||
+          !used_only_by(t, {inv}) || !used_only_by(inv, {product}))
+        continue;
+      NormIdiom idiom{c, c, -1, square_sum, inv, eps, product};
+      // LayerNorm: C = E - sum(E) / cols, used only by C * C and C * inv.
+      if (is_binary(c, BinaryFn::sub)) {
+        const int e = nodes[c].a, mean = nodes[c].b, mean_sum = sum_over_cols(mean);
+        if (mean_sum >= 0 && nodes[mean_sum].a == e && used_only_by(mean_sum, {mean}) && used_only_by(mean, {c}) &&
+            used_only_by(c, {square, product}))
+          idiom.element = e, idiom.mean_sum = mean_sum;
+      }
+      return idiom;
+    }
+  }
+  return std::nullopt;
 }
 
 int online_max_partner(const RowProgram& program, int max_node) {

@@ -13,6 +13,7 @@
 // tests/api/cpu_sweep_test.cpp and tests/cost/cost_model_test.cpp.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "ir/ir.hpp"
@@ -30,6 +31,25 @@ struct KernelSignature {
 // x_stride, y_stride (i64), then the program's scalars (f32).
 ir::Kernel lower_row_program(const RowProgram& program, const KernelSignature& signature,
                              const MappingPlan& plan);
+
+// RMSNorm's and LayerNorm's normalisation in a row program:
+//   inv = rsqrt(reduce_sum(C * C) / cols + s), used only by the product C * inv,
+// where C is an element expression E (RMSNorm), or E - reduce_sum(E) / cols used only by
+// C * C and C * inv (LayerNorm), and s is a row scalar no reduction feeds (eps). The lowering
+// computes these statistics as parts scaled by a power of two, merged pairwise, and the
+// product as (E / p - mean) * (p * inv): nothing overflows or underflows whatever the
+// magnitude of E (docs/source/numerics.md), and a constant row gives exactly 0.
+struct NormIdiom {
+  int element = -1;     // E
+  int centered = -1;    // C (E itself for RMSNorm)
+  int mean_sum = -1;    // reduce_sum(E), LayerNorm only
+  int square_sum = -1;  // reduce_sum(C * C)
+  int inv = -1;         // rsqrt(square_sum / cols + s)
+  int eps = -1;         // s
+  int product = -1;     // C * inv
+  bool centred() const { return mean_sum >= 0; }
+};
+std::optional<NormIdiom> norm_idiom(const RowProgram& program);
 
 // The sum reduction of exp(E - M), where M is the max reduction `max_node` of E (softmax's
 // normaliser), or -1. Re-read plans compute the two in one pass with a running rescale.

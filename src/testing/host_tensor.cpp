@@ -1,6 +1,11 @@
 #include "testing/host_tensor.hpp"
 
+#include <algorithm>
+#include <functional>
+
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace tile::testing {
 
@@ -39,6 +44,89 @@ bool HostMatrix::outside_untouched() const {
 void HostVector::fill_random(std::mt19937_64& rng, double mean, double scale) {
   std::normal_distribution<double> dist(mean, scale);
   for (int64_t i = 0; i < size; ++i) store_from_float(data(), i, dtype, float(dist(rng)));
+}
+
+const char* pattern_name(RowPattern pattern) {
+  static const char* names[] = {"normal", "magnitudes", "huge", "constant", "offset", "tiny", "all_neg_inf"};
+  return pattern < RowPattern::count ? names[int(pattern)] : "?";
+}
+
+double dtype_max(DType t) {
+  switch (t) {
+    case DType::f32: return std::numeric_limits<float>::max();
+    case DType::f16: return 65504.0;
+    case DType::bf16: return 0x1.fep127;
+  }
+  return 0;
+}
+
+double dtype_min_subnormal(DType t) {
+  switch (t) {
+    case DType::f32: return 0x1p-149;
+    case DType::f16: return 0x1p-24;
+    case DType::bf16: return 0x1p-133;
+  }
+  return 0;
+}
+
+namespace {
+double uniform(std::mt19937_64& rng, double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); }
+double sign(std::mt19937_64& rng) { return rng() % 2 ? 1.0 : -1.0; }
+// A float that stores as a finite value of `t` (values past its max would round to inf).
+float finite_in(DType t, double v) {
+  const double m = dtype_max(t);
+  return float(std::clamp(v, -m, m));
+}
+void set_specials(std::mt19937_64& rng, int64_t n, int specials, const std::function<void(int64_t, float)>& set, bool zeros) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float values[] = {std::numeric_limits<float>::quiet_NaN(), inf, -inf, 0.0f};
+  for (int k = 0; k < specials && n > 0; ++k) set(int64_t(rng() % uint64_t(n)), values[rng() % (zeros ? 4 : 3)]);
+}
+}  // namespace
+
+void HostMatrix::fill_row(std::mt19937_64& rng, int64_t r, RowPattern pattern, int specials) {
+  const double lo = std::log2(dtype_min_subnormal(dtype_)), hi = std::log2(dtype_max(dtype_));
+  auto set = [&](int64_t c, float v) { store_from_float(data(), r * stride_ + c, dtype_, v); };
+  switch (pattern) {
+    case RowPattern::normal: {
+      std::normal_distribution<double> dist(0.0, std::pow(10.0, uniform(rng, -2, 2)));
+      for (int64_t c = 0; c < cols_; ++c) set(c, finite_in(dtype_, dist(rng)));
+      break;
+    }
+    case RowPattern::magnitudes:
+      for (int64_t c = 0; c < cols_; ++c)
+        set(c, finite_in(dtype_, sign(rng) * (rng() % 8 == 0 ? dtype_max(dtype_) : std::exp2(uniform(rng, lo, hi)))));
+      break;
+    case RowPattern::huge:
+      for (int64_t c = 0; c < cols_; ++c) set(c, finite_in(dtype_, sign(rng) * dtype_max(dtype_) * std::exp2(-uniform(rng, 0, 8))));
+      break;
+    case RowPattern::constant: {
+      const double choices[] = {0.0, dtype_min_subnormal(dtype_), 1.0, dtype_max(dtype_), std::exp2(uniform(rng, lo, hi))};
+      const float v = finite_in(dtype_, sign(rng) * choices[rng() % 5]);
+      for (int64_t c = 0; c < cols_; ++c) set(c, v);
+      break;
+    }
+    case RowPattern::offset: {
+      const double centre = sign(rng) * std::exp2(uniform(rng, -20, std::min(hi - 2, 60.0)));
+      std::normal_distribution<double> dist(centre, std::abs(centre) * std::pow(10.0, uniform(rng, -6, -2)));
+      for (int64_t c = 0; c < cols_; ++c) set(c, finite_in(dtype_, dist(rng)));
+      break;
+    }
+    case RowPattern::tiny:  // the lowest quarter of the dtype's exponent range, at most 2^30 wide
+      for (int64_t c = 0; c < cols_; ++c)
+        set(c, float(sign(rng) * std::exp2(uniform(rng, lo, lo + std::min(30.0, (hi - lo) / 4)))));
+      break;
+    case RowPattern::all_neg_inf:
+      for (int64_t c = 0; c < cols_; ++c) set(c, -std::numeric_limits<float>::infinity());
+      break;
+    case RowPattern::count: break;
+  }
+  set_specials(rng, cols_, specials, set, false);
+}
+
+void HostVector::fill_with_specials(std::mt19937_64& rng, double mean, double scale, int specials) {
+  fill_random(rng, mean, scale);
+  set_specials(rng, size, specials, [&](int64_t i, float v) { store_from_float(data(), i, dtype, v); }, true);
 }
 
 }  // namespace tile::testing

@@ -10,6 +10,21 @@
 
 namespace tile::testing {
 
+// The value patterns the fuzz draws a row from (docs/source/numerics.md lists them).
+enum class RowPattern : uint8_t {
+  normal,       // N(0, s), s = 10^U(-2, 2)
+  magnitudes,   // each element +-2^U over the dtype's whole range, some exactly +-max
+  huge,         // each element within 2^-8 of +-max: sums and squares overflow fp32
+  constant,     // one value, from 0 and the smallest subnormal to +-max
+  offset,       // c + N(0, |c| 10^U(-6, -2)): ill-conditioned for LayerNorm
+  tiny,         // subnormal and barely normal magnitudes
+  all_neg_inf,  // every element -inf
+  count
+};
+const char* pattern_name(RowPattern pattern);
+double dtype_max(DType t);            // largest finite value
+double dtype_min_subnormal(DType t);  // smallest positive value
+
 // A host buffer for a (rows, cols) matrix with row_stride, starting `offset_elems` elements
 // into the allocation (to make misaligned rows), with `guard_elems` poisoned elements after
 // the last row to detect writes past it.
@@ -24,6 +39,9 @@ class HostMatrix {
   int64_t span_elems() const { return rows_ == 0 ? 0 : (rows_ - 1) * stride_ + cols_; }
 
   void fill_random(std::mt19937_64& rng, double scale = 1.0);  // N(0, scale), never all zeros
+  // Row r drawn from `pattern`, then `specials` random elements set to NaN, +inf or -inf.
+  void fill_row(std::mt19937_64& rng, int64_t r, RowPattern pattern, int specials);
+  float at(int64_t r, int64_t c) { return load_as_float(data(), r * stride_ + c, dtype_); }
   void poison();                                            // every byte 0xff (NaN in each dtype)
   // True when no byte outside the rows' [0, cols) elements differs from the poison.
   bool outside_untouched() const;
@@ -42,6 +60,8 @@ struct HostVector {
   void* data() { return bytes.data(); }
   VectorView view() { return {bytes.data(), dtype, size}; }
   void fill_random(std::mt19937_64& rng, double mean, double scale);
+  // N(mean, scale), then `specials` random elements set to NaN, +inf, -inf or 0.
+  void fill_with_specials(std::mt19937_64& rng, double mean, double scale, int specials);
 };
 
 }  // namespace tile::testing

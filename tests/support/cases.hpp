@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -20,60 +22,105 @@ struct Case {
   int64_t offset = 0;                      // elements the x and y pointers are shifted by
   PlanRequest plan;
   uint64_t seed = 1;
+  // The fuzz's extras: y's own stride and offset, eps, and inputs with special values.
+  int64_t y_stride = 0;   // 0: like x
+  int64_t y_offset = -1;  // -1: like x
+  std::optional<float> eps;
+  bool special_values = false;  // rows drawn from RowPattern with NaN/inf sprinkled in
 
+  int64_t x_stride_or_cols() const { return stride ? stride : cols; }
+  int64_t y_stride_or_x() const { return y_stride ? y_stride : x_stride_or_cols(); }
+  int64_t y_offset_or_x() const { return y_offset >= 0 ? y_offset : offset; }
+  bool norm() const { return op == Op::rms_norm || op == Op::layer_norm; }
   std::string name() const {
-    return op_name(op) + " " + std::to_string(rows) + "x" + std::to_string(cols) + " stride " +
-           std::to_string(stride ? stride : cols) + " offset " + std::to_string(offset) + " " +
-           std::string(dtype_name(x)) + "->" + std::string(dtype_name(y)) + " w " + std::string(dtype_name(w));
+    std::string n = op_name(op) + " " + std::to_string(rows) + "x" + std::to_string(cols) + " stride " +
+                    std::to_string(x_stride_or_cols()) + " offset " + std::to_string(offset) + " " +
+                    std::string(dtype_name(x)) + "->" + std::string(dtype_name(y)) + " w " + std::string(dtype_name(w));
+    if (y_stride_or_x() != x_stride_or_cols() || y_offset_or_x() != offset)
+      n += " y stride " + std::to_string(y_stride_or_x()) + " offset " + std::to_string(y_offset_or_x());
+    if (norm()) n += std::string(weight ? " weight" : " no weight") + (op == Op::layer_norm ? (bias ? " bias" : " no bias") : "");
+    if (eps) n += " eps " + std::to_string(*eps);
+    if (special_values) n += " special values";
+    return n;
   }
+};
+
+// A case's host inputs, drawn from its seed, and its output, poisoned (0xff bytes: NaN) with a
+// guard band; `call` views them.
+struct CaseData {
+  CaseData(const Case& c)
+      : x(c.x, c.rows, c.cols, c.x_stride_or_cols(), c.offset),
+        y(c.y, c.rows, c.cols, c.y_stride_or_x(), c.y_offset_or_x()),
+        weight(c.w, c.cols),
+        bias(c.w, c.cols) {
+    std::mt19937_64 rng(c.seed);
+    if (!c.special_values) {
+      x.fill_random(rng);
+      weight.fill_random(rng, 1.0, 0.5);
+      bias.fill_random(rng, 0.0, 0.5);
+    } else {
+      // Rows of every pattern, a quarter of them with NaN or infinities; weights and biases
+      // mostly N(1, 0.5) and N(0, 0.5), sometimes with specials or of any magnitude.
+      for (int64_t r = 0; r < c.rows; ++r) {
+        patterns.push_back(RowPattern(rng() % uint64_t(RowPattern::count)));
+        x.fill_row(rng, r, patterns.back(), rng() % 4 == 0 ? 1 + int(rng() % 3) : 0);
+      }
+      for (HostVector* v : {&weight, &bias}) {
+        const double mean = v == &weight ? 1.0 : 0.0;
+        const uint64_t kind = rng() % 8;
+        if (kind == 0) v->fill_with_specials(rng, mean, 0.5, 1 + int(rng() % 2));
+        else if (kind == 1) v->fill_random(rng, 0.0, std::exp2(std::uniform_real_distribution<double>(-20, 20)(rng)));
+        else v->fill_random(rng, mean, 0.5);
+      }
+    }
+    y.poison();
+    call.op = c.op;
+    call.x = x.view();
+    call.y = y.view();
+    if (c.norm() && c.weight) call.weight = weight.view();
+    if (c.op == Op::layer_norm && c.bias) call.bias = bias.view();
+    if (c.norm()) call.eps = c.eps;
+  }
+  HostMatrix x, y;
+  HostVector weight, bias;
+  std::vector<RowPattern> patterns;
+  Call call;
 };
 
 struct CaseResult {
   LaunchRecord record;
   OracleCheck check;
   bool outside_untouched = false;
+  std::unique_ptr<CaseData> data;  // inputs and the output the launch wrote
 };
 
-// Fresh random inputs (seeded), poisoned output, one launch, full float64 check.
-inline CaseResult run_case(const Case& c, Backend backend) {
-  const int64_t stride = c.stride ? c.stride : c.cols;
-  std::mt19937_64 rng(c.seed);
-  HostMatrix x(c.x, c.rows, c.cols, stride, c.offset), y(c.y, c.rows, c.cols, stride, c.offset);
-  x.fill_random(rng);
-  y.poison();
-  HostVector weight(c.w, c.cols), bias(c.w, c.cols);
-  weight.fill_random(rng, 1.0, 0.5);
-  bias.fill_random(rng, 0.0, 0.5);
-  Call call;
-  call.op = c.op;
-  call.x = x.view();
-  call.y = y.view();
-  const bool norm = c.op == Op::rms_norm || c.op == Op::layer_norm;
-  if (norm && c.weight) call.weight = weight.view();
-  if (c.op == Op::layer_norm && c.bias) call.bias = bias.view();
-
+// Fresh seeded inputs, poisoned output, one launch (with `plan`, else the case's request),
+// full float64 check against the plan launched.
+inline CaseResult run_case(const Case& c, Backend backend, const std::optional<PlanRequest>& plan = std::nullopt) {
   CaseResult result;
+  result.data = std::make_unique<CaseData>(c);
+  CaseData& d = *result.data;
+  const PlanRequest& request = plan ? *plan : c.plan;
   if (backend == Backend::cpu) {
-    result.record = run(call, {c.plan, nullptr, Backend::cpu});
+    result.record = run(d.call, {request, nullptr, Backend::cpu});
   } else {
     cuda::ensure_context(0);
-    cuda::DeviceBuffer dx(x.bytes().size()), dy(y.bytes().size()), dw(weight.bytes.size()), db(bias.bytes.size());
-    dx.copy_from_host(x.bytes().data(), x.bytes().size());
-    dy.copy_from_host(y.bytes().data(), y.bytes().size());  // poisoned, guard band included
-    dw.copy_from_host(weight.bytes.data(), weight.bytes.size());
-    db.copy_from_host(bias.bytes.data(), bias.bytes.size());
-    const int64_t shift = c.offset * dtype_size(c.x), yshift = c.offset * dtype_size(c.y);
-    Call d = call;
-    d.x.data = static_cast<char*>(dx.get()) + shift;
-    d.y.data = static_cast<char*>(dy.get()) + yshift;
-    if (call.weight.data) d.weight.data = dw.get();
-    if (call.bias.data) d.bias.data = db.get();
-    result.record = run(d, {c.plan, nullptr, Backend::cuda});
+    cuda::DeviceBuffer dx(d.x.bytes().size()), dy(d.y.bytes().size()), dw(d.weight.bytes.size()), db(d.bias.bytes.size());
+    dx.copy_from_host(d.x.bytes().data(), d.x.bytes().size());
+    dy.copy_from_host(d.y.bytes().data(), d.y.bytes().size());  // poisoned, guard band included
+    dw.copy_from_host(d.weight.bytes.data(), d.weight.bytes.size());
+    db.copy_from_host(d.bias.bytes.data(), d.bias.bytes.size());
+    Call dc = d.call;
+    dc.x.data = static_cast<char*>(dx.get()) + d.x.offset_elems() * dtype_size(c.x);
+    dc.y.data = static_cast<char*>(dy.get()) + d.y.offset_elems() * dtype_size(c.y);
+    if (d.call.weight.data) dc.weight.data = dw.get();
+    if (d.call.bias.data) dc.bias.data = db.get();
+    result.record = run(dc, {request, nullptr, Backend::cuda});
     TILE_CU_CHECK(cuda::driver().cuCtxSynchronize());
-    dy.copy_to_host(y.bytes().data(), y.bytes().size());
+    dy.copy_to_host(d.y.bytes().data(), d.y.bytes().size());
   }
-  result.check = check_against_oracle(call);
-  result.outside_untouched = y.outside_untouched();
+  result.check = check_against_oracle(d.call, result.record.plan);
+  result.outside_untouched = d.y.outside_untouched();
   return result;
 }
 
