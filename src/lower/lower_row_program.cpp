@@ -740,7 +740,7 @@ RowLowering::Stats RowLowering::row_stats(std::vector<Stmt>& out, int e, bool ce
 // RMSNorm's and LayerNorm's statistics and the row scalars of the output pass: 1 / p and, for
 // LayerNorm, the mean of x / p; `inv` becomes k = p * inv = rsqrt(m2 / cols + s / p^2), so
 // the product C * inv is (x / p - mean) * k. Where s / p^2 overflows, s dwarfs the statistics
-// and k is p * rsqrt(s). Where it underflows, a floor of 2^-126 for s > 0 (below the
+// and k is p * rsqrt(s + ms p^2). Where it underflows, a floor of 2^-126 for s > 0 (below the
 // statistics of any row that is not constant) keeps a constant row's 0 * k at 0, not 0 * inf.
 void RowLowering::norm_statistics(std::vector<Stmt>& out) {
   if (norm_k_ >= 0) return;
@@ -760,7 +760,9 @@ void RowLowering::norm_statistics(std::vector<Stmt>& out) {
   ExprPtr s_scaled = binary(BinOp::mul, binary(BinOp::mul, s, r(norm_pinv_)), r(norm_pinv_));
   int e2 = assign_new(out, "e2", binary(BinOp::max, s_scaled, binary(BinOp::min, s, f32_const(0x1p-126))));
   ExprPtr overflow = binary(BinOp::eq, r(e2), f32_const(std::numeric_limits<double>::infinity()));
-  norm_k_ = assign_new(out, "k", select(overflow, binary(BinOp::mul, r(st.p), unary(UnOp::rsqrt, s)),
+  // Unscaled in that case: ms * p^2 is negligible beside s, but carries a NaN.
+  ExprPtr unscaled = binary(BinOp::add, s, binary(BinOp::mul, binary(BinOp::mul, ms, r(st.p)), r(st.p)));
+  norm_k_ = assign_new(out, "k", select(overflow, binary(BinOp::mul, r(st.p), unary(UnOp::rsqrt, unscaled)),
                                         unary(UnOp::rsqrt, binary(BinOp::add, ms, r(e2)))));
 }
 

@@ -77,11 +77,12 @@ float finite_in(DType t, double v) {
   const double m = dtype_max(t);
   return float(std::clamp(v, -m, m));
 }
-void set_specials(std::mt19937_64& rng, int64_t n, int specials, const std::function<void(int64_t, float)>& set, bool zeros) {
-  const float inf = std::numeric_limits<float>::infinity();
-  const float values[] = {std::numeric_limits<float>::quiet_NaN(), inf, -inf, 0.0f};
-  for (int k = 0; k < specials && n > 0; ++k) set(int64_t(rng() % uint64_t(n)), values[rng() % (zeros ? 4 : 3)]);
+// Sets `specials` random elements to one of `values`.
+void set_specials(std::mt19937_64& rng, int64_t n, int specials, const std::function<void(int64_t, float)>& set,
+                  const std::vector<float>& values) {
+  for (int k = 0; k < specials && n > 0; ++k) set(int64_t(rng() % uint64_t(n)), values[rng() % values.size()]);
 }
+const float kInf = std::numeric_limits<float>::infinity(), kNaN = std::numeric_limits<float>::quiet_NaN();
 }  // namespace
 
 void HostMatrix::fill_row(std::mt19937_64& rng, int64_t r, RowPattern pattern, int specials) {
@@ -121,12 +122,14 @@ void HostMatrix::fill_row(std::mt19937_64& rng, int64_t r, RowPattern pattern, i
       break;
     case RowPattern::count: break;
   }
-  set_specials(rng, cols_, specials, set, false);
+  set_specials(rng, cols_, specials, set, {kNaN, kInf, -kInf});
 }
 
-void HostVector::fill_with_specials(std::mt19937_64& rng, double mean, double scale, int specials) {
-  fill_random(rng, mean, scale);
-  set_specials(rng, size, specials, [&](int64_t i, float v) { store_from_float(data(), i, dtype, v); }, true);
+void HostVector::fill_with_specials(std::mt19937_64& rng, double mean, double scale, int specials, bool infinities) {
+  std::normal_distribution<double> dist(mean, scale);
+  auto set = [&](int64_t i, float v) { store_from_float(data(), i, dtype, v); };
+  for (int64_t i = 0; i < size; ++i) set(i, finite_in(dtype, dist(rng)));
+  set_specials(rng, size, specials, set, infinities ? std::vector<float>{kNaN, 0.0f, kInf, -kInf} : std::vector<float>{kNaN, 0.0f});
 }
 
 }  // namespace tile::testing

@@ -60,8 +60,9 @@ struct HostVector {
   void* data() { return bytes.data(); }
   VectorView view() { return {bytes.data(), dtype, size}; }
   void fill_random(std::mt19937_64& rng, double mean, double scale);
-  // N(mean, scale), then `specials` random elements set to NaN, +inf, -inf or 0.
-  void fill_with_specials(std::mt19937_64& rng, double mean, double scale, int specials);
+  // N(mean, scale) within the dtype's finite range, then `specials` random elements set to
+  // NaN or 0 (or +-inf when `infinities`).
+  void fill_with_specials(std::mt19937_64& rng, double mean, double scale, int specials, bool infinities);
 };
 
 }  // namespace tile::testing

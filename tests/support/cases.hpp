@@ -60,7 +60,9 @@ struct CaseData {
       bias.fill_random(rng, 0.0, 0.5);
     } else {
       // Rows of every pattern, a quarter of them with NaN or infinities; weights and biases
-      // mostly N(1, 0.5) and N(0, 0.5), sometimes with specials or of any magnitude.
+      // mostly N(1, 0.5) and N(0, 0.5), sometimes with NaN and zeros (biases also
+      // infinities) or of magnitudes 2^-20 ... 2^20. No infinite weight: x_hat * inf is NaN or
+      // inf depending on whether fp32 x_hat underflows, which no float64 oracle decides.
       for (int64_t r = 0; r < c.rows; ++r) {
         patterns.push_back(RowPattern(rng() % uint64_t(RowPattern::count)));
         x.fill_row(rng, r, patterns.back(), rng() % 4 == 0 ? 1 + int(rng() % 3) : 0);
@@ -68,8 +70,8 @@ struct CaseData {
       for (HostVector* v : {&weight, &bias}) {
         const double mean = v == &weight ? 1.0 : 0.0;
         const uint64_t kind = rng() % 8;
-        if (kind == 0) v->fill_with_specials(rng, mean, 0.5, 1 + int(rng() % 2));
-        else if (kind == 1) v->fill_random(rng, 0.0, std::exp2(std::uniform_real_distribution<double>(-20, 20)(rng)));
+        if (kind == 0) v->fill_with_specials(rng, mean, 0.5, 1 + int(rng() % 2), v == &bias);
+        else if (kind == 1) v->fill_with_specials(rng, 0.0, std::exp2(std::uniform_real_distribution<double>(-20, 20)(rng)), 0, false);
         else v->fill_random(rng, mean, 0.5);
       }
     }
