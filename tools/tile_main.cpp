@@ -49,8 +49,9 @@ bool all_digits(std::string_view text) {
   return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// "RxC": two decimal integers joined by one 'x'; cols >= 1 as every operator needs.
-Shape parse_shape(const std::string& option, const std::string& text) {
+// "RxC": two decimal integers joined by one 'x'; cols >= 1 as every operator needs, rows >=
+// min_rows (1 where a kernel is timed).
+Shape parse_shape(const std::string& option, const std::string& text, int64_t min_rows = 0) {
   const size_t x = text.find('x');
   const std::string_view rows_text = std::string_view(text).substr(0, x);
   const std::string_view cols_text = x == std::string::npos ? std::string_view() : std::string_view(text).substr(x + 1);
@@ -59,6 +60,7 @@ Shape parse_shape(const std::string& option, const std::string& text) {
   const std::optional<int64_t> rows = parse_int(rows_text), cols = parse_int(cols_text);
   if (!rows || !cols) bad_option(option, "rows and cols below 2^63", in_quotes(text));
   if (*cols < 1) bad_option(option, "cols >= 1", in_quotes(text));
+  if (*rows < min_rows) bad_option(option, "rows >= " + std::to_string(min_rows), in_quotes(text));
   return {*rows, *cols};
 }
 
@@ -98,7 +100,9 @@ void check_host_bytes(const std::string& option, Shape shape, int64_t stride, ti
   try {
     add(int64_t(testing::HostMatrix::allocation_bytes(x, shape.rows, shape.cols, stride, 0, guard)));
     add(int64_t(testing::HostMatrix::allocation_bytes(y, shape.rows, shape.cols, stride, 0, guard)));
-    add(2 * int64_t(testing::HostVector::allocation_bytes(columns, shape.cols)));
+    const int64_t column_bytes = int64_t(testing::HostVector::allocation_bytes(columns, shape.cols));
+    add(column_bytes);  // weight
+    add(column_bytes);  // bias
     int64_t reference = 0;
     fits = fits && !__builtin_mul_overflow(shape.rows, shape.cols, &reference) &&
            !__builtin_mul_overflow(reference, int64_t(sizeof(double)), &reference);
@@ -237,7 +241,8 @@ struct RunArgs {
     if (stride_opt->count()) {
       const std::optional<int64_t> value = parse_int(stride);
       if (!value || *value < o.shape.cols)
-        bad_option("--stride", "an integer >= cols = " + std::to_string(o.shape.cols), in_quotes(stride));
+        bad_option("--stride", "an integer from cols = " + std::to_string(o.shape.cols) + " to 2^63 - 1",
+                   in_quotes(stride));
       o.stride = *value;
     }
     if (plan_opt->count()) o.request = parse_plan("--plan", plan);
@@ -292,7 +297,7 @@ struct BenchArgs {
     o.host = host;
     if (plan_opt->count()) o.request = parse_plan("--plan", plan);
     for (const std::string& text : shapes) {
-      Shape shape = parse_shape("--shape", text);
+      Shape shape = parse_shape("--shape", text, 1);
       // f32 is the larger of the two dtypes bench times.
       check_host_bytes("--shape", shape, shape.cols, tile::DType::f32, tile::DType::f32, tile::DType::f32, 0);
       o.shapes.push_back(shape);
@@ -303,6 +308,7 @@ struct BenchArgs {
 
 struct TuneArgs {
   std::string op = "softmax", shape = "1024x4096", dtype = "f32", out;
+  CLI::Option* out_opt = nullptr;
 
   void add_to(CLI::App& app) {
     app.add_option("--op", op, "softmax | log_softmax | rms_norm | layer_norm")
@@ -312,20 +318,20 @@ struct TuneArgs {
     app.add_option("--dtype", dtype, "input, output and weight dtype: f32 | f16 | bf16")
         ->type_name("T")
         ->capture_default_str();
-    app.add_option("--out", out, "also write every plan's time as JSON to FILE")->type_name("FILE");
+    out_opt = app.add_option("--out", out, "also write every plan's time as JSON to FILE")->type_name("FILE");
   }
 
   tile::cli::TuneOptions check() const {
     tile::cli::TuneOptions o;
     o.op = parse_op("--op", op);
-    o.shape = parse_shape("--shape", shape);
+    o.shape = parse_shape("--shape", shape, 1);
     o.dtype = parse_dtype("--dtype", dtype);
     check_host_bytes("--shape", o.shape, o.shape.cols, o.dtype, o.dtype, o.dtype, 0);
-    if (!out.empty()) {
+    if (out_opt->count()) {
       namespace fs = std::filesystem;
-      const fs::path parent = fs::absolute(fs::path(out)).parent_path();
       std::error_code ec;
-      if (fs::is_directory(fs::path(out), ec) || !fs::is_directory(parent, ec))
+      const fs::path parent = fs::absolute(fs::path(out), ec).parent_path();
+      if (out.empty() || fs::is_directory(fs::path(out), ec) || !fs::is_directory(parent, ec))
         bad_option("--out", "a file path in an existing folder", in_quotes(out));
     }
     o.op_text = op, o.shape_text = shape, o.dtype_text = dtype, o.out_path = out;

@@ -30,7 +30,8 @@ USAGE_ERRORS = [
     (["run", "--shape", "-1x4"], "--shape"),
     (["run", "--shape", "4x0"], "--shape"),
     (["run", "--shape", "x4"], "--shape"),
-    (["run", "--shape", "200000x20000"], "--shape"),  # 64 GB of host buffers: over the limit
+    (["run", "--shape", "200000x20000"], "--shape"),
+    (["run", "--dtype", "f16", "--shape", "1x2305843009213693952"], "--shape"),  # 64 GB of host buffers: over the limit
     (["run", "--shape"], "--shape"),
     (["run", "--shap", "4x8"], "--shap"),
     (["run", "--show", "bogus"], "--show"),
@@ -53,14 +54,18 @@ USAGE_ERRORS = [
     (["bench", "--shape", "4x8x3"], "--shape"),
     (["bench", "--shape", "4611686018427387905x4"], "--shape"),
     (["bench", "--shape", "1x2", "3x4"], "3x4"),
+    (["bench", "--shape", "0x64"], "--shape"),  # nothing to time
     (["bench", "--plan", "[]"], "--plan"),
     (["bench", "--host", "--shape", "4x8"], "--host"),
     (["bench", "--shap", "4x8"], "--shap"),
     (["tune", "--shape", "99999999999999999999x4"], "--shape"),
     (["tune", "--shape", "3x4611686018427387904"], "--shape"),
+    (["tune", "--shape", "0x64"], "--shape"),
     (["tune", "--op", "bogus"], "--op"),
     (["tune", "--dtype", "f64"], "--dtype"),
     (["tune", "--out", "/nonexistent-folder/tune.json"], "--out"),
+    (["tune", "--out", ""], "--out"),
+    (["tune", "--out", "/"], "--out"),
     (["tune", "--plan", "{}"], "--plan"),
     (["--shap"], "--shap"),
     (["frob"], "frob"),
@@ -100,7 +105,7 @@ class TileCli(unittest.TestCase):
         self.assertIn("--shape: expected RxC", proc.stderr)
         self.assertIn("got '4x8x3'", proc.stderr)
         proc = tile(["run", "--shape", "10x4", "--stride", "-1"])
-        self.assertIn("--stride: expected an integer >= cols = 4, got '-1'", proc.stderr)
+        self.assertIn("--stride: expected an integer from cols = 4 to 2^63 - 1, got '-1'", proc.stderr)
         proc = tile(["run", "--shape", "4611686018427387905x4"])
         self.assertIn("fit in 16 GiB", proc.stderr)
         self.assertIn("2^63 bytes or more", proc.stderr)
