@@ -491,9 +491,13 @@ void translate(const std::exception_ptr& p, void*) {
   } catch (const tile::cuda::CompileError& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   } catch (const tile::Error& e) {
-    // Driver failures are plain tile::Errors (driver.cpp throw_cu_error); told apart by prefix.
-    const bool driver = std::string(e.what()).rfind("CUDA driver call failed", 0) == 0;
-    PyErr_SetString(driver ? PyExc_RuntimeError : PyExc_ValueError, e.what());
+    // Driver, NVRTC and module-loading failures are plain tile::Errors (driver.cpp,
+    // jit_module.cpp), not the caller's arguments; told apart by prefix.
+    const std::string what = e.what();
+    bool runtime = false;
+    for (const char* prefix : {"CUDA driver call failed", "NVRTC call failed", "get_function:"})
+      runtime |= what.rfind(prefix, 0) == 0;
+    PyErr_SetString(runtime ? PyExc_RuntimeError : PyExc_ValueError, e.what());
   } catch (const tile::InternalError& e) {
     PyErr_SetString(internal_error_type, (std::string(e.what()) +
                                           " [a bug in the Tile library, not in the call: please report it]")

@@ -55,7 +55,7 @@ TEST(ViewsOverlap, AgreesWithEveryRowPairOnRandomViews) {
 
 TEST(ViewsOverlap, VectorsAreOneRow) {
   const TensorView y = view_at(4096, DType::f32, 4, 8, 16);  // rows at 4096, 4160, 4224, 4288; 32 bytes each
-  EXPECT_FALSE(views_overlap(y, VectorView{reinterpret_cast<void*>(4096 + 32), DType::f32, 8}));  // the gap
+  EXPECT_FALSE(views_overlap(y, VectorView{reinterpret_cast<void*>(4096 + 32), DType::f32, 8}));   // the gap
   EXPECT_TRUE(views_overlap(y, VectorView{reinterpret_cast<void*>(4096 + 34), DType::bf16, 16}));  // into row 1
   EXPECT_FALSE(views_overlap(y, VectorView{reinterpret_cast<void*>(4096 + 320), DType::f32, 8}));  // past the end
   EXPECT_FALSE(views_overlap(y, VectorView{}));
@@ -64,8 +64,10 @@ TEST(ViewsOverlap, VectorsAreOneRow) {
 TEST(ViewsOverlap, HugeRowCountsTakeNoTimeAndStayExact) {
   // Interleaved halves of 2^40 rows of 128 elements: disjoint; one element more and they touch.
   const int64_t rows = int64_t(1) << 40;
-  EXPECT_FALSE(views_overlap(view_at(1 << 20, DType::f32, rows, 64, 128), view_at((1 << 20) + 256, DType::f32, rows, 64, 128)));
-  EXPECT_TRUE(views_overlap(view_at(1 << 20, DType::f32, rows, 65, 128), view_at((1 << 20) + 256, DType::f32, rows, 64, 128)));
+  EXPECT_FALSE(
+      views_overlap(view_at(1 << 20, DType::f32, rows, 64, 128), view_at((1 << 20) + 256, DType::f32, rows, 64, 128)));
+  EXPECT_TRUE(
+      views_overlap(view_at(1 << 20, DType::f32, rows, 65, 128), view_at((1 << 20) + 256, DType::f32, rows, 64, 128)));
   // Strides of 1000 and 1001 f32 elements drift by 4 bytes a row: the views first share a byte
   // after hundreds of rows. Compared with a walk over the rows of a (the only candidate row of
   // b for row i is the one starting at or below it).
@@ -132,7 +134,8 @@ TEST(EmittedSource, RestrictOnlyWhereNoAliasingIsAllowed) {
   EXPECT_NE(sig.find("const float* __restrict__ weight"), std::string::npos) << sig;
   EXPECT_NE(sig.find("const float* __restrict__ bias"), std::string::npos) << sig;
   size_t restricts = 0;
-  for (size_t at = sig.find("__restrict__"); at != std::string::npos; at = sig.find("__restrict__", at + 1)) ++restricts;
+  for (size_t at = sig.find("__restrict__"); at != std::string::npos; at = sig.find("__restrict__", at + 1))
+    ++restricts;
   EXPECT_EQ(restricts, 2u) << sig;
 }
 
@@ -144,7 +147,8 @@ TEST(PlanGivenBack, SameKernelSource) {
       for (int64_t cols : {1, 31, 100, 1537, 4096, 10000, 40000}) {
         const int64_t rows = 37;
         std::vector<uint8_t> x(size_t(rows * (cols + 1) * 4 + 64)), w(size_t(cols * 4));
-        Call call{op, matrix(x.data(), dt, rows, cols, cols + (cols % 2)), matrix(x.data(), dt, rows, cols, cols + (cols % 2))};
+        Call call{op, matrix(x.data(), dt, rows, cols, cols + (cols % 2)),
+                  matrix(x.data(), dt, rows, cols, cols + (cols % 2))};
         if (op == Op::rms_norm) call.weight = VectorView{w.data(), DType::f32, cols};
         std::vector<MappingPlan> plans = {plan_for(call)};
         if (cols <= 1537) plans = mapping_family(plan_inputs(call));

@@ -265,3 +265,28 @@ def test_stream_on_cpu():
         tile.softmax(x32(), stream=1234)
     with pytest.raises(TypeError, match=r"argument 'stream': expected an int"):
         tile.softmax(x32(), stream="default")
+
+
+@pytest.mark.gpu
+def test_torch_fast_path_refuses_the_same():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    x = torch.randn(4, 128, device="cuda")
+    with pytest.raises(TypeError, match=r"rms_norm: argument 'eps': expected a real number \(float\), got str 'abc'"):
+        tile.rms_norm(x, eps="abc")
+    with pytest.raises(ValueError, match=r"rms_norm: argument 'eps': " + EPS_RANGE + r".*got 1e-50"):
+        tile.rms_norm(x, eps=1e-50)
+    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected an array of at least one dimension"):
+        tile.softmax(torch.tensor(3.0, device="cuda"))
+    # numpy and torch integer scalars are plan integers; a plan given back is the same kernel.
+    plan = tile.plan("softmax", x[:, :64], plan={"stripes": np.int64(1), "programs_per_group": torch.tensor(2)})
+    assert plan["programs_per_group"] == 2 and tile.plan("softmax", x[:, :64], plan=plan) == plan
+    # Disjoint interleaved halves of one tensor run; sharing one element does not.
+    before = x.clone()
+    y = tile.softmax(x[:, :64], out=x[:, 64:])
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, torch.softmax(before[:, :64].double(), -1).float(), rtol=1e-5, atol=1e-6)
+    assert torch.equal(x[:, :64], before[:, :64])
+    with pytest.raises(ValueError, match=r"softmax: argument 'y': expected memory that does not overlap x"):
+        tile.softmax(x[:, :64], out=x[:, 63:127])
