@@ -143,9 +143,10 @@ tile::TensorView as_matrix(const std::string& op, const char* arg, const ArrayIn
   int64_t rows = 1;
   bool wrapped = false;
   for (size_t i = 0; i + 1 < n; ++i) wrapped |= __builtin_mul_overflow(rows, a.shape[i], &rows);
-  if (std::find(a.shape, a.shape + n - 1, 0) != a.shape + n - 1) rows = 0;
-  else if (wrapped)
+  const bool empty = std::find(a.shape, a.shape + n - 1, 0) != a.shape + n - 1;
+  if (wrapped && !empty)
     tile::throw_argument_error(op, arg, "leading extents whose product (the rows) is below 2^63", layout(a));
+  if (empty) rows = 0;
   int64_t row_stride = cols;
   const tile::DType dtype = dtype_of(op, arg, a.dtype);
   // An empty array has arbitrary strides.
@@ -168,10 +169,9 @@ tile::TensorView as_matrix(const std::string& op, const char* arg, const ArrayIn
       inner = i;
     }
     if (row_stride < cols)
-      tile::throw_argument_error(op, arg,
-                                 "rows at increasing addresses that do not overlap (row stride >= " +
-                                     std::to_string(cols) + ")",
-                                 layout(a));
+      tile::throw_argument_error(
+          op, arg, "rows at increasing addresses that do not overlap (row stride >= " + std::to_string(cols) + ")",
+          layout(a));
   }
   return tile::TensorView{mutable_data(a.data), dtype, rows, cols, row_stride};
 }
@@ -499,9 +499,9 @@ void translate(const std::exception_ptr& p, void*) {
       runtime |= what.rfind(prefix, 0) == 0;
     PyErr_SetString(runtime ? PyExc_RuntimeError : PyExc_ValueError, e.what());
   } catch (const tile::InternalError& e) {
-    PyErr_SetString(internal_error_type, (std::string(e.what()) +
-                                          " [a bug in the Tile library, not in the call: please report it]")
-                                             .c_str());
+    PyErr_SetString(
+        internal_error_type,
+        (std::string(e.what()) + " [a bug in the Tile library, not in the call: please report it]").c_str());
   }
 }
 
@@ -510,8 +510,8 @@ void translate(const std::exception_ptr& p, void*) {
 NB_MODULE(_tile, m) {
   m.doc() = "Tile: generated row-reduction kernels (softmax, log-softmax, RMSNorm, LayerNorm).";
   internal_error_type = PyErr_NewExceptionWithDoc(
-      "tile.InternalError", "A broken invariant inside Tile: a library bug, never a bad argument.",
-      PyExc_RuntimeError, nullptr);
+      "tile.InternalError", "A broken invariant inside Tile: a library bug, never a bad argument.", PyExc_RuntimeError,
+      nullptr);
   m.attr("InternalError") = nb::handle(internal_error_type);
   nb::register_exception_translator(translate);
   // Raises the C++ InternalError of a failed internal check, to test its translation.

@@ -42,8 +42,8 @@ void check_matrix(const std::string& op, const char* name, const TensorView& t) 
     throw_argument_error(op, name, "a pointer aligned to its element size (" + std::to_string(dtype_size(t.dtype)) + " bytes)",
                          "a misaligned pointer");
   if (uintptr_t(extent(t)) * dtype_size(t.dtype) > UINTPTR_MAX - base)
-    throw_argument_error(op, name, "a view that ends inside the address space", shape(t.rows, t.cols, t.row_stride) +
-                         " at address " + std::to_string(base));
+    throw_argument_error(op, name, "a view that ends inside the address space",
+                         shape(t.rows, t.cols, t.row_stride) + " at address " + std::to_string(base));
 }
 
 void check_vector(const std::string& op, const char* name, const VectorView& v, int64_t cols) {

@@ -38,7 +38,7 @@ int parse_int(const json& j, const char* field) {
   const bool huge = j.is_number_float() && std::abs(j.get<double>()) >= 0x1p63;
   if (!j.is_number_integer() && !huge) throw_argument_error("mapping plan", field, "an integer", j.dump());
   const bool in_range = !huge && (j.is_number_unsigned() ? j.get<uint64_t>() - 1 < uint64_t(kMaxField)
-                                                        : j.get<int64_t>() >= 1 && j.get<int64_t>() <= kMaxField);
+                                                         : j.get<int64_t>() >= 1 && j.get<int64_t>() <= kMaxField);
   if (!in_range) throw_argument_error("mapping plan", field, "an integer in [1, 2147483647]", j.dump());
   return int(j.get<int64_t>());
 }

@@ -106,8 +106,9 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     p.width_mode = WidthMode::automatic;
   }
   // Clamped to an int: validate_plan rejects a row of more passes.
-  p.stripes = req.stripes ? *req.stripes
-                          : int(std::clamp<int64_t>(ceil_div(vectors, std::max(p.workers_per_program, 1)), 1, INT32_MAX));
+  p.stripes = req.stripes
+                  ? *req.stripes
+                  : int(std::clamp<int64_t>(ceil_div(vectors, std::max(p.workers_per_program, 1)), 1, INT32_MAX));
   p.private_budget = req.private_budget.value_or(64);
   p.caching = req.caching.value_or(!long_row && int64_t(p.stripes) * p.vector_elems <= p.private_budget
                                        ? InputCaching::registers
@@ -164,9 +165,10 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
   if (p.stripes < 1) fail("stripes", "at least 1", str(p.stripes));
   // The passes of all workers over a row are counted in 32 bits (the stripes field).
   if (ceil_div(in.cols, int64_t(W) * V) > INT32_MAX)
-    throw_argument_error(op, "x", "cols at most 2147483647 passes of workers_per_program x vector_elems = " +
-                                      str(int64_t(W) * V) + " elements",
-                         str(in.cols));
+    throw_argument_error(
+        op, "x",
+        "cols at most 2147483647 passes of workers_per_program x vector_elems = " + str(int64_t(W) * V) + " elements",
+        str(in.cols));
   if (p.stripe_unroll < 1 || p.stripe_unroll > 16) fail("stripe_unroll", "1 to 16", str(p.stripe_unroll));
   if (p.private_budget < 1 || p.private_budget > 255) fail("private_budget", "1 to 255 scalars", str(p.private_budget));
   if (p.caching == InputCaching::registers) {
@@ -200,8 +202,9 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
   if (int64_t(reductions) * P * std::max(1, W / 32) * 4 > limits.max_shared_bytes)
     fail("programs_per_group", "shared memory within " + str(limits.max_shared_bytes) + " bytes", str(P));
   if (ceil_div(in.rows, P) > limits.max_groups)
-    throw_argument_error(op, "x", "at most " + str(limits.max_groups) + " groups of " + str(P) +
-                                      " rows (the grid's limit)", str(in.rows) + " rows");
+    throw_argument_error(op, "x",
+                         "at most " + str(limits.max_groups) + " groups of " + str(P) + " rows (the grid's limit)",
+                         str(in.rows) + " rows");
 }
 
 std::vector<MappingPlan> mapping_family(const PlanInputs& in, const DeviceLimits& limits) {

@@ -118,12 +118,14 @@ TEST(ArgumentErrors, GridBeyondItsLimitIsRefused) {
       f();
       ADD_FAILURE() << "no error";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("softmax: argument 'x': expected at most 2147483647 groups"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("softmax: argument 'x': expected at most 2147483647 groups"),
+                std::string::npos)
           << e.what();
     }
   }
   // The mapping family offers no plan beyond the grid either.
-  for (const MappingPlan& m : mapping_family(PlanInputs{Op::softmax, DType::f32, DType::f32, DType::f32, false, rows, 1, 1, 1, 16}))
+  for (const MappingPlan& m :
+       mapping_family(PlanInputs{Op::softmax, DType::f32, DType::f32, DType::f32, false, rows, 1, 1, 1, 16}))
     EXPECT_LE((rows + m.programs_per_group - 1) / m.programs_per_group, int64_t(INT32_MAX)) << m.to_json();
 }
 
@@ -145,16 +147,19 @@ TEST(ArgumentErrors, EpsMustBeWhatFp32Holds) {
       checked_eps(Op::layer_norm, bad);
       ADD_FAILURE() << "no error for " << bad;
     } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()).rfind("layer_norm: argument 'eps': expected 0 or a finite positive value that float32 "
-                                            "holds within rounding", 0),
-                0u)
+      EXPECT_EQ(
+          std::string(e.what()).rfind("layer_norm: argument 'eps': expected 0 or a finite positive value that float32 "
+                                      "holds within rounding",
+                                      0),
+          0u)
           << e.what();
     }
   }
   // eps = 0 is allowed and means what it says: a zero row has no scale (NaN, as in PyTorch).
   std::vector<float> x(2 * 8, 0.0f), y(2 * 8, 1.0f);
   x[8] = 1.0f;
-  rms_norm(matrix(x.data(), DType::f32, 2, 8), matrix(y.data(), DType::f32, 2, 8), {}, 0.0f, {{}, nullptr, Backend::cpu});
+  rms_norm(matrix(x.data(), DType::f32, 2, 8), matrix(y.data(), DType::f32, 2, 8), {}, 0.0f,
+           {{}, nullptr, Backend::cpu});
   EXPECT_TRUE(std::isnan(y[0]));
   EXPECT_NEAR(y[8], std::sqrt(8.0f), 1e-5);
 }
@@ -260,18 +265,17 @@ std::map<std::string, Check> limit_checks() {
   m["address_end"] = planned([=](Call& c, PlanRequest&, const std::string& v) {
     shape(c, 1, 4, 4), c.x.data = at(uintptr_t(std::stoull(v)));
   });
-  m["aliasing"] = planned([=](Call& c, PlanRequest&, const std::string& v) {
-    shape(c, 4, 64, 64), c.y.data = at(kX + i64(v));
-  });
-  m["aliasing_interleaved"] = planned([=](Call& c, PlanRequest&, const std::string& v) {
-    shape(c, 4, 64, 128), c.y.data = at(kX + i64(v));
-  });
+  m["aliasing"] =
+      planned([=](Call& c, PlanRequest&, const std::string& v) { shape(c, 4, 64, 64), c.y.data = at(kX + i64(v)); });
+  m["aliasing_interleaved"] =
+      planned([=](Call& c, PlanRequest&, const std::string& v) { shape(c, 4, 64, 128), c.y.data = at(kX + i64(v)); });
   m["aliasing_weight"] = planned([=](Call& c, PlanRequest&, const std::string& v) {
     c.op = Op::rms_norm, shape(c, 4, 64, 64), c.weight = VectorView{at(kY + i64(v)), DType::f32, 64};
   });
   m["eps"] = [](const std::string& v) { checked_eps(Op::rms_norm, std::strtod(v.c_str(), nullptr)); };
   m["json_integer"] = [](const std::string& v) { PlanRequest::from_json("{\"stripes\":" + v + "}"); };
-  m["workers_per_program"] = planned([=](Call&, PlanRequest& p, const std::string& v) { p.workers_per_program = int(i64(v)); });
+  m["workers_per_program"] =
+      planned([=](Call&, PlanRequest& p, const std::string& v) { p.workers_per_program = int(i64(v)); });
   m["programs_per_group"] = planned([=](Call&, PlanRequest& p, const std::string& v) {
     p.workers_per_program = 32, p.programs_per_group = int(i64(v));
   });

@@ -109,8 +109,9 @@ TEST(MappingPlan, WidthModeRecordsWhereTheWidthCameFrom) {
 TEST(MappingPlanErrors, PlanTextIsReadWholeOrRefused) {
   // The JSON parser stops at a NUL byte; what follows it must not be silently dropped.
   const std::string text("{\"stripes\":1}\0{\"garbage\"", 25);
-  EXPECT_EQ(error_of([&] { PlanRequest::from_json(text); }),
-            "mapping plan: argument 'json': expected a JSON object without NUL bytes, got a NUL byte at offset 13 of 25");
+  EXPECT_EQ(
+      error_of([&] { PlanRequest::from_json(text); }),
+      "mapping plan: argument 'json': expected a JSON object without NUL bytes, got a NUL byte at offset 13 of 25");
   EXPECT_NE(error_of([&] { MappingPlan::from_json(MappingPlan{}.to_json() + std::string(1, '\0')); }).find("NUL"),
             std::string::npos);
 }
@@ -119,13 +120,15 @@ TEST(MappingPlanErrors, IntegerFieldsAreInOneToIntMax) {
   EXPECT_EQ(*PlanRequest::from_json(R"({"stripes":1})").stripes, 1);
   EXPECT_EQ(*PlanRequest::from_json(R"({"stripes":2147483647})").stripes, 2147483647);
   for (const char* bad : {"0", "-1", "2147483648", "18446744073709551615", "18446744073709551616", "1e30"})
-    EXPECT_EQ(error_of([&] { PlanRequest::from_json(std::string(R"({"stripes":)") + bad + "}"); })
-                  .find("mapping plan: argument 'stripes': expected an integer in [1, 2147483647], got "),
+    EXPECT_EQ(error_of([&] {
+                PlanRequest::from_json(std::string(R"({"stripes":)") + bad + "}");
+              }).find("mapping plan: argument 'stripes': expected an integer in [1, 2147483647], got "),
               0u)
         << bad;
   for (const char* bad : {"1.5", "2.0", "true", "null", "\"2\"", "[2]"})
-    EXPECT_EQ(error_of([&] { PlanRequest::from_json(std::string(R"({"stripes":)") + bad + "}"); })
-                  .find("mapping plan: argument 'stripes': expected an integer, got "),
+    EXPECT_EQ(error_of([&] {
+                PlanRequest::from_json(std::string(R"({"stripes":)") + bad + "}");
+              }).find("mapping plan: argument 'stripes': expected an integer, got "),
               0u)
         << bad;
 }
@@ -135,8 +138,9 @@ TEST(MappingPlanErrors, RequestsOutOfRangeAreRefusedBeforeThePolicyDividesByThem
   for (int v : {0, -4}) {
     PlanRequest r;
     r.vector_elems = v;
-    EXPECT_EQ(error_of([&] { choose_plan(in, r); }),
-              "mapping plan: argument 'vector_elems': expected an integer in [1, 2147483647], got " + std::to_string(v));
+    EXPECT_EQ(
+        error_of([&] { choose_plan(in, r); }),
+        "mapping plan: argument 'vector_elems': expected an integer in [1, 2147483647], got " + std::to_string(v));
     r = {};
     r.workers_per_program = v;
     EXPECT_NE(error_of([&] { choose_plan(in, r); }).find("'workers_per_program'"), std::string::npos);

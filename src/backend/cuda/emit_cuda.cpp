@@ -48,8 +48,8 @@ class CudaEmitter : public IRPrinter {
     std::string sig;
     // An in-place call passes one buffer as x and y, so neither is __restrict__; the column
     // operands (weight, bias) never overlap an output (check_call) and are.
-    TILE_CHECK(k_.buffers.size() >= 2 && !k_.buffers[0].output && k_.buffers[1].output,
-               "kernel '", k_.name, "': expected buffers x (input) and y (output) first");
+    TILE_CHECK(k_.buffers.size() >= 2 && !k_.buffers[0].output && k_.buffers[1].output, "kernel '", k_.name,
+               "': expected buffers x (input) and y (output) first");
     for (size_t i = 0; i < k_.buffers.size(); ++i) {
       const Buffer& b = k_.buffers[i];
       const bool may_alias = i < 2 || b.output;
