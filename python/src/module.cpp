@@ -187,8 +187,8 @@ tile::VectorView as_vector(const std::string& op, const char* arg, const ArrayIn
 enum Arg { kX, kOut, kWeight, kBias };
 constexpr const char* kArgNames[] = {"x", "out", "weight", "bias"};
 
-// Why an object that has __dlpack__ would not export: its dtype and the exporter's own words
-// (numpy: "DLPack only supports native byte order"), or "" when it exports.
+// Why an object would not import: no __dlpack__, or its dtype and the exporter's own words
+// (numpy: "DLPack only supports native byte order") when its __dlpack__ raises.
 std::string export_failure(nb::handle h) {
   if (!nb::hasattr(h, "__dlpack__")) return " (it has no __dlpack__)";
   std::string why;

@@ -90,8 +90,6 @@ u128 floor_sum(u128 n, u128 m, u128 a, u128 b) {
   return sum;
 }
 
-}  // namespace
-
 // Rows ra of a and rb of b share a byte iff rb * Sb lies in I(ra) = [lo + ra * Sa, hi + ra * Sa]
 // (lo, hi from the bases and widths). Over the ra whose I(ra) meets [0, E], E the last row's
 // offset, an I(ra) reaching past either end holds that end (a row of b); otherwise the question is
@@ -113,13 +111,6 @@ bool spans_overlap(const RowSpans& a, const RowSpans& b) {
   return above < u128(n);
 }
 
-bool views_overlap(const TensorView& a, const TensorView& b) { return spans_overlap(spans_of(a), spans_of(b)); }
-bool views_overlap(const TensorView& a, const VectorView& b) {
-  return b.data != nullptr && spans_overlap(spans_of(a), spans_of(b));
-}
-
-namespace {
-
 std::string number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.9g", v);
@@ -127,6 +118,11 @@ std::string number(double v) {
 }
 
 }  // namespace
+
+bool views_overlap(const TensorView& a, const TensorView& b) { return spans_overlap(spans_of(a), spans_of(b)); }
+bool views_overlap(const TensorView& a, const VectorView& b) {
+  return b.data != nullptr && spans_overlap(spans_of(a), spans_of(b));
+}
 
 std::mutex& prepared_mutex() {
   static std::mutex mutex;
