@@ -169,17 +169,20 @@ enum class EntryRead { hit, missing, unusable };
 
 // Accepts only a regular file (no link followed) of at most kMaxEntryBytes whose header names
 // `key`, whose length is the file's size and whose SHA-256 matches; on a hit fills cubin and
-// cubin_sha256. Never blocks (a FIFO is refused, not opened for reading) and never throws;
-// `why` says what was wrong with an unusable entry.
+// cubin_sha256. Never blocks (a FIFO or device is refused before it is opened) and never
+// throws; `why` says what was wrong with an unusable entry.
 EntryRead read_entry(const fs::path& path, const std::string& key, CompileResult& r, std::string& why) {
-  FileDescriptor file{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW)};
-  if (file.fd < 0) {
+  // Only a regular file is opened at all; the flags and fstat() cover one swapped in meanwhile.
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) != 0) {
     const int error = errno;
     if (error == ENOENT || error == ENOTDIR) return EntryRead::missing;  // a missing folder is reported on write
-    why = error == ELOOP ? "a symbolic link, not a cache entry" : "cannot open: " + errno_text(error);
-    return EntryRead::unusable;
+    return why = "cannot stat: " + errno_text(error), EntryRead::unusable;
   }
-  struct stat st{};
+  if (S_ISLNK(st.st_mode)) return why = "a symbolic link, not a cache entry", EntryRead::unusable;
+  if (!S_ISREG(st.st_mode)) return why = "not a regular file", EntryRead::unusable;
+  FileDescriptor file{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW)};
+  if (file.fd < 0) return why = "cannot open: " + errno_text(errno), EntryRead::unusable;
   if (::fstat(file.fd, &st) != 0) return why = "cannot stat: " + errno_text(errno), EntryRead::unusable;
   if (!S_ISREG(st.st_mode)) return why = "not a regular file", EntryRead::unusable;
   const uint64_t size = uint64_t(st.st_size);
@@ -207,9 +210,9 @@ EntryRead read_entry(const fs::path& path, const std::string& key, CompileResult
   const size_t have = bytes.size();
   bytes.resize(size);
   if (!read_fully(file.fd, bytes.data() + have, size - have)) return why = "read failed", EntryRead::unusable;
-  std::string payload = bytes.substr(nl + 1);
-  if (sha256_hex(payload) != sha) return why = "the payload's SHA-256 does not match", EntryRead::unusable;
-  r.cubin = std::move(payload);
+  bytes.erase(0, nl + 1);
+  if (sha256_hex(bytes) != sha) return why = "the payload's SHA-256 does not match", EntryRead::unusable;
+  r.cubin = std::move(bytes);
   r.cubin_sha256 = std::move(sha);
   return EntryRead::hit;
 }
