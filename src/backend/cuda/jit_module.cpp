@@ -131,8 +131,8 @@ void warn_once(const fs::path& where, const std::string& why) {
   static std::once_flag once;
   std::call_once(once, [&] {
     std::fprintf(stderr,
-                 "tile: warning: kernel disk cache: %s: %s; the kernel is compiled instead (later cache "
-                 "problems in this process are not reported)\n",
+                 "tile: warning: kernel disk cache: %s: %s; the kernel is compiled and the disk cache "
+                 "skipped (later cache problems in this process are not reported)\n",
                  where.c_str(), why.c_str());
   });
 }
@@ -182,7 +182,11 @@ EntryRead read_entry(const fs::path& path, const std::string& key, CompileResult
   if (S_ISLNK(st.st_mode)) return why = "a symbolic link, not a cache entry", EntryRead::unusable;
   if (!S_ISREG(st.st_mode)) return why = "not a regular file", EntryRead::unusable;
   FileDescriptor file{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW)};
-  if (file.fd < 0) return why = "cannot open: " + errno_text(errno), EntryRead::unusable;
+  if (file.fd < 0) {
+    const int error = errno;
+    if (error == ENOENT) return EntryRead::missing;  // removed since lstat(), e.g. by clear_disk_cache()
+    return why = "cannot open: " + errno_text(error), EntryRead::unusable;
+  }
   if (::fstat(file.fd, &st) != 0) return why = "cannot stat: " + errno_text(errno), EntryRead::unusable;
   if (!S_ISREG(st.st_mode)) return why = "not a regular file", EntryRead::unusable;
   const uint64_t size = uint64_t(st.st_size);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -267,6 +268,45 @@ TEST_F(JitModuleTest, GetFunctionNeedsDriver) {
     GTEST_SKIP() << "a CUDA driver is present; covered by backend.cuda.driver_gpu";
   auto r = compile_cubin(kKernel, "sm_90");
   EXPECT_THROW(get_function(*r, "scale"), NoDriverError);
+}
+
+TEST_F(JitModuleTest, ConcurrentCompilesWhileCachesAreCleared) {
+  // Three kernels compiled once each without any cache, then by four threads at once while a
+  // fifth empties the memory and disk caches: every result must be its own kernel's CUBIN.
+  const std::vector<std::vector<std::string>> options = {{}, {"-DTILE_TEST=1"}, {"-DTILE_TEST=2"}};
+  const std::string sources[] = {kKernel, std::string(kKernel) + "// b\n", std::string(kKernel) + "// c\n"};
+  ::setenv("TILE_DISABLE_DISK_CACHE", "1", 1);
+  std::vector<std::string> expected;
+  for (size_t i = 0; i < 3; ++i) expected.push_back(compile_cubin(sources[i], "sm_90", options[i])->cubin);
+  ::unsetenv("TILE_DISABLE_DISK_CACHE");
+  clear_memory_cache();
+
+  std::atomic<bool> done{false};
+  std::atomic<int> clears{0};
+  std::thread clearer([&] {
+    while (!done.load()) {
+      clear_memory_cache();
+      if (clears++ % 4 == 3) clear_disk_cache();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  std::atomic<int> checked{0}, wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int n = 0; n < 12; ++n) {
+        const size_t i = size_t(t + n) % 3;
+        auto r = compile_cubin(sources[i], "sm_90", options[i]);
+        if (r->cubin != expected[i] || r->cubin_sha256 != sha256_hex(expected[i])) ++wrong;
+        ++checked;
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  done = true;
+  clearer.join();
+  EXPECT_EQ(checked.load(), 48);
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(clears.load(), 0);
 }
 
 // ---- hostile or damaged entries: each is recompiled (correct CUBIN), never thrown, never blocks
