@@ -9,8 +9,8 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -239,11 +239,11 @@ void write_entry(const fs::path& dir, const std::string& key, const CompileResul
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return warn_once(tmp, "cannot create: " + errno_text(errno));
   bool written = write_fully(fd, header.data(), header.size()) && write_fully(fd, r.cubin.data(), r.cubin.size());
-  const int write_error = errno;
-  written = ::close(fd) == 0 && written;
+  int error = written ? 0 : errno;
+  if (::close(fd) != 0 && written) written = false, error = errno;  // e.g. a full disk reported late
   if (!written) {
     ::unlink(tmp.c_str());
-    return warn_once(tmp, "write failed: " + errno_text(write_error));
+    return warn_once(tmp, "write failed: " + errno_text(error));
   }
   if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
     const int error = errno;

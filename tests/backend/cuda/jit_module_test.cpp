@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -453,6 +454,35 @@ TEST_F(HostileEntryTest, PermissionDeniedFolder) {
   EXPECT_EQ(r->cubin, reference_cubin());
   clear_memory_cache();
   EXPECT_EQ(compile_guarded(kKernel)->origin, Origin::compiled);  // still nothing could be written
+}
+
+TEST_F(HostileEntryTest, FailedWriteLeavesNoEntry) {
+  // A file size limit makes the write fail part way (EFBIG); no partial entry may remain.
+  const fs::path path = kernel_entry();
+  struct FileSizeLimit {
+    rlimit saved{};
+    void (*saved_handler)(int) = ::signal(SIGXFSZ, SIG_IGN);
+    FileSizeLimit() {
+      ::getrlimit(RLIMIT_FSIZE, &saved);
+      rlimit limited = saved;
+      limited.rlim_cur = 100;
+      ::setrlimit(RLIMIT_FSIZE, &limited);
+    }
+    ~FileSizeLimit() {
+      ::setrlimit(RLIMIT_FSIZE, &saved);
+      ::signal(SIGXFSZ, saved_handler);
+    }
+  };
+  {
+    FileSizeLimit limit;
+    auto r = compile_guarded(kKernel);
+    EXPECT_EQ(r->origin, Origin::compiled);
+    EXPECT_EQ(r->cubin, reference_cubin());
+  }
+  EXPECT_FALSE(fs::exists(path));
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_)) ADD_FAILURE() << "left behind: " << e.path();
+  clear_memory_cache();
+  expect_recompiled(path, true);  // written once the limit is gone
 }
 
 // In a fresh process (the test re-executed), many kinds of bad entries and a failed write
