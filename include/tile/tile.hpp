@@ -85,7 +85,8 @@ std::string source_for(const Call& call, const PlanRequest& request = {});
 
 // Forgets every lowered, compiled and loaded kernel of this process (the on-disk cache is
 // separate: see TILE_CACHE_DIR / TILE_DISABLE_DISK_CACHE). The next call of each kernel
-// lowers and compiles it afresh.
+// lowers and compiles it afresh. Safe while other threads run calls (those finish with the
+// kernels they hold); run() and the other entry points are thread-safe.
 void clear_kernel_caches();
 
 // The float64 reference: y_ref[r * cols + c] for a call whose pointers are host memory.
