@@ -1,4 +1,5 @@
 // Entry points: run a call on the CPU or CUDA backend.
+#include <cstdint>
 #include <mutex>
 #include <unordered_map>
 
@@ -38,21 +39,6 @@ KernelArgs kernel_args(const Call& call, const ir::Kernel& k) {
   return a;
 }
 
-// Compiled and loaded kernels by (prepared kernel, device): after the first call a launch
-// needs no hashing or compile-cache lookup.
-struct LoadedKernel {
-  std::shared_ptr<const cuda::CompileResult> module;
-  CUfunction function = nullptr;
-};
-std::mutex& loaded_mutex() {
-  static std::mutex mutex;
-  return mutex;
-}
-std::unordered_map<const PreparedKernel*, std::unordered_map<int, LoadedKernel>>& loaded_kernels() {
-  static std::unordered_map<const PreparedKernel*, std::unordered_map<int, LoadedKernel>> map;
-  return map;
-}
-
 const std::string& device_arch(int device) {
   static std::mutex mutex;
   static std::unordered_map<int, std::string> arch;
@@ -64,14 +50,18 @@ const std::string& device_arch(int device) {
 
 }  // namespace
 
+// A compiled kernel loaded in one context, kept in its PreparedKernel: after the first call a
+// launch needs no hashing or compile-cache lookup.
+struct LoadedKernel {
+  std::shared_ptr<const cuda::CompileResult> module;
+  CUfunction function = nullptr;
+};
+
 LaunchRecord run(const Call& call, const CallOptions& options) {
   std::shared_ptr<const PreparedKernel> pk = prepare(call, options.plan);
   const ir::Kernel& k = pk->kernel;
   LaunchRecord rec;
   rec.plan = pk->plan;
-  if ((call.x.rows + k.programs_per_group - 1) / k.programs_per_group > INT32_MAX)
-    throw_argument_error(op_name(call.op), "x", "at most 2^31 - 1 groups of " + std::to_string(k.programs_per_group) +
-                         " rows (the grid's limit)", std::to_string(call.x.rows) + " rows");
   rec.kernel_name = k.name;
   rec.source_sha256 = pk->source_sha256;
   rec.groups = (call.x.rows + k.programs_per_group - 1) / k.programs_per_group;
@@ -91,31 +81,29 @@ LaunchRecord run(const Call& call, const CallOptions& options) {
     return rec;
   }
 
-  cuda::ensure_context(options.device);
-  const int device = cuda::current_device();
-  LoadedKernel loaded;
+  const uint64_t context = cuda::context_id(cuda::ensure_context(options.device));
+  std::shared_ptr<const LoadedKernel> loaded;
   {
-    std::lock_guard<std::mutex> lock(loaded_mutex());
-    auto& per_device = loaded_kernels()[pk.get()];
-    if (auto it = per_device.find(device); it != per_device.end()) {
-      loaded = it->second;
-      rec.cache_origin = "launch-cache";
-    }
+    std::lock_guard<std::mutex> lock(pk->loaded_mutex);
+    if (auto it = pk->loaded.find(context); it != pk->loaded.end()) loaded = it->second;
   }
-  if (!loaded.function) {
-    loaded.module = cuda::compile_cubin(pk->source, device_arch(device));
-    loaded.function = cuda::get_function(*loaded.module, k.name);
-    rec.compile_ms = loaded.module->compile_ms;
+  if (loaded) {
+    rec.cache_origin = "launch-cache";
+  } else {
+    auto fresh = std::make_shared<LoadedKernel>();
+    fresh->module = cuda::compile_cubin(pk->source, device_arch(cuda::current_device()));
+    fresh->function = cuda::get_function(*fresh->module, k.name);
+    rec.compile_ms = fresh->module->compile_ms;
     static const char* origins[] = {"compiled", "memory", "disk"};
-    rec.cache_origin = origins[int(loaded.module->origin)];
-    std::lock_guard<std::mutex> lock(loaded_mutex());
-    loaded_kernels()[pk.get()][device] = loaded;
+    rec.cache_origin = origins[int(fresh->module->origin)];
+    std::lock_guard<std::mutex> lock(pk->loaded_mutex);
+    loaded = pk->loaded.emplace(context, std::move(fresh)).first->second;  // a racing thread's equal copy may win
   }
-  rec.arch = loaded.module->arch;
-  rec.cubin_sha256 = loaded.module->cubin_sha256;
-  rec.compile_options = loaded.module->options;
+  rec.arch = loaded->module->arch;
+  rec.cubin_sha256 = loaded->module->cubin_sha256;
+  rec.compile_options = loaded->module->options;
   if (rec.groups == 0) return rec;  // rows = 0 launches nothing
-  CUfunction fn = loaded.function;
+  CUfunction fn = loaded->function;
   std::vector<CUdeviceptr> ptrs;
   for (const void* p : a.buffers) ptrs.push_back(reinterpret_cast<CUdeviceptr>(p));
   std::vector<void*> argv;
@@ -128,14 +116,9 @@ LaunchRecord run(const Call& call, const CallOptions& options) {
 }
 
 void clear_kernel_caches() {
-  {
-    std::lock_guard<std::mutex> lock(loaded_mutex());
-    loaded_kernels().clear();
-  }
-  {
-    std::lock_guard<std::mutex> lock(prepared_mutex());
-    prepared_cache().clear();
-  }
+  // Loaded kernels belong to their prepared kernels and go with them; calls in flight keep
+  // theirs alive until they return.
+  clear_prepared_kernels();
   cuda::clear_memory_cache();
 }
 

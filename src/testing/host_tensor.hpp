@@ -2,6 +2,7 @@
 // and by the `tile` command.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -32,6 +33,10 @@ class HostMatrix {
  public:
   HostMatrix(DType dtype, int64_t rows, int64_t cols, int64_t row_stride, int64_t offset_elems = 0,
              int64_t guard_elems = 64);
+  // The bytes such a matrix allocates, computed without overflow; throws tile::Error naming
+  // the argument when one is negative, row_stride < cols, or the size exceeds 2^63 - 1 bytes.
+  static size_t allocation_bytes(DType dtype, int64_t rows, int64_t cols, int64_t row_stride, int64_t offset_elems = 0,
+                                 int64_t guard_elems = 64);
   TensorView view() { return {data(), dtype_, rows_, cols_, stride_}; }
   void* data() { return bytes_.data() + (offset_ * dtype_size(dtype_)); }
   std::vector<uint8_t>& bytes() { return bytes_; }
@@ -42,7 +47,7 @@ class HostMatrix {
   // Row r drawn from `pattern`, then `specials` random elements set to NaN, +inf or -inf.
   void fill_row(std::mt19937_64& rng, int64_t r, RowPattern pattern, int specials);
   float at(int64_t r, int64_t c) { return load_as_float(data(), r * stride_ + c, dtype_); }
-  void poison();                                            // every byte 0xff (NaN in each dtype)
+  void poison();                                               // every byte 0xff (NaN in each dtype)
   // True when no byte outside the rows' [0, cols) elements differs from the poison.
   bool outside_untouched() const;
 
@@ -53,7 +58,9 @@ class HostMatrix {
 };
 
 struct HostVector {
-  HostVector(DType dtype, int64_t size) : dtype(dtype), bytes(size_t(size) * dtype_size(dtype) + 16), size(size) {}
+  HostVector(DType dtype, int64_t size) : dtype(dtype), bytes(allocation_bytes(dtype, size)), size(size) {}
+  // As HostMatrix::allocation_bytes, for `size` elements and 16 bytes of slack.
+  static size_t allocation_bytes(DType dtype, int64_t size);
   DType dtype;
   std::vector<uint8_t> bytes;
   int64_t size;
