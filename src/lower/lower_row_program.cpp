@@ -80,6 +80,12 @@ class RowLowering {
     Stats with(std::vector<int> regs) const;  // the same layout in other registers
     std::vector<double> identities() const;
   };
+  // The statistics of a whole row (row_stats).
+  struct RowStats {
+    Stats st;
+    int P = -1;            // the scale of st; -1 when unscaled
+    bool uniform = false;  // P came from the row's largest |x| before the parts were formed
+  };
   Vec vec_of(std::vector<Stmt>& out, Slot& slot, int node);
   // op over term(x) of the in-row elements (identity for the others): a pairwise tree per
   // vector, chained across vectors.
@@ -87,9 +93,12 @@ class RowLowering {
                         const std::function<ExprPtr(std::vector<Stmt>&, const ExprPtr&)>& term);
   ExprPtr count_of(std::vector<Stmt>& out, const std::vector<Vec>& vecs);
   ExprPtr scale_of(std::vector<Stmt>& out, ExprPtr amax);
-  Stats stats_part(std::vector<Stmt>& out, const std::vector<Vec>& vecs, bool centred, bool scaled);
+  ExprPtr amax_of(std::vector<Stmt>& out, const std::vector<Vec>& vecs);
+  Stats part_stats(std::vector<Stmt>& out, const std::vector<Vec>& vecs, bool centred, ExprPtr pinv);
+  Stats scaled_part(std::vector<Stmt>& out, const std::vector<Vec>& vecs, bool centred);
   void stats_merge(std::vector<Stmt>& out, const Stats& mine, const std::vector<ExprPtr>& other);
-  Stats row_stats(std::vector<Stmt>& out, int e, bool centred, bool scaled);
+  Stats merge_stats(std::vector<Stmt>& out, const Stats& st);
+  RowStats row_stats(std::vector<Stmt>& out, int e, bool centred, bool scaled_stats);
   void norm_statistics(std::vector<Stmt>& out);
   const std::vector<int>& norm_product(std::vector<Stmt>& out, Slot& slot);
   void online_max_sum(std::vector<Stmt>& out, int max_node, int sum_node);
@@ -554,10 +563,10 @@ void RowLowering::online_max_sum(std::vector<Stmt>& out, int max_node, int sum_n
 // ---- Scaled statistics (RMSNorm, LayerNorm) ----
 //
 // A part is the elements one worker covers (register caching) or one loop iteration covers
-// (re-read). Scaled parts carry an exact power of two p near their largest |x| and statistics
-// of x / p, which lie in [-8, 8]: no square or sum overflows or underflows whatever the
-// magnitude of x. Merging two parts rescales the one with the smaller p by p_lo / p_hi, also
-// an exact power of two. docs/source/numerics.md gives the bounds.
+// (re-read). A scaled part carries an exact power of two p near its largest |x| and statistics
+// of x / p, which lies in [-8, 8]: no square or sum overflows or underflows whatever the
+// magnitude of x. Merging two scaled parts rescales the one with the smaller p by p_lo / p_hi,
+// also an exact power of two. docs/source/numerics.md gives the bounds.
 
 RowLowering::Vec RowLowering::vec_of(std::vector<Stmt>& out, Slot& slot, int node) {
   Vec v;
@@ -593,6 +602,11 @@ ExprPtr RowLowering::count_of(std::vector<Stmt>& out, const std::vector<Vec>& ve
   return r(assign_new(out, "k", acc));
 }
 
+ExprPtr RowLowering::amax_of(std::vector<Stmt>& out, const std::vector<Vec>& vecs) {
+  return masked_reduce(out, vecs, BinOp::max, 0.0,
+                       [&](std::vector<Stmt>&, const ExprPtr& x) { return binary(BinOp::max, x, unary(UnOp::neg, x)); });
+}
+
 // p = 2^floor(log2 c) or twice that, for c = amax clamped to [2^-103, 2^125]: c + c * 2^-23
 // rounds to c plus one or two units in the last place of c, so the difference is a power of
 // two; c >= 2^-103 keeps c * 2^-23 normal, c <= 2^125 keeps p and 1 / p normal.
@@ -602,38 +616,44 @@ ExprPtr RowLowering::scale_of(std::vector<Stmt>& out, ExprPtr amax) {
   return r(assign_new(out, "p", binary(BinOp::mul, binary(BinOp::sub, up, c), f32_const(0x1p23))));
 }
 
-RowLowering::Stats RowLowering::stats_part(std::vector<Stmt>& out, const std::vector<Vec>& vecs, bool centred,
-                                           bool scaled) {
+// A part's count, mean and squared deviations (centred), or its sum of squares, of x * pinv
+// (x itself when pinv is null). The mean is shifted by the part's first element (in the row
+// whenever any is): a constant part has the exact mean and m2 = 0, so a constant row
+// normalises to exactly 0. Each pass multiplies x by its own factor (pinv, then pinv / 2 with
+// m2 = 4 * the squares: the same values), so the compiler finds no product x * pinv to keep
+// live beside the cached row; x itself is what stays live.
+RowLowering::Stats RowLowering::part_stats(std::vector<Stmt>& out, const std::vector<Vec>& vecs, bool centred, ExprPtr pinv) {
   Stats st;
-  st.centred = centred, st.scaled = scaled;
-  ExprPtr pinv;
-  if (scaled) {
-    ExprPtr amax = masked_reduce(out, vecs, BinOp::max, 0.0, [&](std::vector<Stmt>&, const ExprPtr& x) {
-      return binary(BinOp::max, x, unary(UnOp::neg, x));
-    });
-    st.p = scale_of(out, amax)->id;
-    pinv = r(assign_new(out, "pinv", binary(BinOp::div, f32_const(1.0), r(st.p))));
-  }
-  auto scaled_x = [&](const ExprPtr& x) { return pinv ? binary(BinOp::mul, x, pinv) : x; };
+  st.centred = centred;
+  auto times = [](const ExprPtr& x, const ExprPtr& f) { return f ? binary(BinOp::mul, x, f) : x; };
   if (!centred) {
     st.m2 = masked_reduce(out, vecs, BinOp::add, 0.0, [&](std::vector<Stmt>& body, const ExprPtr& x) {
-      ExprPtr t = r(assign_new(body, "t", scaled_x(x)));
+      ExprPtr t = pinv ? r(assign_new(body, "t", times(x, pinv))) : x;
       return binary(BinOp::mul, t, t);
     })->id;
     return st;
   }
-  // Shifted by the part's first element (in the row whenever any is): a constant part has the
-  // exact mean and m2 = 0, so a constant row normalises to exactly 0.
   st.n = count_of(out, vecs)->id;
-  ExprPtr shift = r(assign_new(out, "K", scaled_x(vecs[0].x[0])));
-  ExprPtr sum = masked_reduce(out, vecs, BinOp::add, 0.0, [&](std::vector<Stmt>&, const ExprPtr& x) {
-    return binary(BinOp::sub, scaled_x(x), shift);
-  });
+  ExprPtr shift = r(assign_new(out, "K", times(vecs[0].x[0], pinv)));
+  ExprPtr sum = masked_reduce(out, vecs, BinOp::add, 0.0,
+                              [&](std::vector<Stmt>&, const ExprPtr& x) { return binary(BinOp::sub, times(x, pinv), shift); });
   st.mean = assign_new(out, "lm", binary(BinOp::add, shift, binary(BinOp::div, sum, binary(BinOp::max, r(st.n), f32_const(1.0)))));
-  st.m2 = masked_reduce(out, vecs, BinOp::add, 0.0, [&](std::vector<Stmt>& body, const ExprPtr& x) {
-    ExprPtr d = r(assign_new(body, "d", binary(BinOp::sub, scaled_x(x), r(st.mean))));
+  ExprPtr half_pinv = pinv ? r(assign_new(out, "hpinv", binary(BinOp::mul, pinv, f32_const(0.5)))) : nullptr;
+  ExprPtr mean = pinv ? r(assign_new(out, "hlm", binary(BinOp::mul, r(st.mean), f32_const(0.5)))) : r(st.mean);
+  ExprPtr squares = masked_reduce(out, vecs, BinOp::add, 0.0, [&](std::vector<Stmt>& body, const ExprPtr& x) {
+    ExprPtr d = r(assign_new(body, "d", binary(BinOp::sub, times(x, half_pinv), mean)));
     return binary(BinOp::mul, d, d);
-  })->id;
+  });
+  st.m2 = pinv ? assign_new(out, "lq", binary(BinOp::mul, squares, f32_const(4.0))) : squares->id;
+  return st;
+}
+
+// The same statistics of x / p, with p from the part's own largest |x|.
+RowLowering::Stats RowLowering::scaled_part(std::vector<Stmt>& out, const std::vector<Vec>& vecs, bool centred) {
+  const int p = scale_of(out, amax_of(out, vecs))->id;
+  Stats st = part_stats(out, vecs, centred, r(assign_new(out, "pinv", binary(BinOp::div, f32_const(1.0), r(p)))));
+  st.scaled = true;
+  st.p = p;
   return st;
 }
 
@@ -661,18 +681,19 @@ std::vector<double> RowLowering::Stats::identities() const {
   return v;
 }
 
-// mine <- the union of the parts `mine` and `other` (values in Stats::regs() order). The part
-// with the smaller scale is rescaled by r = p_lo / p_hi. LayerNorm merges by Chan et al.'s
-// formulas; an empty side is selected away, never used in arithmetic.
+// mine <- the union of the parts `mine` and `other` (values in Stats::regs() order). Scaled:
+// both are brought to the larger scale P, the smaller by p_lo / P. LayerNorm merges by Chan et
+// al.'s formulas; an empty side is selected away, never used in arithmetic.
 void RowLowering::stats_merge(std::vector<Stmt>& out, const Stats& mine, const std::vector<ExprPtr>& other) {
   size_t i = 0;
   ExprPtr on = mine.n >= 0 ? other[i++] : nullptr, op = mine.p >= 0 ? other[i++] : nullptr;
   ExprPtr omean = mine.mean >= 0 ? other[i++] : nullptr, om2 = other[i++];
-  ExprPtr ratio, mine_hi;
+  // ra = p / P and rb = p_other / P: one of them 1, the other an exact power of two <= 1.
+  ExprPtr ra, rb;
   if (mine.scaled) {
     int hi = assign_new(out, "P", binary(BinOp::max, r(mine.p), op));
-    ratio = r(assign_new(out, "r", binary(BinOp::div, binary(BinOp::min, r(mine.p), op), r(hi))));
-    mine_hi = r(assign_new(out, "mine_hi", binary(BinOp::le, op, r(mine.p))));
+    ra = r(assign_new(out, "ra", binary(BinOp::div, r(mine.p), r(hi))));
+    rb = r(assign_new(out, "rb", binary(BinOp::div, op, r(hi))));
     out.push_back(assign(mine.p, r(hi)));
   }
   if (!mine.centred) {
@@ -680,14 +701,12 @@ void RowLowering::stats_merge(std::vector<Stmt>& out, const Stats& mine, const s
       out.push_back(assign(mine.m2, binary(BinOp::add, r(mine.m2), om2)));
       return;
     }
-    ExprPtr hi = select(mine_hi, r(mine.m2), om2), lo = select(mine_hi, om2, r(mine.m2));
-    out.push_back(assign(mine.m2, binary(BinOp::add, hi, binary(BinOp::mul, lo, binary(BinOp::mul, ratio, ratio)))));
+    out.push_back(assign(mine.m2, binary(BinOp::add, binary(BinOp::mul, r(mine.m2), binary(BinOp::mul, ra, ra)),
+                                         binary(BinOp::mul, om2, binary(BinOp::mul, rb, rb)))));
     return;
   }
   ExprPtr ma = r(mine.mean), mb = omean, qa = r(mine.m2), qb = om2;
   if (mine.scaled) {
-    ExprPtr ra = r(assign_new(out, "ra", select(mine_hi, f32_const(1.0), ratio)));
-    ExprPtr rb = r(assign_new(out, "rb", select(mine_hi, ratio, f32_const(1.0))));
     ma = r(assign_new(out, "ma", binary(BinOp::mul, ma, ra)));
     mb = r(assign_new(out, "mb", binary(BinOp::mul, mb, rb)));
     qa = binary(BinOp::mul, qa, binary(BinOp::mul, ra, ra));
@@ -706,48 +725,90 @@ void RowLowering::stats_merge(std::vector<Stmt>& out, const Stats& mine, const s
   out.push_back(assign(mine.n, r(total)));
 }
 
-// The statistics of element expression `e` over the whole row, in every worker of the program.
-RowLowering::Stats RowLowering::row_stats(std::vector<Stmt>& out, int e, bool centred, bool scaled) {
-  hoist_row_scalars(out, e);
-  Stats st;
-  if (plan_.caching == InputCaching::registers) {
-    std::vector<Vec> vecs;
-    for (Slot& slot : cached_) vecs.push_back(vec_of(out, slot, e));
-    st = stats_part(out, vecs, centred, scaled);
-  } else {
-    st.centred = centred, st.scaled = scaled;
-    if (centred) st.n = assign_new(out, "acc_n", f32_const(0.0));
-    if (scaled) st.p = assign_new(out, "acc_p", f32_const(kScaleLo));
-    if (centred) st.mean = assign_new(out, "acc_mean", f32_const(0.0));
-    st.m2 = assign_new(out, "acc_m2", f32_const(0.0));
-    std::vector<Vec> vecs;
-    for (Stmt& s : reread_loop([&](std::vector<Stmt>& body, Slot& slot) {
-           vecs.push_back(vec_of(body, slot, e));
-           if (int(vecs.size()) < plan_.stripe_unroll) return;
-           std::vector<ExprPtr> part;
-           for (int id : stats_part(body, vecs, centred, scaled).regs()) part.push_back(r(id));
-           stats_merge(body, st, part);
-           vecs.clear();
-         }))
-      out.push_back(std::move(s));
-  }
+RowLowering::Stats RowLowering::merge_stats(std::vector<Stmt>& out, const Stats& st) {
   return st.with(merge_across_workers(out, st.regs(), st.identities(),
                                       [&](std::vector<Stmt>& body, const std::vector<int>& mine, const std::vector<ExprPtr>& other) {
                                         stats_merge(body, st.with(mine), other);
                                       }));
 }
 
-// RMSNorm's and LayerNorm's statistics and the row scalars of the output pass: 1 / p and, for
-// LayerNorm, the mean of x / p; `inv` becomes k = p * inv = rsqrt(m2 / cols + s / p^2), so
-// the product C * inv is (x / p - mean) * k. Where s / p^2 overflows, s dwarfs the statistics
-// and k is p * rsqrt(s + ms p^2). Where it underflows, a floor of 2^-126 for s > 0 (below the
+// The statistics of element expression `e` over the whole row, in every worker of the program,
+// and their scale P (-1 when unscaled).
+//  - Re-read: running statistics at the largest scale seen so far, one part per loop iteration
+//    merged in, then scaled merges across workers.
+//  - Registers, RMSNorm: a scaled part per worker, merged across workers.
+//  - Registers, LayerNorm: one max reduction gives the row's largest |x| and so P in every
+//    worker; Chan's merge of parts of x / P then carries three values instead of four. The row
+//    pays the two barriers its two reductions always had.
+RowLowering::RowStats RowLowering::row_stats(std::vector<Stmt>& out, int e, bool centred, bool scaled_stats) {
+  hoist_row_scalars(out, e);
+  RowStats rs;
+  if (plan_.caching == InputCaching::registers) {
+    std::vector<Vec> vecs;
+    for (Slot& slot : cached_) vecs.push_back(vec_of(out, slot, e));
+    if (!scaled_stats) {
+      rs.st = merge_stats(out, part_stats(out, vecs, centred, nullptr));
+    } else if (!centred) {
+      rs.st = merge_stats(out, scaled_part(out, vecs, false));
+      rs.P = rs.st.p;
+    } else {
+      const int amax = amax_of(out, vecs)->id;
+      const int row_amax = merge_across_workers(out, {amax}, {0.0}, [&](std::vector<Stmt>& body, const std::vector<int>& mine,
+                                                                        const std::vector<ExprPtr>& other) {
+        body.push_back(assign(mine[0], binary(BinOp::max, r(mine[0]), other[0])));
+      })[0];
+      rs.P = scale_of(out, r(row_amax))->id;
+      rs.st = merge_stats(out, part_stats(out, vecs, true, r(assign_new(out, "Pinv", binary(BinOp::div, f32_const(1.0), r(rs.P))))));
+      rs.uniform = true;
+    }
+    return rs;
+  }
+  Stats& st = rs.st;
+  st.centred = centred, st.scaled = scaled_stats;
+  if (centred) st.n = assign_new(out, "acc_n", f32_const(0.0));
+  if (scaled_stats) st.p = assign_new(out, "acc_p", f32_const(kScaleLo));
+  if (centred) st.mean = assign_new(out, "acc_mean", f32_const(0.0));
+  st.m2 = assign_new(out, "acc_m2", f32_const(0.0));
+  std::vector<Vec> vecs;
+  for (Stmt& s : reread_loop([&](std::vector<Stmt>& body, Slot& slot) {
+         vecs.push_back(vec_of(body, slot, e));
+         if (int(vecs.size()) < plan_.stripe_unroll) return;
+         // The iteration's part at the running scale, raised to its own largest |x| if that is
+         // larger: one division for 1 / P and the running statistics times P_old / P (exact).
+         ExprPtr pinv;
+         if (scaled_stats) {
+           int scale = assign_new(body, "P", binary(BinOp::max, r(st.p), scale_of(body, amax_of(body, vecs))));
+           pinv = r(assign_new(body, "pinv", binary(BinOp::div, f32_const(1.0), r(scale))));
+           ExprPtr ratio = r(assign_new(body, "ra", binary(BinOp::mul, r(st.p), pinv)));
+           if (centred) body.push_back(assign(st.mean, binary(BinOp::mul, r(st.mean), ratio)));
+           body.push_back(assign(st.m2, binary(BinOp::mul, r(st.m2), binary(BinOp::mul, ratio, ratio))));
+           body.push_back(assign(st.p, r(scale)));
+         }
+         std::vector<ExprPtr> part;
+         for (int id : part_stats(body, vecs, centred, pinv).regs()) part.push_back(r(id));
+         Stats unscaled = st;
+         unscaled.scaled = false, unscaled.p = -1;
+         stats_merge(body, unscaled, part);
+         vecs.clear();
+       }))
+    out.push_back(std::move(s));
+  st = merge_stats(out, st);
+  rs.P = st.p;
+  return rs;
+}
+
+// RMSNorm's and LayerNorm's statistics and the row scalars of the output pass: 1 / P and, for
+// LayerNorm, the mean of x / P; `inv` becomes k = P * inv = rsqrt(m2 / cols + s / P^2), so
+// the product C * inv is (x / P - mean) * k. Where s / P^2 overflows, s dwarfs the statistics
+// and k is P * rsqrt(s + ms P^2). Where it underflows, a floor of 2^-126 for s > 0 (below the
 // statistics of any row that is not constant) keeps a constant row's 0 * k at 0, not 0 * inf.
 void RowLowering::norm_statistics(std::vector<Stmt>& out) {
   if (norm_k_ >= 0) return;
   const NormIdiom& n = *norm_;
   out.push_back(comment(std::string(n.centred() ? "count, mean and squared deviations" : "sum of squares") +
                         (norm_scaled_ ? " scaled by a power of two" : "") + " for %" + std::to_string(n.inv)));
-  Stats st = row_stats(out, n.element, n.centred(), norm_scaled_);
+  RowStats rs = row_stats(out, n.element, n.centred(), norm_scaled_);
+  const Stats& st = rs.st;
   ExprPtr s = row_scalar(out, n.eps);
   ExprPtr cols = cast(Type::f32, param(p_cols_, Type::i64));
   ExprPtr ms = binary(BinOp::div, r(st.m2), cols);
@@ -756,23 +817,29 @@ void RowLowering::norm_statistics(std::vector<Stmt>& out) {
     norm_k_ = assign_new(out, "k", unary(UnOp::rsqrt, binary(BinOp::add, ms, s)));
     return;
   }
-  norm_pinv_ = assign_new(out, "pinv", binary(BinOp::div, f32_const(1.0), r(st.p)));
+  norm_pinv_ = assign_new(out, "pinv", binary(BinOp::div, f32_const(1.0), r(rs.P)));
   ExprPtr s_scaled = binary(BinOp::mul, binary(BinOp::mul, s, r(norm_pinv_)), r(norm_pinv_));
   int e2 = assign_new(out, "e2", binary(BinOp::max, s_scaled, binary(BinOp::min, s, f32_const(0x1p-126))));
   ExprPtr overflow = binary(BinOp::eq, r(e2), f32_const(std::numeric_limits<double>::infinity()));
-  // Unscaled in that case: ms * p^2 is negligible beside s, but carries a NaN.
-  ExprPtr unscaled = binary(BinOp::add, s, binary(BinOp::mul, binary(BinOp::mul, ms, r(st.p)), r(st.p)));
-  norm_k_ = assign_new(out, "k", select(overflow, binary(BinOp::mul, r(st.p), unary(UnOp::rsqrt, unscaled)),
+  // Unscaled in that case: ms * P^2 is negligible beside s, but carries a NaN.
+  ExprPtr unscaled = binary(BinOp::add, s, binary(BinOp::mul, binary(BinOp::mul, ms, r(rs.P)), r(rs.P)));
+  norm_k_ = assign_new(out, "k", select(overflow, binary(BinOp::mul, r(rs.P), unary(UnOp::rsqrt, unscaled)),
                                         unary(UnOp::rsqrt, binary(BinOp::add, ms, r(e2)))));
+  // Register-cached LayerNorm: the output pass multiplies x by 2 / P, no product the statistics
+  // computed (x / P), so none stays live: (x * 2/P - 2 mean) * k/2.
+  if (rs.uniform) {
+    norm_pinv_ = assign_new(out, "pinv2", binary(BinOp::mul, r(norm_pinv_), f32_const(2.0)));
+    norm_mean_ = assign_new(out, "mean2", binary(BinOp::mul, r(norm_mean_), f32_const(2.0)));
+    norm_k_ = assign_new(out, "khalf", binary(BinOp::mul, r(norm_k_), f32_const(0.5)));
+  }
 }
 
-// The product C * inv of the idiom, element by element: (x / p - mean) * k, or (x / p) * k
-// for RMSNorm (1 / p times k could overflow for tiny rows when s is 0).
+// The product C * inv of the idiom, element by element: (x / P - mean) * k, or (x / P) * k for
+// RMSNorm (1 / P times k could overflow for tiny rows when s is 0).
 const std::vector<int>& RowLowering::norm_product(std::vector<Stmt>& out, Slot& slot) {
   norm_statistics(out);
-  const std::vector<int> x = element(out, slot, norm_->element);
   std::vector<int> regs;
-  for (int id : x) {
+  for (int id : element(out, slot, norm_->element)) {
     ExprPtr v = norm_pinv_ >= 0 ? binary(BinOp::mul, r(id), r(norm_pinv_)) : r(id);
     if (norm_mean_ >= 0) v = binary(BinOp::sub, v, r(norm_mean_));
     regs.push_back(assign_new(out, "e", binary(BinOp::mul, v, r(norm_k_))));
@@ -785,7 +852,7 @@ const std::vector<int>& RowLowering::norm_product(std::vector<Stmt>& out, Slot& 
 void RowLowering::online_mean_m2(std::vector<Stmt>& out, int sum_node, int m2_node) {
   out.push_back(comment("reductions %" + std::to_string(sum_node) + " (sum) and %" + std::to_string(m2_node) +
                         " (sum of squared deviations from the mean) in one pass"));
-  Stats st = row_stats(out, prog_.nodes()[sum_node].a, true, false);
+  Stats st = row_stats(out, prog_.nodes()[sum_node].a, true, false).st;
   // The row sum is count x mean; the program's mean divides it by cols again.
   scalars_[sum_node] = assign_new(out, "s", binary(BinOp::mul, r(st.n), r(st.mean)));
   scalars_[m2_node] = st.m2;

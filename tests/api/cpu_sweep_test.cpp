@@ -109,6 +109,135 @@ TEST(CpuSemantics, NanAndAllNegativeInfinityRowsFollowPyTorch) {
     }
 }
 
+// Plans of every caching mode for one call: the policy's, re-read ones that split a row into
+// one-element parts (W x V x U = 1, 32 and 128 elements an iteration) and register ones.
+std::vector<PlanRequest> plans_of_every_caching() {
+  std::vector<PlanRequest> plans(1);
+  for (auto [w, v, u] : {std::tuple{1, 1, 1}, std::tuple{32, 1, 1}, std::tuple{32, 2, 2}}) {
+    PlanRequest p;
+    p.caching = InputCaching::reread, p.workers_per_program = w, p.vector_elems = v, p.stripe_unroll = u;
+    plans.push_back(p);
+  }
+  PlanRequest cached;  // 40 stripes of 256 scalars: rows up to 10240
+  cached.caching = InputCaching::registers, cached.workers_per_program = 256, cached.vector_elems = 1;
+  cached.stripes = 40, cached.private_budget = 64;
+  plans.push_back(cached);
+  return plans;
+}
+
+std::string describe(const PlanRequest& plan, const Call& call) { return plan_for(call, plan).to_json(); }
+
+TEST(CpuSemantics, NanReachesTheOnlineSumWhileTheRunningMaxIsMinusInfinity) {
+  // fmax ignores NaN: a worker (or iteration) that has seen only NaN and -inf has a running max
+  // of -inf. Its NaN must still make the whole row NaN.
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x = {nan, 1, 2, 3}, y(4);
+  PlanRequest scalar;
+  scalar.caching = InputCaching::reread, scalar.vector_elems = 1;
+  for (Op op : {Op::softmax, Op::log_softmax}) {
+    Call call{op, matrix(x.data(), DType::f32, 1, 4), matrix(y.data(), DType::f32, 1, 4)};
+    run(call, {scalar, nullptr, Backend::cpu});
+    for (float v : y) EXPECT_TRUE(std::isnan(v)) << op_name(op) << ": " << v;
+  }
+  // 1 x 10000 fp32 (re-read by the policy): the NaN's worker sees only -inf otherwise.
+  const int64_t cols = 10000;
+  std::vector<float> row(cols, -inf), out(cols, 0.0f);
+  row[5000] = nan, row[9000] = 1.0f;
+  for (Op op : {Op::softmax, Op::log_softmax}) {
+    Call call{op, matrix(row.data(), DType::f32, 1, cols), matrix(out.data(), DType::f32, 1, cols)};
+    EXPECT_EQ(plan_for(call).caching, InputCaching::reread);
+    for (const PlanRequest& plan : plans_of_every_caching()) {
+      std::fill(out.begin(), out.end(), 0.0f);
+      run(call, {plan, nullptr, Backend::cpu});
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_TRUE(std::isnan(out[c])) << op_name(op) << " col " << c << " = " << out[c] << ", plan " << describe(plan, call);
+    }
+  }
+}
+
+TEST(CpuSemantics, LayerNormOfLargeConstantRowsIsExactlyZero) {
+  // 2e19^2 overflows fp32; the exact answer is 0 (the bias), on every caching mode.
+  for (float value : {2e19f, -3.4e38f, 1e-40f, 0.1f}) {
+    const int64_t cols = 10000;
+    std::vector<float> x(cols, value), y(cols, 1.0f), bias(cols, 0.25f);
+    Call call{Op::layer_norm, matrix(x.data(), DType::f32, 1, cols), matrix(y.data(), DType::f32, 1, cols)};
+    for (const PlanRequest& plan : plans_of_every_caching()) {
+      run(call, {plan, nullptr, Backend::cpu});
+      for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(y[c], 0.0f) << value << " col " << c << ", plan " << describe(plan, call);
+      call.bias = {bias.data(), DType::f32, cols};
+      run(call, {plan, nullptr, Backend::cpu});
+      for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(y[c], 0.25f) << value << " col " << c << ", plan " << describe(plan, call);
+      call.bias = {};
+    }
+  }
+}
+
+TEST(CpuSemantics, NormsAreRightAtEveryMagnitude) {
+  // Rows whose squares or sums overflow fp32 (up to FLT_MAX), tiny and subnormal rows, and rows
+  // mixing both: the output is representable, so it must match the oracle.
+  std::mt19937_64 rng(17);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const int64_t rows = 6, cols = 3000;
+    HostMatrix x(dt, rows, cols, cols), y(DType::f32, rows, cols, cols);
+    x.fill_row(rng, 0, RowPattern::huge, 0);
+    x.fill_row(rng, 1, RowPattern::magnitudes, 0);
+    x.fill_row(rng, 2, RowPattern::tiny, 0);
+    x.fill_row(rng, 3, RowPattern::offset, 0);
+    for (int64_t c = 0; c < cols; ++c) {
+      const float max = float(dtype_max(dt));                              // bf16's max is below fp32's
+      store_from_float(x.data(), 4 * cols + c, dt, c % 2 ? max : -max);  // +-max: RMS 1, LayerNorm +-1
+      store_from_float(x.data(), 5 * cols + c, dt, c % 3 ? 1e-45f : 3e38f);
+    }
+    for (Op op : {Op::rms_norm, Op::layer_norm})
+      for (float eps : {0.0f, 1e-5f})
+        for (const PlanRequest& plan : plans_of_every_caching()) {
+          Call call{op, x.view(), y.view(), {}, {}, eps};
+          run(call, {plan, nullptr, Backend::cpu});
+          OracleCheck check = check_against_oracle(call, plan_for(call, plan));
+          EXPECT_TRUE(check.ok) << op_name(op) << " " << dtype_name(dt) << " eps " << eps << ": " << check.first_mismatch
+                                << ", plan " << describe(plan, call);
+          // One unit roundoff per rounding of the plan's longest merge chain (numerics.md).
+          const double tol = (merge_depth(plan_for(call, plan), cols) + 8) * 0x1p-24;
+          for (int64_t c = 0; c < 4; ++c)
+            EXPECT_NEAR(load_as_float(y.data(), 4 * cols + c, DType::f32), c % 2 ? 1.0 : -1.0, tol) << op_name(op);
+        }
+  }
+}
+
+TEST(CpuSemantics, DegenerateNormRowsFollowPyTorch) {
+  // eps = 0: a zero row (RMSNorm) and a constant row (LayerNorm) are 0 / 0, NaN as in PyTorch;
+  // with eps > 0 they are 0. An infinite element: RMSNorm 0 elsewhere and NaN there, LayerNorm NaN.
+  const float inf = std::numeric_limits<float>::infinity();
+  const int64_t cols = 300;
+  std::vector<float> x(3 * cols, 0.0f), y(3 * cols);
+  for (int64_t c = 0; c < cols; ++c) x[cols + c] = 7.5f;
+  for (int64_t c = 0; c < cols; ++c) x[2 * cols + c] = float(c);
+  x[2 * cols + 10] = inf;
+  for (const PlanRequest& plan : plans_of_every_caching())
+    for (float eps : {0.0f, 1e-5f}) {
+      Call rms{Op::rms_norm, matrix(x.data(), DType::f32, 3, cols), matrix(y.data(), DType::f32, 3, cols), {}, {}, eps};
+      run(rms, {plan, nullptr, Backend::cpu});
+      for (int64_t c = 0; c < cols; ++c) {
+        EXPECT_EQ(std::isnan(y[c]), eps == 0.0f) << "rms_norm zero row, eps " << eps << ", plan " << describe(plan, rms);
+        if (c != 10) {
+          EXPECT_EQ(y[2 * cols + c], 0.0f) << "rms_norm with an infinity, col " << c;
+        }
+      }
+      EXPECT_TRUE(std::isnan(y[2 * cols + 10]));
+      EXPECT_TRUE(check_against_oracle(rms, plan_for(rms, plan)).ok);
+      Call ln{Op::layer_norm, rms.x, rms.y, {}, {}, eps};
+      run(ln, {plan, nullptr, Backend::cpu});
+      for (int64_t c = 0; c < cols; ++c) {
+        EXPECT_EQ(std::isnan(y[cols + c]), eps == 0.0f) << "layer_norm constant row, eps " << eps << ", plan " << describe(plan, ln);
+        if (eps != 0.0f) {
+          EXPECT_EQ(y[cols + c], 0.0f);
+        }
+        EXPECT_TRUE(std::isnan(y[2 * cols + c]));
+      }
+      EXPECT_TRUE(check_against_oracle(ln, plan_for(ln, plan)).ok);
+    }
+}
+
 TEST(CpuSemantics, LayerNormOfRowsFarFromZeroKeepsItsVariance) {
   // Rows of 100 + N(0, 1): a variance from E[x^2] - E[x]^2 would lose three digits in fp32.
   std::mt19937_64 rng(11);
