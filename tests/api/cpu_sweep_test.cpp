@@ -1,5 +1,7 @@
 // The CPU backend against the float64 oracle over the seeded sweep and the packing
 // configurations, plus guard rows and exact/automatic cooperating widths.
+#include <set>
+
 #include "support/cases.hpp"
 
 namespace tile::testing {
@@ -84,6 +86,40 @@ TEST(CpuSweep, SubWarpProgramsPackedForShortRows) {
     EXPECT_TRUE(r.check.ok) << c.name() << ": " << r.check.first_mismatch;
     EXPECT_TRUE(r.outside_untouched) << c.name();
   }
+}
+
+TEST(CpuSweep, OneCaseOfEveryPlanFamily) {
+  // The sanitizer set's cases (tests/api/CMakeLists.txt) on the CPU: each launches the plan it
+  // asks for, passes the oracle, and together they cover every class of the family.
+  std::set<std::string> seen;
+  for (const FamilyCase& f : plan_family_cases()) {
+    SCOPED_TRACE(f.family + ": " + f.c.name());
+    CaseResult r = run_case(f.c, Backend::cpu);
+    EXPECT_TRUE(r.check.ok) << r.check.first_mismatch;
+    EXPECT_TRUE(r.outside_untouched);
+    const MappingPlan& p = r.record.plan;
+    EXPECT_EQ(p.workers_per_program, *f.c.plan.workers_per_program);
+    EXPECT_EQ(p.caching, *f.c.plan.caching);
+    EXPECT_EQ(p.barrier_scope, *f.c.plan.barrier_scope);
+    EXPECT_EQ(p.tail, *f.c.plan.tail);
+    EXPECT_EQ(p.alignment, *f.c.plan.alignment);
+    EXPECT_EQ(p.cache_format, *f.c.plan.cache_format);
+    EXPECT_TRUE(seen.insert(f.family).second) << "family listed twice";
+    seen.insert("op " + op_name(f.c.op));
+    seen.insert("x " + std::string(dtype_name(f.c.x)));
+    seen.insert("y " + std::string(dtype_name(f.c.y)));
+  }
+  for (const char* op : {"softmax", "log_softmax", "rms_norm", "layer_norm"}) EXPECT_TRUE(seen.count(std::string("op ") + op)) << op;
+  for (const char* dt : {"f32", "f16", "bf16"}) {
+    EXPECT_TRUE(seen.count(std::string("x ") + dt)) << dt;
+    EXPECT_TRUE(seen.count(std::string("y ") + dt)) << dt;
+  }
+  for (const char* family : {"registers w8 packed group predicate require packed-cache",
+                             "reread w96 packed program clamp scalar_fallback f32-cache",
+                             "registers w96 packed program predicate scalar_fallback packed-cache",
+                             "reread w32 single group clamp require f32-cache"})
+    EXPECT_TRUE(seen.count(family)) << family;
+  EXPECT_EQ(seen.size(), size_t(84 + 4 + 3 + 3));  // 56 register and 28 re-read families, ops, dtypes
 }
 
 TEST(CpuSemantics, NanAndAllNegativeInfinityRowsFollowPyTorch) {

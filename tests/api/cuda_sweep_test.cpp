@@ -14,6 +14,7 @@ class CudaTest : public ::testing::Test {
 
 using CudaSweep = CudaTest;
 using CudaSanitizerSubset = CudaTest;
+using CudaSanitizerFamily = CudaTest;
 
 TEST_F(CudaSweep, EveryOperatorDtypeAndShape) {
   std::printf("device: %s\n", cuda::device_info(0).name.c_str());
@@ -121,6 +122,18 @@ TEST_F(CudaSanitizerSubset, RepresentativePlans) {
   c.op = Op::softmax, c.rows = 100, c.cols = 24, c.plan = {};
   c.plan.tail = TailHandling::clamp;
   expect_case_passes(c, Backend::cuda);  // sub-warp programs, clamped tails
+}
+
+TEST_F(CudaSanitizerFamily, OneKernelOfEveryPlanFamily) {
+  // Every structural class of the mapping family once (plan_family_cases; its CPU twin in
+  // tests/api/cpu_sweep_test.cpp checks the coverage): the set compute-sanitizer runs over.
+  int launched = 0;
+  for (const FamilyCase& f : plan_family_cases()) {
+    SCOPED_TRACE(f.family);
+    expect_case_passes(f.c, Backend::cuda);
+    ++launched;
+  }
+  std::printf("plan families launched: %d\n", launched);
 }
 
 }  // namespace

@@ -209,4 +209,54 @@ inline std::vector<Case> packing_sweep() {
   return cases;
 }
 
+// The structural classes of the mapping family: caching, width (sub-warp, one warp, several),
+// packing (one program, or several with a guard program), barrier scope, tail, alignment and
+// cache format. One case per valid combination, with the operator and the dtype rotating so
+// every operator and every dtype appears; used by the sanitizer set and its CPU twin.
+struct FamilyCase {
+  Case c;
+  std::string family;  // "registers w8 packed group clamp require packed-cache", ...
+};
+
+inline std::vector<FamilyCase> plan_family_cases() {
+  std::vector<FamilyCase> out;
+  const Op ops[] = {Op::softmax, Op::log_softmax, Op::rms_norm, Op::layer_norm};
+  const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
+  int index = 0;
+  for (InputCaching caching : {InputCaching::registers, InputCaching::reread})
+    for (int width : {8, 32, 96})  // 96: three warps, so the cross-warp butterfly has idle lanes
+      for (bool packed : {false, true})
+        for (BarrierScope scope : {BarrierScope::group, BarrierScope::program})
+          for (TailHandling tail : {TailHandling::predicate, TailHandling::clamp})
+            for (Alignment alignment : {Alignment::scalar_fallback, Alignment::require})
+              for (CacheFormat format : {CacheFormat::f32, CacheFormat::packed}) {
+                if (scope == BarrierScope::program && width <= 32) continue;  // no barrier to scope
+                if (format == CacheFormat::packed && caching != InputCaching::registers) continue;
+                if (width < 32 && !packed) continue;  // sub-warp programs always fill a warp
+                Case c;
+                c.op = ops[index % 4];
+                c.x = format == CacheFormat::packed ? dtypes[1 + index % 2] : dtypes[(index / 4) % 3];
+                c.y = dtypes[(index + 1) % 3], c.w = c.x;
+                const int v = 16 / std::max(dtype_size(c.x), dtype_size(c.y));  // 16-byte accesses
+                // Require: aligned rows, cols a multiple of V; otherwise misaligned rows, odd cols.
+                const int64_t base = width < 32 ? 50 : width == 32 ? 300 : 1537;
+                c.cols = alignment == Alignment::require ? (base / v + 1) * v : base;
+                c.offset = alignment == Alignment::require ? 0 : 1;
+                c.y_offset = alignment == Alignment::require ? 0 : 3;
+                c.rows = packed ? 7 : 3;  // packed: the last group has a guard program
+                c.seed = uint64_t(9000 + index);
+                PlanRequest& p = c.plan;
+                p.workers_per_program = width, p.vector_elems = v, p.caching = caching;
+                p.programs_per_group = packed ? (width < 32 ? 64 / width : 2) : 1;
+                p.barrier_scope = scope, p.tail = tail, p.alignment = alignment, p.cache_format = format;
+                p.stripe_unroll = caching == InputCaching::reread ? 2 : 1;
+                std::string family = to_string(caching) + " w" + std::to_string(width) + (packed ? " packed " : " single ") +
+                                     to_string(scope) + " " + to_string(tail) + " " + to_string(alignment) + " " +
+                                     to_string(format) + "-cache";
+                out.push_back({c, family});
+                ++index;
+              }
+  return out;
+}
+
 }  // namespace tile::testing

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -109,6 +110,55 @@ TEST(HostMatrix, GuardBandCatchesWritesOutsideTheRows) {
   m.poison();
   store_from_float(m.data(), -1, DType::f32, 1.0f);  // the offset before the first row
   EXPECT_FALSE(m.outside_untouched());
+}
+
+TEST(HostMatrix, RowPatternsDrawWhatTheyPromise) {
+  std::mt19937_64 rng(7);
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    const int64_t cols = 400;
+    const double max = dtype_max(dt), tiny = dtype_min_subnormal(dt);
+    HostMatrix m(dt, int64_t(RowPattern::count), cols, cols + 3);
+    for (int p = 0; p < int(RowPattern::count); ++p) m.fill_row(rng, p, RowPattern(p), 0);
+    bool hit_max = false;
+    for (int64_t c = 0; c < cols; ++c) {
+      for (int p = 0; p < int(RowPattern::count); ++p) {
+        const float v = m.at(p, c);
+        if (RowPattern(p) == RowPattern::all_neg_inf) {
+          EXPECT_EQ(v, -std::numeric_limits<float>::infinity());
+          continue;
+        }
+        EXPECT_TRUE(std::isfinite(v)) << pattern_name(RowPattern(p)) << " " << dtype_name(dt) << " col " << c;
+        EXPECT_LE(std::abs(v), max);
+      }
+      hit_max |= std::abs(m.at(int(RowPattern::magnitudes), c)) == float(max);
+      EXPECT_EQ(m.at(int(RowPattern::constant), c), m.at(int(RowPattern::constant), 0));
+      EXPECT_GE(std::abs(m.at(int(RowPattern::huge), c)), max / 512);
+      EXPECT_LE(std::abs(m.at(int(RowPattern::tiny), c)), tiny * std::exp2(30.5));
+    }
+    EXPECT_TRUE(hit_max) << "magnitudes reach the dtype's max, " << dtype_name(dt);
+    EXPECT_TRUE(m.outside_untouched()) << "fill_row writes only its row";
+  }
+  HostMatrix m(DType::f32, 1, 100, 100);
+  m.fill_row(rng, 0, RowPattern::normal, 3);  // three specials (a position may repeat)
+  int specials = 0;
+  for (int64_t c = 0; c < 100; ++c) specials += !std::isfinite(m.at(0, c));
+  EXPECT_GE(specials, 1);
+  EXPECT_LE(specials, 3);
+}
+
+TEST(HostVector, SpecialsAreNanOrZeroAndInfinitiesOnlyWhenAsked) {
+  std::mt19937_64 rng(9);
+  for (bool infinities : {false, true}) {
+    HostVector v(DType::f16, 50);
+    v.fill_with_specials(rng, 0.0, 1e6, 30, infinities);  // 1e6 is past fp16's max: clamped
+    bool saw_inf = false;
+    for (int64_t i = 0; i < v.size; ++i) {
+      const float x = load_as_float(v.data(), i, v.dtype);
+      saw_inf |= std::isinf(x);
+      EXPECT_TRUE(infinities || !std::isinf(x)) << i;
+    }
+    EXPECT_EQ(saw_inf, infinities);
+  }
 }
 
 }  // namespace
