@@ -101,7 +101,7 @@ MappingPlan perturb(MappingPlan p, const PlanInputs& in, Rng& rng) {
   attempt([&](MappingPlan& q) { q.barrier_scope = rng.chance(0.5) ? BarrierScope::program : BarrierScope::group; });
   attempt([&](MappingPlan& q) { q.tail = rng.chance(0.5) ? TailHandling::clamp : TailHandling::predicate; });
   attempt([&](MappingPlan& q) { q.alignment = rng.chance(0.5) ? Alignment::require : Alignment::scalar_fallback; });
-  attempt([&](MappingPlan& q) { q.cache_format = rng.chance(0.5) ? CacheFormat::packed : CacheFormat::f32; });
+  attempt([&](MappingPlan& q) { q.cache_format = rng.chance(0.7) ? CacheFormat::packed : CacheFormat::f32; });
   if (p.caching == InputCaching::registers && rng.chance(0.3))  // more stripes than the row needs
     attempt([&](MappingPlan& q) { q.stripes += 1 + rng.below(3); });
   if (p.caching == InputCaching::reread && rng.chance(0.3))
@@ -143,7 +143,7 @@ FuzzCase draw_case(uint64_t seed, uint64_t index, double budget) {
   else if (kind < 7) c.cols = rng.log_uniform(65, 4096);
   else if (kind < 9) c.cols = rng.log_uniform(4097, 40000);
   else c.cols = std::max<int64_t>(1, (int64_t(1) << rng.below(16)) + rng.pick({-1, 0, 1}));
-  const int64_t max_rows = c.cols <= 64 ? 70 : c.cols <= 1024 ? 20 : c.cols <= 8192 ? 6 : 2;
+  const int64_t max_rows = c.cols <= 64 ? 200 : c.cols <= 1024 ? 64 : c.cols <= 8192 ? 16 : 6;
   c.rows = rng.chance(0.02) ? 0 : 1 + rng.below(int(max_rows));
   c.stride = rng.chance(0.5) ? 0 : c.cols + rng.pick({1, 2, 3, 4, 7, 8, 16, 17});
   c.offset = rng.chance(0.6) ? 0 : rng.pick({1, 2, 3, 4, 7, 8});
@@ -191,7 +191,7 @@ struct Options {
   Backend backend = Backend::cpu;
   bool replay = false, dump = false;
   uint64_t replay_index = 0;
-  double budget = 4e6;  // executor cost per case (see executor_cost)
+  double budget = 3e7;  // executor cost per case (see executor_cost)
   std::string argv0;
 };
 
@@ -315,7 +315,16 @@ int fuzz(const Options& o) {
       const FuzzCase& f = cases[size_t(i)];
       std::string fail = run_one(f, o.backend, false);
       std::lock_guard<std::mutex> lock(mutex);
-      ++tally[op_name(f.c.op)], ++tally[to_string(f.plan.caching)], ++tally[f.origin];
+      const MappingPlan& p = f.plan;
+      ++tally[op_name(f.c.op)], ++tally[to_string(p.caching)], ++tally["plan from " + f.origin];
+      ++tally[f.c.cols <= 64 ? "cols 1-64" : f.c.cols <= 4096 ? "cols 65-4096" : "cols 4097-40000"];
+      if (p.workers_per_program < 32) ++tally["sub-warp"];
+      if (p.programs_per_group > 1) ++tally["packed programs"];
+      if (p.barrier_scope == BarrierScope::program) ++tally["program barriers"];
+      if (p.tail == TailHandling::clamp) ++tally["clamp tail"];
+      if (p.alignment == Alignment::require) ++tally["whole vectors"];
+      if (p.cache_format == CacheFormat::packed) ++tally["packed cache"];
+      if (f.c.special_values) ++tally["special values"];
       if (!fail.empty()) {
         ++failures;
         std::printf("FAIL seed %llu case %lld: %s\n  %s\n  replay: %s\n", (unsigned long long)o.seed, (long long)i,
