@@ -198,7 +198,7 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
                           " elements and cols a multiple of it for \"require\"",
          "base alignment " + str(in.base_alignment) + " bytes, x stride " + str(in.x_stride) +
              ", y stride " + str(in.y_stride) + ", cols " + str(in.cols));
-  int reductions = 3;  // the most shared regions any operator uses (LayerNorm's one-pass statistics)
+  int reductions = 4;  // the most shared regions any operator uses (LayerNorm's scaled one-pass statistics)
   if (int64_t(reductions) * P * std::max(1, W / 32) * 4 > limits.max_shared_bytes)
     fail("programs_per_group", "shared memory within " + str(limits.max_shared_bytes) + " bytes", str(P));
   if (ceil_div(in.rows, P) > limits.max_groups)
