@@ -1,5 +1,5 @@
-// NVRTC compiles every kernel of the CPU sweep for sm_90 (no GPU needed), and every group
-// barrier in the generated source is reached unconditionally.
+// NVRTC compiles every kernel of the CPU sweep and of the sanitizer's plan families for sm_90
+// (no GPU needed), and every group barrier in the generated source is reached unconditionally.
 #include <cstdlib>
 #include <filesystem>
 #include <set>
@@ -24,6 +24,7 @@ std::vector<std::string> sweep_sources() {
   std::set<std::string> sources;
   std::vector<Case> cases = core_sweep();
   for (const Case& c : packing_sweep()) cases.push_back(c);
+  for (const FamilyCase& f : plan_family_cases()) cases.push_back(f.c);  // the sanitizer set
   for (BarrierScope scope : {BarrierScope::group, BarrierScope::program})
     for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
       Case c;
@@ -35,8 +36,8 @@ std::vector<std::string> sweep_sources() {
       }
     }
   for (const Case& c : cases) {
-    HostMatrix x(c.x, std::max<int64_t>(c.rows, 1), c.cols, c.stride ? c.stride : c.cols, c.offset, 0);
-    HostMatrix y(c.y, std::max<int64_t>(c.rows, 1), c.cols, c.stride ? c.stride : c.cols, c.offset, 0);
+    HostMatrix x(c.x, std::max<int64_t>(c.rows, 1), c.cols, c.x_stride_or_cols(), c.offset, 0);
+    HostMatrix y(c.y, std::max<int64_t>(c.rows, 1), c.cols, c.y_stride_or_x(), c.y_offset_or_x(), 0);
     HostVector w(c.w, c.cols), b(c.w, c.cols);
     sources.insert(source_for(host_call(c, x, y, w, b), c.plan));
   }
