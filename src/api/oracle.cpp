@@ -5,16 +5,17 @@
 #include <limits>
 #include <sstream>
 
-#include "api/call.hpp"
+#include "bind/bind.hpp"
+#include "tile/tile.hpp"
 
 namespace tile {
 
 std::vector<double> oracle(const Call& call) {
-  check_call(call);
+  bind(builtin_program(call.op), to_args(call));  // the same argument checks as a launch
   const int64_t rows = call.x.rows, cols = call.x.cols;
   std::vector<double> out(static_cast<size_t>(rows * cols));
   std::vector<double> x(static_cast<size_t>(cols));
-  const double eps = call_eps(call);
+  const double eps = call.eps ? *call.eps : call.op == Op::layer_norm ? kLayerNormEps : kRmsNormEps;
   auto column = [&](const VectorView& v, int64_t c, double absent) {
     return v.data ? double(load_as_float(v.data, c, v.dtype)) : absent;
   };

@@ -1,173 +1,461 @@
 #include "lower/lower_row_program.hpp"
 
+#include <algorithm>
 #include <cmath>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <map>
+#include <set>
 
+#include "bind/bind.hpp"
 #include "tile/error.hpp"
 
 namespace tile {
 
-namespace {
-
 using namespace ir;
 
-class RowLowering {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr double kLog2e = 1.4426950408889634;
+
+Type ir_type(ValueType t) {
+  switch (t) {
+    case ValueType::f32: return Type::f32;
+    case ValueType::i64: return Type::i64;
+    case ValueType::b1: return Type::b1;
+  }
+  return Type::f32;
+}
+
+bool is_const(const ExprPtr& e, double v) {
+  return e->kind == Expr::Kind::constant && e->type == Type::f32 && e->f == v && !std::signbit(e->f) == !std::signbit(v);
+}
+
+// Shared by the row kernel and the finish kernel: registers, constants and the element-wise
+// operators of row programs and monoids.
+class Emitter {
  public:
-  RowLowering(const RowProgram& program, const KernelSignature& sig, const MappingPlan& plan)
-      : prog_(program), sig_(sig), plan_(plan) {}
+  explicit Emitter(Kernel& k) : k_(k) {}
 
-  Kernel run();
-
- private:
-  // Values of one element position (stripe slot) during one pass.
-  struct Slot {
-    std::vector<int> x;                     // registers holding the input elements
-    std::vector<int> words;                 // or raw 16-bit pairs (register-cached 16-bit input)
-    ExprPtr col;                            // i64 column of element 0
-    ExprPtr in_row_count;                   // i32: how many of the V elements lie in the row
-    ExprPtr live;                           // b1, whole-vector plans: the vector lies in the row
-    std::map<int, std::vector<int>> column; // loaded column operands by buffer
-    std::map<int, std::vector<int>> memo;   // element node -> registers
-  };
-
-  ExprPtr i64(int64_t v) { return i64_const(v); }
-  ExprPtr r(int id) { return reg(id, k_.regs[id].type); }
+  ExprPtr r(int id) const { return reg(id, k_.regs[id].type); }
   int temp(const std::string& name, Type t) { return k_.add_reg(name + std::to_string(k_.regs.size()), t); }
   int assign_new(std::vector<Stmt>& out, const std::string& name, ExprPtr value) {
     int id = temp(name, value->type);
     out.push_back(assign(id, std::move(value)));
     return id;
   }
+  // A register holding `value` (itself when it already is one).
+  int materialize(std::vector<Stmt>& out, const ExprPtr& value, const std::string& name = "v") {
+    if (value->kind == Expr::Kind::reg) return value->id;
+    return assign_new(out, name, value);
+  }
+  // A leaf stays an expression; anything computed goes to a register so it is evaluated once.
+  ExprPtr keep(std::vector<Stmt>& out, ExprPtr value, const std::string& name = "e") {
+    if (value->kind == Expr::Kind::constant || value->kind == Expr::Kind::reg || value->kind == Expr::Kind::param ||
+        value->kind == Expr::Kind::special)
+      return value;
+    return r(assign_new(out, name, std::move(value)));
+  }
 
-  void prologue();
-  ExprPtr stripe_col(ExprPtr stripe);
-  void load_slot(std::vector<Stmt>& out, Slot& slot, std::vector<int> x_regs, bool raw = false);
-  ExprPtr row_scalar(std::vector<Stmt>& out, int node);
-  void hoist_row_scalars(std::vector<Stmt>& out, int element_node);
-  const std::vector<int>& element(std::vector<Stmt>& out, Slot& slot, int node);
-  ExprPtr in_row(const Slot& slot, int j);
+  // exp(a) is computed as exp2(a * log2(e)): one multiply and the hardware's base-2 exponential.
+  ExprPtr unary_fn(UnaryFn fn, ExprPtr a) {
+    switch (fn) {
+      case UnaryFn::neg: return unary(UnOp::neg, a);
+      case UnaryFn::exp: return unary(UnOp::exp2, binary(BinOp::mul, a, f32_const(kLog2e)));
+      case UnaryFn::log: return unary(UnOp::log, a);
+      case UnaryFn::sqrt: return unary(UnOp::sqrt, a);
+      case UnaryFn::rsqrt: return unary(UnOp::rsqrt, a);
+      case UnaryFn::abs: return unary(UnOp::abs, a);
+      case UnaryFn::tanh: return unary(UnOp::tanh, a);
+      case UnaryFn::logical_not: return unary(UnOp::not_, a);
+      case UnaryFn::to_f32: return a->type == Type::f32 ? a : cast(Type::f32, a);
+    }
+    return a;
+  }
+
+  // x * 1, x + 0 and x - 0 fold to x, so an absent weight or bias costs nothing (and x + 0
+  // does not turn -0 into +0 where the operator would not have added anything).
+  ExprPtr binary_fn(BinaryFn fn, ExprPtr a, ExprPtr b) {
+    if (fn == BinaryFn::mul && is_const(b, 1.0)) return a;
+    if (fn == BinaryFn::mul && is_const(a, 1.0)) return b;
+    if ((fn == BinaryFn::add || fn == BinaryFn::sub) && is_const(b, 0.0)) return a;
+    if (fn == BinaryFn::add && is_const(a, 0.0)) return b;
+    static const BinOp ops[] = {BinOp::add, BinOp::sub, BinOp::mul, BinOp::div, BinOp::max, BinOp::min,
+                                BinOp::lt,  BinOp::le,  BinOp::eq,  BinOp::ne,  BinOp::and_, BinOp::or_};
+    return binary(ops[int(fn)], std::move(a), std::move(b));
+  }
+
+  // regs[i] = values[i] for every i at once: a value that is one of `regs` is copied first, so
+  // no assignment reads another's new value.
+  void assign_all(std::vector<Stmt>& out, const std::vector<int>& regs, std::vector<ExprPtr> values) {
+    for (ExprPtr& v : values)
+      if (v->kind == Expr::Kind::reg && std::find(regs.begin(), regs.end(), v->id) != regs.end())
+        v = r(assign_new(out, "c", v));
+    for (size_t i = 0; i < regs.size(); ++i)
+      if (!(values[i]->kind == Expr::Kind::reg && values[i]->id == regs[i])) out.push_back(assign(regs[i], values[i]));
+  }
+
+  // values[0] op values[1] ..., as a balanced tree of registers.
+  ExprPtr pairwise(std::vector<Stmt>& out, std::vector<ExprPtr> level, BinOp op) {
+    TILE_CHECK(!level.empty(), "pairwise of nothing");
+    while (level.size() > 1) {
+      std::vector<ExprPtr> next;
+      for (size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(r(assign_new(out, "p", binary(op, level[i], level[i + 1]))));
+      if (level.size() % 2) next.push_back(level.back());
+      level = std::move(next);
+    }
+    return level[0];
+  }
+
+  // A monoid's combine graph with this side's and the other side's state bound.
+  std::vector<ExprPtr> combine(std::vector<Stmt>& out, const Monoid& m, const std::vector<ExprPtr>& mine,
+                               const std::vector<ExprPtr>& other) {
+    std::map<int, ExprPtr> memo;
+    std::function<ExprPtr(int)> eval = [&](int id) -> ExprPtr {
+      if (auto it = memo.find(id); it != memo.end()) return it->second;
+      const MonoidNode& n = m.nodes[id];
+      ExprPtr v;
+      switch (n.kind) {
+        case MonoidNode::Kind::mine: v = mine[n.index]; break;
+        case MonoidNode::Kind::other: v = other[n.index]; break;
+        case MonoidNode::Kind::constant: v = f32_const(n.value); break;
+        case MonoidNode::Kind::unary: v = keep(out, unary_fn(n.unary, eval(n.a))); break;
+        case MonoidNode::Kind::binary: v = keep(out, binary_fn(n.binary, eval(n.a), eval(n.b))); break;
+        case MonoidNode::Kind::select: v = keep(out, select(eval(n.a), eval(n.b), eval(n.c))); break;
+        default: TILE_CHECK(false, "monoid ", m.name, ": chunk node in combine");
+      }
+      return memo[id] = v;
+    };
+    std::vector<ExprPtr> result;
+    for (int id : m.combine) result.push_back(eval(id));
+    return result;
+  }
+
+  Kernel& k_;
+};
+
+// A chunk of elements folded by a monoid's chunk graph. Elements come in groups that share
+// one validity test (a whole vector) or test each element (a vector with a partial tail).
+struct ChunkElement {
+  std::vector<ExprPtr> inputs;  // one per monoid input
+  ExprPtr valid;                // b1, when the group has no common test
+};
+struct ChunkGroup {
+  ExprPtr all_valid;  // b1: every element valid, or none; null: per-element tests
+  ExprPtr count;      // f32: valid elements in the group
+  std::vector<ChunkElement> elems;
+};
+
+std::vector<ExprPtr> chunk_state(Emitter& em, std::vector<Stmt>& out, const Monoid& m,
+                                 const std::vector<ChunkGroup>& groups) {
+  // Element-level nodes: one value per element (group g, element e); chunk-level nodes: one.
+  std::map<int, std::vector<std::vector<ExprPtr>>> elem_memo;
+  std::map<int, ExprPtr> chunk_memo;
+  std::function<ExprPtr(int, int, int)> elem = [&](int id, int g, int e) -> ExprPtr {
+    const MonoidNode& n = m.nodes[id];
+    if (!n.element) {
+      if (auto it = chunk_memo.find(id); it != chunk_memo.end()) return it->second;
+    } else if (auto it = elem_memo.find(id); it != elem_memo.end()) {
+      return it->second[g][e];
+    }
+    auto eval_at = [&](int gg, int ee) -> ExprPtr {
+      switch (n.kind) {
+        case MonoidNode::Kind::element: return groups[gg].elems[ee].inputs[n.index];
+        case MonoidNode::Kind::constant: return f32_const(n.value);
+        case MonoidNode::Kind::unary: return em.keep(out, em.unary_fn(n.unary, elem(n.a, gg, ee)));
+        case MonoidNode::Kind::binary: return em.keep(out, em.binary_fn(n.binary, elem(n.a, gg, ee), elem(n.b, gg, ee)));
+        case MonoidNode::Kind::select:
+          return em.keep(out, select(elem(n.a, gg, ee), elem(n.b, gg, ee), elem(n.c, gg, ee)));
+        case MonoidNode::Kind::count: {
+          std::vector<ExprPtr> counts;
+          for (const ChunkGroup& grp : groups) counts.push_back(grp.count);
+          return em.pairwise(out, counts, BinOp::add);
+        }
+        case MonoidNode::Kind::chunk_sum:
+        case MonoidNode::Kind::chunk_max: {
+          const bool sum = n.kind == MonoidNode::Kind::chunk_sum;
+          const BinOp op = sum ? BinOp::add : BinOp::max;
+          const ExprPtr identity = f32_const(sum ? 0.0 : kNegInf);
+          std::vector<ExprPtr> terms;
+          for (size_t g2 = 0; g2 < groups.size(); ++g2) {
+            const ChunkGroup& grp = groups[g2];
+            if (grp.all_valid) {
+              // The group is in the row or not as a whole: combine its elements, then test once.
+              std::vector<ExprPtr> xs;
+              for (size_t e2 = 0; e2 < grp.elems.size(); ++e2) xs.push_back(elem(n.a, int(g2), int(e2)));
+              terms.push_back(em.keep(out, select(grp.all_valid, em.pairwise(out, xs, op), identity)));
+            } else {
+              for (size_t e2 = 0; e2 < grp.elems.size(); ++e2)
+                terms.push_back(em.keep(out, select(grp.elems[e2].valid, elem(n.a, int(g2), int(e2)), identity)));
+            }
+          }
+          return em.pairwise(out, terms, op);
+        }
+        default: TILE_CHECK(false, "monoid ", m.name, ": state node in chunk");
+      }
+      return nullptr;
+    };
+    if (!n.element) return chunk_memo[id] = eval_at(g, e);
+    auto& table = elem_memo[id];
+    table.resize(groups.size());
+    for (size_t g2 = 0; g2 < groups.size(); ++g2) {
+      table[g2].resize(groups[g2].elems.size());
+      for (size_t e2 = 0; e2 < groups[g2].elems.size(); ++e2) table[g2][e2] = eval_at(int(g2), int(e2));
+    }
+    return table[g][e];
+  };
+  std::vector<ExprPtr> state;
+  for (int id : m.chunk) state.push_back(elem(id, 0, 0));
+  return state;
+}
+
+// Reductions (their program indices) reachable from node `id`; row values stop at results.
+void reductions_used(const RowProgram& p, int id, std::set<int>& out) {
+  const RowNode& n = p.nodes()[id];
+  if (n.kind == RowNode::Kind::result) {
+    out.insert(n.reduction);
+    return;
+  }
+  for (int o : {n.a, n.b, n.c})
+    if (o >= 0) reductions_used(p, o, out);
+}
+
+class RowLowering {
+ public:
+  RowLowering(const RowProgram& program, const KernelSignature& sig, const MappingPlan& plan)
+      : prog_(program), sig_(sig), plan_(plan), em_(k_) {}
+
+  LoweredProgram run();
+
+ private:
+  struct Slot {
+    ExprPtr col;           // i64 column of element 0
+    ExprPtr in_row_count;  // i32: how many of the V elements lie in the row
+    ExprPtr live;          // b1, whole-vector plans: the vector lies in the row
+    std::map<int, std::vector<int>> values;  // row input operand -> registers
+    std::map<int, std::vector<int>> words;   // or raw 16-bit pairs (packed register cache)
+    std::map<int, std::vector<int>> column;  // loaded per-column operands
+    std::map<int, std::vector<ExprPtr>> memo;
+  };
+
+  ExprPtr r(int id) const { return em_.r(id); }
+  ExprPtr i64(int64_t v) { return i64_const(v); }
+  int assign_new(std::vector<Stmt>& out, const std::string& name, ExprPtr v) { return em_.assign_new(out, name, v); }
+  bool present(int operand) const { return sig_.present[operand]; }
+  DType dtype(int operand) const { return sig_.dtypes[operand]; }
+  const OperandDecl& decl(int operand) const { return prog_.operands()[operand]; }
   Stmt whole(Stmt access) const {
     if (whole_) access.whole = true, access.aligned = b1_const(true);
     return access;
   }
-  void accumulate(std::vector<Stmt>& out, Slot& slot, int node, int acc);
-  int reduce_across_workers(std::vector<Stmt>& out, int acc, Reduction kind);
-  // merge(out, mine, other) folds the other side's values into the registers `mine`.
-  using Merge = std::function<void(std::vector<Stmt>&, const std::vector<int>&, const std::vector<ExprPtr>&)>;
-  std::vector<int> merge_across_workers(std::vector<Stmt>& out, const std::vector<int>& regs,
-                                        const std::vector<double>& identities, const Merge& merge);
-  ExprPtr pairwise(std::vector<Stmt>& out, std::vector<ExprPtr> level, BinOp op);
-  void online_mean_m2(std::vector<Stmt>& out, int sum_node, int m2_node);
-  void chan_merge(std::vector<Stmt>& out, int n, int mean, int m2, ExprPtr other_n, ExprPtr other_mean, ExprPtr other_m2);
-  void online_max_sum(std::vector<Stmt>& out, int max_node, int sum_node);
-  void online_combine(std::vector<Stmt>& out, int m, int s, ExprPtr other_m, ExprPtr other_s);
-  ExprPtr exp2_of_difference(ExprPtr a, ExprPtr b) {
-    return unary(UnOp::exp2, binary(BinOp::mul, binary(BinOp::sub, std::move(a), std::move(b)), f32_const(1.4426950408889634)));
-  }
-  void store_output(std::vector<Stmt>& out, Slot& slot);
-  std::vector<Stmt> reread_loop(const std::function<void(std::vector<Stmt>&, Slot&)>& body);
 
-  // exp(a) is computed as exp2(a * log2(e)): one multiply and the hardware's base-2 exponential.
-  ExprPtr unary_node(UnaryFn fn, ExprPtr a) {
-    static const UnOp ops[] = {UnOp::neg, UnOp::exp, UnOp::log, UnOp::rsqrt, UnOp::sqrt};
-    if (fn == UnaryFn::exp) return unary(UnOp::exp2, binary(BinOp::mul, std::move(a), f32_const(1.4426950408889634)));
-    return unary(ops[int(fn)], std::move(a));
-  }
-
-  ExprPtr binary_node(BinaryFn fn, ExprPtr a, ExprPtr b) {
-    static const BinOp ops[] = {BinOp::add, BinOp::sub, BinOp::mul, BinOp::div, BinOp::max, BinOp::min};
-    return binary(ops[int(fn)], std::move(a), std::move(b));
-  }
-
-  ExprPtr identity(Reduction kind) {
-    return f32_const(kind == Reduction::sum ? 0.0 : -std::numeric_limits<double>::infinity());
-  }
-  BinOp combine(Reduction kind) { return kind == Reduction::sum ? BinOp::add : BinOp::max; }
+  void declare_arguments();
+  void analyse();
+  std::vector<Stmt> row_body();
+  void begin_row(std::vector<Stmt>& out, ExprPtr block);
+  ExprPtr stripe_col(ExprPtr stripe);
+  void load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<int>& inputs, bool cache);
+  ExprPtr in_row(const Slot& slot, int j) const { return whole_ ? slot.live : binary(BinOp::lt, i32_const(j), slot.in_row_count); }
+  ExprPtr row_value(std::vector<Stmt>& out, int node);
+  void hoist_row_values(std::vector<Stmt>& out, int node);
+  const std::vector<ExprPtr>& element(std::vector<Stmt>& out, Slot& slot, int node);
+  void row_inputs_of(int node, std::set<int>& out) const;
+  std::vector<ChunkGroup> slot_groups(std::vector<Stmt>& out, std::vector<Slot*> slots, const std::vector<int>& inputs);
+  void level_pass(std::vector<Stmt>& out, const std::vector<int>& reductions);
+  std::vector<std::vector<int>> merge_across_workers(std::vector<Stmt>& out, const std::vector<int>& reductions,
+                                                     std::vector<std::vector<int>> states);
+  void output_pass(std::vector<Stmt>& out, Slot& slot);
+  std::vector<Stmt> reread_loop(const std::set<int>& inputs, const std::function<void(std::vector<Stmt>&, std::vector<Slot*>&)>& body);
+  void store_row_scalars(std::vector<Stmt>& out);
+  void accumulate_rows(std::vector<Stmt>& out, Slot& slot);
+  void flush_rows(std::vector<Stmt>& out);
+  ExprPtr slot_base() const;
+  LoweredKernel lower_finish();
 
   const RowProgram& prog_;
   const KernelSignature& sig_;
   const MappingPlan& plan_;
   Kernel k_;
-  int p_rows_ = 0, p_cols_ = 0, p_xs_ = 0, p_ys_ = 0;
-  int row_ = -1, row_valid_ = -1, load_cols_ = -1, store_cols_ = -1;
-  int x_off_ = -1, y_off_ = -1, x_aligned_ = -1, y_aligned_ = -1;
-  std::map<int, int> column_buffer_;   // column name index -> buffer
-  std::map<int, int> column_aligned_;  // buffer -> b1 register
-  std::map<int, int> scalars_;         // row-scalar node -> register
-  std::vector<Slot> cached_;           // register caching: one slot per stripe
-  int next_shared_ = 0;
-  // alignment "require": rows aligned and cols a multiple of V, so every access is a whole
-  // vector inside or outside the row; no scalar path and one row test per vector.
+  Emitter em_;
+  LoweredProgram lowered_;
+
+  // Kernel arguments.
+  int p_rows_ = -1, p_cols_ = -1, ws_buffer_ = -1;
+  std::map<int, int> buffer_of_, stride_of_, scalar_of_;  // operand -> buffer / param
+  // What the program needs.
+  std::vector<int> live_stores_;                 // indices into prog_.stores()
+  std::vector<std::vector<int>> levels_;         // reductions over the columns, by level
+  std::vector<int> rows_reductions_;             // reductions over the rows, in order
+  std::map<int, int> ws_offset_;                 // rows reduction -> first part's offset (in parts)
+  std::set<int> cached_inputs_;                  // row inputs the register cache holds
+  // Per row.
+  int row_ = -1, row_valid_ = -1, load_cols_ = -1, store_cols_ = -1, first_row_ = -1;
+  std::map<int, int> load_off_, store_off_, aligned_;  // operand -> register
+  std::map<int, ExprPtr> row_values_;
+  std::vector<Slot> cached_;
+  // Accumulators of reductions over the rows: [reduction][part] registers for row values;
+  // [reduction][slot * V + j][part] for elements of register-cached plans.
+  std::map<int, std::vector<int>> row_acc_;
+  std::map<int, std::vector<std::vector<int>>> elem_acc_;
   bool whole_ = false;
+  int next_shared_ = 0;
 };
 
-Kernel RowLowering::run() {
-  const int W = plan_.workers_per_program;
-  k_.name = "tile_" + prog_.name() + "_" + std::string(dtype_name(sig_.x)) + "_" +
-            std::string(dtype_name(sig_.y)) + "_p" + std::to_string(plan_.programs_per_group) + "w" +
-            std::to_string(W) + "v" + std::to_string(plan_.vector_elems) + "s" +
-            std::to_string(plan_.stripes) + (plan_.caching == InputCaching::registers ? "c" : "r");
+LoweredProgram RowLowering::run() {
   whole_ = plan_.alignment == Alignment::require;
+  const int W = plan_.workers_per_program;
+  k_.name = "tile_" + prog_.name() + "_p" + std::to_string(plan_.programs_per_group) + "w" + std::to_string(W) + "v" +
+            std::to_string(plan_.vector_elems) + "s" + std::to_string(plan_.stripes) +
+            (plan_.caching == InputCaching::registers ? "c" : "r");
   k_.programs_per_group = plan_.programs_per_group;
   k_.workers_per_program = W;
   k_.private_budget = plan_.private_budget;
-  k_.buffers.push_back({"x", sig_.x, false});
-  k_.buffers.push_back({"y", sig_.y, true});
-  TILE_CHECK(sig_.columns.size() == prog_.columns().size(), "signature has ", sig_.columns.size(),
-             " column dtypes for ", prog_.columns().size(), " columns");
-  for (size_t c = 0; c < prog_.columns().size(); ++c) {
-    column_buffer_[int(c)] = int(k_.buffers.size());
-    k_.buffers.push_back({prog_.columns()[c], sig_.columns[c], false});
-  }
-  k_.params = {{"rows", Type::i64}, {"cols", Type::i64}, {"x_stride", Type::i64}, {"y_stride", Type::i64}};
-  for (const std::string& s : prog_.scalars()) k_.params.push_back({s, Type::f32});
-  p_rows_ = 0, p_cols_ = 1, p_xs_ = 2, p_ys_ = 3;
+  k_.resident_groups = plan_.resident_groups;
+  analyse();
+  declare_arguments();
 
-  prologue();
   std::vector<Stmt>& body = k_.body;
-
-  // Reductions in creation order; each is one pass over the row.
-  std::vector<int> reductions;
-  for (size_t n = 0; n < prog_.nodes().size(); ++n)
-    if (prog_.nodes()[n].kind == RowNode::Kind::reduce) reductions.push_back(int(n));
-
-  if (plan_.caching == InputCaching::registers) {
-    body.push_back(comment("load the row slice once into cached registers"));
-    for (int s = 0; s < plan_.stripes; ++s) {
-      Slot slot;
-      slot.col = stripe_col(i64(s));
-      // cache_format packed: 16-bit input stays as loaded, two elements a register, and is
-      // converted where each pass uses it.
-      const bool raw = plan_.cache_format == CacheFormat::packed;
-      std::vector<int> x_regs;
-      for (int j = 0; j < plan_.vector_elems; j += raw ? 2 : 1)
-        x_regs.push_back(k_.add_reg("x" + std::to_string(s) + "_" + std::to_string(raw ? j / 2 : j), raw ? Type::i32 : Type::f32, true));
-      load_slot(body, slot, x_regs, raw);
-      cached_.push_back(std::move(slot));
+  if (plan_.grid_limit > 0) {
+    // Each group owns row blocks group_index, group_index + group_count, ...
+    body.push_back(comment("row blocks owned by this group"));
+    ExprPtr P = i64(plan_.programs_per_group);
+    ExprPtr blocks = binary(BinOp::div, binary(BinOp::add, param(p_rows_, Type::i64), binary(BinOp::sub, P, i64(1))), P);
+    ExprPtr count = binary(BinOp::div,
+                           binary(BinOp::add, binary(BinOp::sub, blocks, special(Special::group_index)),
+                                  binary(BinOp::sub, special(Special::group_count), i64(1))),
+                           special(Special::group_count));
+    for (int red : rows_reductions_) {
+      const RowReduction& rr = prog_.reductions()[red];
+      const bool elem = prog_.nodes()[rr.inputs[0]].shape.cols;
+      if (elem && plan_.caching == InputCaching::registers) {
+        auto& acc = elem_acc_[red];
+        for (int s = 0; s < plan_.stripes; ++s)
+          for (int j = 0; j < plan_.vector_elems; ++j) {
+            std::vector<int> parts;
+            for (size_t q = 0; q < rr.monoid.parts.size(); ++q)
+              parts.push_back(assign_new(body, "racc", f32_const(rr.monoid.identity[q])));
+            for (int id : parts) k_.regs[id].cached = true;  // counted against the private budget
+            acc.push_back(parts);
+          }
+      } else if (!elem) {
+        for (size_t q = 0; q < rr.monoid.parts.size(); ++q)
+          row_acc_[red].push_back(assign_new(body, "racc", f32_const(rr.monoid.identity[q])));
+      }
     }
-  }
-  for (int node : reductions) row_scalar(body, node);
-  body.push_back(comment("output pass"));
-  hoist_row_scalars(body, prog_.output_node());
-  if (plan_.caching == InputCaching::registers) {
-    // Element values stay memoised across passes: the output reuses what a reduction pass
-    // computed (softmax's exp), and the inputs it no longer needs die.
-    for (Slot& slot : cached_) store_output(body, slot);
+    int it = em_.temp("block_it", Type::i64);
+    first_row_ = assign_new(body, "first", b1_const(true));
+    std::vector<Stmt> loop;
+    ExprPtr block = binary(BinOp::add, special(Special::group_index), binary(BinOp::mul, r(it), special(Special::group_count)));
+    begin_row(loop, block);
+    for (Stmt& s : row_body()) loop.push_back(std::move(s));
+    loop.push_back(assign(first_row_, b1_const(false)));
+    body.push_back(for_(it, i64(0), count, std::move(loop)));
+    flush_rows(body);
   } else {
-    for (Stmt& s : reread_loop([&](std::vector<Stmt>& out, Slot& slot) { store_output(out, slot); }))
-      body.push_back(std::move(s));
+    begin_row(body, special(Special::group_index));
+    for (Stmt& s : row_body()) body.push_back(std::move(s));
   }
-  return std::move(k_);
+  lowered_.main.kernel = std::move(k_);
+  if (!rows_reductions_.empty()) lowered_.finish = lower_finish();
+  return std::move(lowered_);
 }
 
-void RowLowering::prologue() {
-  std::vector<Stmt>& b = k_.body;
+// Which stores, reductions and row inputs the call needs, and where partials go.
+void RowLowering::analyse() {
+  std::set<int> used;
+  for (size_t i = 0; i < prog_.stores().size(); ++i) {
+    const RowStore& s = prog_.stores()[i];
+    if (!present(s.operand)) continue;  // an absent optional output: nothing computes it
+    live_stores_.push_back(int(i));
+    reductions_used(prog_, s.value, used);
+  }
+  // Reductions needed by other reductions' inputs.
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (int red : std::set<int>(used))
+      for (int in : prog_.reductions()[red].inputs) {
+        size_t before = used.size();
+        reductions_used(prog_, in, used);
+        grew |= used.size() != before;
+      }
+  }
+  for (const std::vector<int>& level : reduction_levels(prog_)) {
+    std::vector<int> kept;
+    for (int red : level)
+      if (used.count(red)) kept.push_back(red);
+    if (!kept.empty()) levels_.push_back(kept);
+  }
+  int col_parts = 0, fixed = 0;
+  for (size_t red = 0; red < prog_.reductions().size(); ++red) {
+    const RowReduction& rr = prog_.reductions()[red];
+    if (rr.axis != Axis::rows || !used.count(int(red))) continue;
+    rows_reductions_.push_back(int(red));
+    const bool elem = prog_.nodes()[rr.inputs[0]].shape.cols;
+    int& counter = elem ? col_parts : fixed;
+    ws_offset_[int(red)] = counter;
+    counter += int(rr.monoid.parts.size());
+  }
+  lowered_.col_parts = col_parts;
+  lowered_.fixed_parts = fixed;
+  TILE_CHECK(rows_reductions_.empty() || plan_.grid_limit > 0, "reductions over the rows need a grid limit");
+  // The register cache holds the row inputs some pass reads.
+  for (int i : live_stores_) row_inputs_of(prog_.stores()[i].value, cached_inputs_);
+  for (int red : used)
+    for (int in : prog_.reductions()[red].inputs) row_inputs_of(in, cached_inputs_);
+}
+
+void RowLowering::declare_arguments() {
+  // Buffers: present operands the row kernel touches, in declaration order, then the workspace.
+  for (size_t i = 0; i < prog_.operands().size(); ++i) {
+    const OperandDecl& d = decl(int(i));
+    if (!present(int(i)) || d.role == Role::scalar_in || d.role == Role::col_out || d.role == Role::scalar_out) continue;
+    buffer_of_[int(i)] = int(k_.buffers.size());
+    k_.buffers.push_back({d.name, dtype(int(i)), is_output(d.role)});
+    lowered_.main.buffers.push_back(int(i));
+  }
+  // An output that may alias an input loses __restrict__ on both.
+  for (size_t i = 0; i < prog_.operands().size(); ++i) {
+    const OperandDecl& d = decl(int(i));
+    if (d.may_alias >= 0 && buffer_of_.count(int(i)) && buffer_of_.count(d.may_alias)) {
+      k_.buffers[buffer_of_[int(i)]].noalias = false;
+      k_.buffers[buffer_of_[d.may_alias]].noalias = false;
+    }
+  }
+  if (!rows_reductions_.empty()) {
+    ws_buffer_ = int(k_.buffers.size());
+    k_.buffers.push_back({"tile_workspace", DType::f32, true});
+    lowered_.main.buffers.push_back(-1);
+  }
+  auto add_param = [&](const std::string& name, Type t, ParamSource src) {
+    k_.params.push_back({name, t});
+    lowered_.main.params.push_back(src);
+    return int(k_.params.size()) - 1;
+  };
+  p_rows_ = add_param("rows", Type::i64, {ParamSource::Kind::rows});
+  p_cols_ = add_param("cols", Type::i64, {ParamSource::Kind::cols});
+  for (auto& [operand, buffer] : buffer_of_) {
+    Role role = decl(operand).role;
+    if (role == Role::row_in || role == Role::row_out || role == Role::row_scalar_in || role == Role::row_scalar_out)
+      stride_of_[operand] = add_param(decl(operand).name + "_stride", Type::i64, {ParamSource::Kind::stride, operand});
+  }
+  for (size_t i = 0; i < prog_.operands().size(); ++i)
+    if (decl(int(i)).role == Role::scalar_in)
+      scalar_of_[int(i)] =
+          add_param(decl(int(i)).name, ir_type(decl(int(i)).scalar_type), {ParamSource::Kind::scalar, int(i)});
+}
+
+ExprPtr RowLowering::stripe_col(ExprPtr stripe) {
+  // (stripe * W + worker) * V: worker w owns vector_elems consecutive elements per stripe.
+  ExprPtr w = cast(Type::i64, special(Special::worker_in_program));
+  return binary(BinOp::mul, binary(BinOp::add, binary(BinOp::mul, stripe, i64(plan_.workers_per_program)), w),
+                i64(plan_.vector_elems));
+}
+
+void RowLowering::begin_row(std::vector<Stmt>& b, ExprPtr block) {
   const int P = plan_.programs_per_group, V = plan_.vector_elems;
   b.push_back(comment("row owned by this program; guard programs past the last row run masked"));
-  row_ = assign_new(b, "row", binary(BinOp::add, binary(BinOp::mul, special(Special::group_index), i64(P)),
-                                     cast(Type::i64, special(Special::program_in_group))));
+  row_ = assign_new(b, "row", binary(BinOp::add, binary(BinOp::mul, block, i64(P)), cast(Type::i64, special(Special::program_in_group))));
   row_valid_ = assign_new(b, "row_valid", binary(BinOp::lt, r(row_), param(p_rows_, Type::i64)));
   ExprPtr cols = param(p_cols_, Type::i64);
   store_cols_ = assign_new(b, "store_cols", select(r(row_valid_), cols, i64(0)));
@@ -179,26 +467,46 @@ void RowLowering::prologue() {
   } else {
     load_cols_ = store_cols_;
   }
-  x_off_ = assign_new(b, "x_off", binary(BinOp::mul, load_row, param(p_xs_, Type::i64)));
-  y_off_ = assign_new(b, "y_off", binary(BinOp::mul, r(row_), param(p_ys_, Type::i64)));
   auto aligned = [&](int buffer, ExprPtr offset) -> ExprPtr {
-    if (plan_.alignment == Alignment::require) return b1_const(true);
+    if (whole_) return b1_const(true);
     return row_aligned(buffer, std::move(offset), V * dtype_size(k_.buffers[buffer].dtype));
   };
-  x_aligned_ = assign_new(b, "x_aligned", aligned(0, r(x_off_)));
-  y_aligned_ = assign_new(b, "y_aligned", aligned(1, r(y_off_)));
-  for (auto& [c, buffer] : column_buffer_) column_aligned_[buffer] = assign_new(b, "w_aligned", aligned(buffer, i64(0)));
+  for (auto& [operand, buffer] : buffer_of_) {
+    const Role role = decl(operand).role;
+    if (role == Role::row_in) {
+      load_off_[operand] = assign_new(b, decl(operand).name + "_off", binary(BinOp::mul, load_row, param(stride_of_[operand], Type::i64)));
+      aligned_[operand] = assign_new(b, decl(operand).name + "_aligned", aligned(buffer, r(load_off_[operand])));
+    } else if (role == Role::row_out) {
+      store_off_[operand] = assign_new(b, decl(operand).name + "_off", binary(BinOp::mul, r(row_), param(stride_of_[operand], Type::i64)));
+      aligned_[operand] = assign_new(b, decl(operand).name + "_aligned", aligned(buffer, r(store_off_[operand])));
+    } else if (role == Role::col_in) {
+      aligned_[operand] = assign_new(b, decl(operand).name + "_aligned", aligned(buffer, i64(0)));
+    }
+  }
+  // Per-row inputs: one load per program row (every worker reads the same address).
+  for (auto& [operand, buffer] : buffer_of_) {
+    if (decl(operand).role != Role::row_scalar_in) continue;
+    const Type t = value_type(dtype(operand));
+    int v = em_.temp(decl(operand).name, t);
+    ExprPtr index = binary(BinOp::mul, load_row, param(stride_of_[operand], Type::i64));
+    ExprPtr valid = plan_.tail == TailHandling::clamp ? i64(1) : select(r(row_valid_), i64(1), i64(0));
+    b.push_back(load({v}, buffer, index, valid, b1_const(false), false, 0.0f));
+    for (size_t n = 0; n < prog_.nodes().size(); ++n) {
+      const RowNode& node = prog_.nodes()[n];
+      if (node.kind == RowNode::Kind::load && node.operand == operand) row_values_[int(n)] = r(v);
+    }
+  }
 }
 
-ExprPtr RowLowering::stripe_col(ExprPtr stripe) {
-  // (stripe * W + worker) * V: worker w owns vector_elems consecutive elements per stripe.
-  ExprPtr w = cast(Type::i64, special(Special::worker_in_program));
-  return binary(BinOp::mul,
-                binary(BinOp::add, binary(BinOp::mul, stripe, i64(plan_.workers_per_program)), w),
-                i64(plan_.vector_elems));
+void RowLowering::row_inputs_of(int node, std::set<int>& out) const {
+  const RowNode& n = prog_.nodes()[node];
+  if (n.kind == RowNode::Kind::result) return;  // a row value, computed in an earlier pass
+  if (n.kind == RowNode::Kind::load && decl(n.operand).role == Role::row_in) out.insert(n.operand);
+  for (int o : {n.a, n.b, n.c})
+    if (o >= 0) row_inputs_of(o, out);
 }
 
-void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, std::vector<int> x_regs, bool raw) {
+void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<int>& inputs, bool cache) {
   int col = assign_new(out, "col", slot.col);
   slot.col = r(col);
   // min(max(load_cols - col, 0), V) as i32: one compare per element instead of i64 math.
@@ -209,423 +517,590 @@ void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, std::vector<int>
     ExprPtr count = binary(BinOp::min, binary(BinOp::max, left, i64(0)), i64(plan_.vector_elems));
     slot.in_row_count = r(assign_new(out, "n", cast(Type::i32, count)));
   }
-  ExprPtr index = binary(BinOp::add, r(x_off_), slot.col), valid = binary(BinOp::sub, r(load_cols_), slot.col);
-  if (raw) {
-    out.push_back(whole(load_raw(x_regs, 0, index, valid, r(x_aligned_), plan_.tail == TailHandling::clamp)));
-    slot.words = std::move(x_regs);
-  } else {
-    out.push_back(whole(load(x_regs, 0, index, valid, r(x_aligned_), plan_.tail == TailHandling::clamp, 0.0f)));
-    slot.x = std::move(x_regs);
+  const bool clamp = plan_.tail == TailHandling::clamp;
+  for (int operand : inputs) {
+    const int buffer = buffer_of_.at(operand);
+    const DType dt = dtype(operand);
+    ExprPtr index = binary(BinOp::add, r(load_off_[operand]), slot.col);
+    ExprPtr valid = binary(BinOp::sub, r(load_cols_), slot.col);
+    // cache_format packed: 16-bit input stays as loaded, two elements a register, and is
+    // converted where each pass uses it.
+    const bool raw = cache && plan_.cache_format == CacheFormat::packed && dtype_size(dt) == 2;
+    std::vector<int> regs;
+    for (int j = 0; j < plan_.vector_elems; j += raw ? 2 : 1)
+      regs.push_back(k_.add_reg(decl(operand).name + std::to_string(k_.regs.size()), raw ? Type::i32 : value_type(dt), cache));
+    if (raw) {
+      out.push_back(whole(load_raw(regs, buffer, index, valid, r(aligned_[operand]), clamp)));
+      slot.words[operand] = regs;
+    } else {
+      out.push_back(whole(load(regs, buffer, index, valid, r(aligned_[operand]), clamp, 0.0f)));
+      slot.values[operand] = regs;
+    }
   }
 }
 
-ExprPtr RowLowering::in_row(const Slot& slot, int j) {
-  if (whole_) return slot.live;
-  return binary(BinOp::lt, i32_const(j), slot.in_row_count);
-}
-
-ExprPtr RowLowering::row_scalar(std::vector<Stmt>& out, int node) {
-  if (auto it = scalars_.find(node); it != scalars_.end()) return r(it->second);
+ExprPtr RowLowering::row_value(std::vector<Stmt>& out, int node) {
+  if (auto it = row_values_.find(node); it != row_values_.end()) return it->second;
   const RowNode& n = prog_.nodes()[node];
-  TILE_CHECK(!prog_.is_element(node), "row_scalar of an element node");
+  TILE_CHECK(!n.shape.cols, "row_value of a node varying along the columns");
   ExprPtr value;
   switch (n.kind) {
-    case RowNode::Kind::constant: return f32_const(n.value);
+    case RowNode::Kind::constant: return n.type == ValueType::f32 ? f32_const(n.value) : i64(int64_t(n.value));
     case RowNode::Kind::cols: value = cast(Type::f32, param(p_cols_, Type::i64)); break;
-    case RowNode::Kind::scalar: return param(k_.param_index(n.name), Type::f32);
-    case RowNode::Kind::unary: {
-      ExprPtr a = row_scalar(out, n.a);
-      value = unary_node(n.unary, a);
+    case RowNode::Kind::load:
+      if (decl(n.operand).role == Role::scalar_in) return param(scalar_of_.at(n.operand), ir_type(n.type));
+      TILE_CHECK(false, "per-row input '", decl(n.operand).name, "' was not loaded");
       break;
-    }
-    case RowNode::Kind::binary: {
-      ExprPtr a = row_scalar(out, n.a), b = row_scalar(out, n.b);
-      value = binary_node(n.binary, a, b);
-      break;
-    }
-    case RowNode::Kind::reduce: {
-      if (plan_.caching == InputCaching::reread && n.reduction == Reduction::max) {
-        if (int partner = online_max_partner(prog_, node); partner >= 0) {
-          online_max_sum(out, node, partner);
-          return r(scalars_[node]);
-        }
-      }
-      if (plan_.caching == InputCaching::reread && n.reduction == Reduction::sum) {
-        if (int partner = online_variance_partner(prog_, node); partner >= 0) {
-          online_mean_m2(out, node, partner);
-          return r(scalars_[node]);
-        }
-      }
-      out.push_back(comment("reduction %" + std::to_string(node) + " (" +
-                            (n.reduction == Reduction::sum ? "sum" : "max") + ")"));
-      hoist_row_scalars(out, n.a);
-      int acc = assign_new(out, "acc", identity(n.reduction));
-      if (plan_.caching == InputCaching::registers) {
-        for (Slot& slot : cached_) accumulate(out, slot, node, acc);
-      } else {
-        for (Stmt& s : reread_loop([&](std::vector<Stmt>& body, Slot& slot) { accumulate(body, slot, node, acc); }))
-          out.push_back(std::move(s));
-      }
-      scalars_[node] = reduce_across_workers(out, acc, n.reduction);
-      return r(scalars_[node]);
-    }
+    case RowNode::Kind::unary: value = em_.unary_fn(n.unary, row_value(out, n.a)); break;
+    case RowNode::Kind::binary: value = em_.binary_fn(n.binary, row_value(out, n.a), row_value(out, n.b)); break;
+    case RowNode::Kind::select: value = select(row_value(out, n.a), row_value(out, n.b), row_value(out, n.c)); break;
+    case RowNode::Kind::result: TILE_CHECK(false, "reduction result %", node, " used before its pass"); break;
     default: TILE_CHECK(false, "unexpected row node kind");
   }
-  scalars_[node] = assign_new(out, "s", value);
-  return r(scalars_[node]);
+  if (value->kind == Expr::Kind::constant || value->kind == Expr::Kind::param || value->kind == Expr::Kind::reg)
+    return row_values_[node] = value;
+  return row_values_[node] = r(assign_new(out, "s", value));
 }
 
-// Computes every row scalar an element expression uses before the pass that needs it, so
-// none is first defined inside a stripe loop.
-void RowLowering::hoist_row_scalars(std::vector<Stmt>& out, int node) {
+// Computes every row value an element expression uses before the pass that needs it, so none
+// is first defined inside a stripe loop.
+void RowLowering::hoist_row_values(std::vector<Stmt>& out, int node) {
   const RowNode& n = prog_.nodes()[node];
-  for (int operand : {n.a, n.b}) {
-    if (operand < 0 || n.kind == RowNode::Kind::reduce) continue;
-    if (prog_.is_element(operand))
-      hoist_row_scalars(out, operand);
-    else
-      row_scalar(out, operand);
+  if (!n.shape.cols) {
+    row_value(out, node);
+    return;
   }
+  for (int o : {n.a, n.b, n.c})
+    if (o >= 0) hoist_row_values(out, o);
 }
 
-const std::vector<int>& RowLowering::element(std::vector<Stmt>& out, Slot& slot, int node) {
+const std::vector<ExprPtr>& RowLowering::element(std::vector<Stmt>& out, Slot& slot, int node) {
   if (auto it = slot.memo.find(node); it != slot.memo.end()) return it->second;
   const RowNode& n = prog_.nodes()[node];
   const int V = plan_.vector_elems;
-  std::vector<int> regs;
+  std::vector<ExprPtr> vals;
+  if (!n.shape.cols) {
+    vals.assign(V, row_value(out, node));
+    return slot.memo[node] = vals;
+  }
   switch (n.kind) {
-    case RowNode::Kind::input:
-      if (slot.words.empty()) {
-        regs = slot.x;
-      } else {
-        for (int j = 0; j < V; ++j)
-          regs.push_back(assign_new(out, "x", unpack16(sig_.x, r(slot.words[j / 2]), j % 2)));
+    case RowNode::Kind::load: {
+      const Role role = decl(n.operand).role;
+      if (!present(n.operand)) {
+        vals.assign(V, n.type == ValueType::f32 ? f32_const(n.value) : i64(int64_t(n.value)));
+      } else if (role == Role::row_in) {
+        if (auto w = slot.words.find(n.operand); w != slot.words.end()) {
+          for (int j = 0; j < V; ++j)
+            vals.push_back(r(assign_new(out, "x", unpack16(dtype(n.operand), r(w->second[j / 2]), j % 2))));
+        } else {
+          for (int reg_id : slot.values.at(n.operand)) vals.push_back(r(reg_id));
+        }
+      } else {  // per-column input: loaded once per slot
+        auto& loaded = slot.column[n.operand];
+        if (loaded.empty()) {
+          const DType dt = dtype(n.operand);
+          for (int j = 0; j < V; ++j) loaded.push_back(em_.temp(decl(n.operand).name, value_type(dt)));
+          out.push_back(whole(load(loaded, buffer_of_.at(n.operand), slot.col,
+                                   binary(BinOp::sub, r(load_cols_), slot.col), r(aligned_.at(n.operand)),
+                                   plan_.tail == TailHandling::clamp, 0.0f)));
+        }
+        for (int reg_id : loaded) vals.push_back(r(reg_id));
       }
-      break;
-    case RowNode::Kind::column: {
-      int c = 0;
-      while (prog_.columns()[c] != n.name) ++c;
-      int buffer = column_buffer_[c];
-      auto& loaded = slot.column[buffer];
-      if (loaded.empty()) {
-        for (int j = 0; j < V; ++j) loaded.push_back(temp(n.name, Type::f32));
-        out.push_back(whole(load(loaded, buffer, slot.col, binary(BinOp::sub, r(load_cols_), slot.col),
-                                 r(column_aligned_[buffer]), plan_.tail == TailHandling::clamp, 0.0f)));
-      }
-      regs = loaded;
       break;
     }
+    case RowNode::Kind::col_index:
+      for (int j = 0; j < V; ++j) vals.push_back(em_.keep(out, binary(BinOp::add, slot.col, i64(j)), "c"));
+      break;
     case RowNode::Kind::unary: {
-      std::vector<int> a = element(out, slot, n.a);
-      for (int j = 0; j < V; ++j) regs.push_back(assign_new(out, "e", unary_node(n.unary, r(a[j]))));
+      std::vector<ExprPtr> a = element(out, slot, n.a);
+      for (int j = 0; j < V; ++j) vals.push_back(em_.keep(out, em_.unary_fn(n.unary, a[j])));
       break;
     }
     case RowNode::Kind::binary: {
-      auto operand = [&](int id, int j) -> ExprPtr {
-        if (prog_.is_element(id)) return r(element(out, slot, id)[j]);
-        return row_scalar(out, id);
-      };
-      for (int j = 0; j < V; ++j) {
-        ExprPtr a = operand(n.a, j), b = operand(n.b, j);
-        regs.push_back(assign_new(out, "e", binary_node(n.binary, a, b)));
-      }
+      std::vector<ExprPtr> a = element(out, slot, n.a), b = element(out, slot, n.b);
+      for (int j = 0; j < V; ++j) vals.push_back(em_.keep(out, em_.binary_fn(n.binary, a[j], b[j])));
+      break;
+    }
+    case RowNode::Kind::select: {
+      std::vector<ExprPtr> c = element(out, slot, n.a), a = element(out, slot, n.b), b = element(out, slot, n.c);
+      for (int j = 0; j < V; ++j) vals.push_back(em_.keep(out, select(c[j], a[j], b[j])));
       break;
     }
     default: TILE_CHECK(false, "node %", node, " is not an element node");
   }
-  return slot.memo[node] = regs;
+  return slot.memo[node] = vals;
 }
 
-void RowLowering::accumulate(std::vector<Stmt>& out, Slot& slot, int node, int acc) {
-  const RowNode& n = prog_.nodes()[node];
-  const std::vector<int> values = element(out, slot, n.a);
-  if (whole_) {
-    // The vector is in the row or not as a whole: combine its elements pairwise, then test once.
-    std::vector<ExprPtr> level;
-    for (int v : values) level.push_back(r(v));
-    ExprPtr combined = pairwise(out, std::move(level), combine(n.reduction));
-    out.push_back(assign(acc, select(slot.live, binary(combine(n.reduction), r(acc), combined), r(acc))));
-    return;
+std::vector<ChunkGroup> RowLowering::slot_groups(std::vector<Stmt>& out, std::vector<Slot*> slots,
+                                                 const std::vector<int>& inputs) {
+  std::vector<ChunkGroup> groups;
+  const int V = plan_.vector_elems;
+  for (Slot* slot : slots) {
+    ChunkGroup g;
+    std::vector<std::vector<ExprPtr>> values;
+    for (int in : inputs) values.push_back(element(out, *slot, in));
+    if (whole_) {
+      g.all_valid = slot->live;
+      g.count = em_.keep(out, select(slot->live, f32_const(V), f32_const(0.0)), "k");
+    } else {
+      g.count = em_.keep(out, cast(Type::f32, slot->in_row_count), "k");
+    }
+    for (int j = 0; j < V; ++j) {
+      ChunkElement e;
+      for (auto& v : values) e.inputs.push_back(v[j]);
+      if (!whole_) e.valid = in_row(*slot, j);
+      g.elems.push_back(std::move(e));
+    }
+    groups.push_back(std::move(g));
   }
-  for (int j = 0; j < plan_.vector_elems; ++j) {
-    // Elements past the row end (and of guard programs) leave the accumulator unchanged.
-    out.push_back(assign(acc, select(in_row(slot, j), binary(combine(n.reduction), r(acc), r(values[j])), r(acc))));
+  return groups;
+}
+
+// One pass over the row for the reductions of one level: per-worker chunk states, then one
+// merge of every part across the program.
+void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& reductions) {
+  std::string names;
+  for (int red : reductions) names += (names.empty() ? "" : ", ") + prog_.reductions()[red].monoid.name;
+  out.push_back(comment("reductions over the row: " + names));
+  std::set<int> inputs;
+  for (int red : reductions)
+    for (int in : prog_.reductions()[red].inputs) {
+      hoist_row_values(out, in);
+      row_inputs_of(in, inputs);
+    }
+  std::vector<std::vector<int>> states;
+  if (plan_.caching == InputCaching::registers) {
+    std::vector<Slot*> slots;
+    for (Slot& s : cached_) slots.push_back(&s);
+    for (int red : reductions) {
+      const RowReduction& rr = prog_.reductions()[red];
+      std::vector<ExprPtr> st = chunk_state(em_, out, rr.monoid, slot_groups(out, slots, rr.inputs));
+      std::vector<int> regs;
+      for (const ExprPtr& v : st) regs.push_back(assign_new(out, "acc", v));
+      states.push_back(regs);
+    }
+  } else {
+    for (int red : reductions) {
+      std::vector<int> regs;
+      for (double id : prog_.reductions()[red].monoid.identity) regs.push_back(assign_new(out, "acc", f32_const(id)));
+      states.push_back(regs);
+    }
+    for (Stmt& s : reread_loop(inputs, [&](std::vector<Stmt>& body, std::vector<Slot*>& slots) {
+           for (size_t i = 0; i < reductions.size(); ++i) {
+             const RowReduction& rr = prog_.reductions()[reductions[i]];
+             std::vector<ExprPtr> chunk = chunk_state(em_, body, rr.monoid, slot_groups(body, slots, rr.inputs));
+             std::vector<ExprPtr> mine;
+             for (int reg_id : states[i]) mine.push_back(r(reg_id));
+             em_.assign_all(body, states[i], em_.combine(body, rr.monoid, mine, chunk));
+           }
+         }))
+      out.push_back(std::move(s));
+  }
+  states = merge_across_workers(out, reductions, std::move(states));
+  for (size_t i = 0; i < reductions.size(); ++i) {
+    const RowReduction& rr = prog_.reductions()[reductions[i]];
+    for (size_t q = 0; q < rr.results.size(); ++q) row_values_[rr.results[q]] = r(states[i][q]);
   }
 }
 
-// values[0] op values[1] ..., as a balanced tree of registers.
-ExprPtr RowLowering::pairwise(std::vector<Stmt>& out, std::vector<ExprPtr> level, BinOp op) {
-  while (level.size() > 1) {
-    std::vector<ExprPtr> next;
-    for (size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(r(assign_new(out, "p", binary(op, level[i], level[i + 1]))));
-    if (level.size() % 2) next.push_back(level.back());
-    level = std::move(next);
-  }
-  return level[0];
-}
-
-int RowLowering::reduce_across_workers(std::vector<Stmt>& out, int acc, Reduction kind) {
-  const double identity = kind == Reduction::sum ? 0.0 : -std::numeric_limits<double>::infinity();
-  return merge_across_workers(out, {acc}, {identity},
-                              [&](std::vector<Stmt>& body, const std::vector<int>& mine, const std::vector<ExprPtr>& other) {
-                                body.push_back(assign(mine[0], binary(combine(kind), r(mine[0]), other[0])));
-                              })[0];
-}
-
-// m, s <- the running max and rescaled sum of exp(x - m) after merging (other_m, other_s).
-// Only while the merged max is -inf (nothing seen yet) is the sum left as it is, since
-// exp(-inf - -inf) would be NaN; a +inf or NaN element still makes the sum NaN, as in PyTorch.
-void RowLowering::online_combine(std::vector<Stmt>& out, int m, int s, ExprPtr other_m, ExprPtr other_s) {
-  int merged = assign_new(out, "m", binary(BinOp::max, r(m), other_m));
-  ExprPtr rescaled = binary(BinOp::add, binary(BinOp::mul, r(s), exp2_of_difference(r(m), r(merged))),
-                            binary(BinOp::mul, other_s, exp2_of_difference(other_m, r(merged))));
-  ExprPtr seen = binary(BinOp::lt, f32_const(-std::numeric_limits<double>::infinity()), r(merged));
-  out.push_back(assign(s, select(seen, rescaled, r(s))));
-  out.push_back(assign(m, r(merged)));
-}
-
-// Merges per-worker partial statistics `regs` across the program and returns the registers
-// holding the program's result: a warp butterfly, then (multi-warp programs) one shared slot per
-// warp and statistic, one barrier, and a butterfly that every warp runs over the warps'
-// partials, so no broadcast barrier is needed. A lane past the last warp contributes
-// `identities`. Each statistic has its own region, so no pass overwrites slots another warp
+// Merges per-worker states up the scope stack and returns the registers holding the program's
+// result: lanes of a warp by a shuffle butterfly, then (multi-warp programs) warps through one
+// shared slot per warp and part, one barrier, and a butterfly that every warp runs over the
+// warps' partials, so no broadcast barrier is needed. A lane past the last warp contributes
+// the identity. Each part has its own region, so no later merge overwrites slots another warp
 // may still read.
-std::vector<int> RowLowering::merge_across_workers(std::vector<Stmt>& out, const std::vector<int>& regs,
-                                                   const std::vector<double>& identities, const Merge& merge) {
+std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt>& out, const std::vector<int>& reductions,
+                                                                std::vector<std::vector<int>> states) {
   const int W = plan_.workers_per_program;
-  auto butterfly = [&](const std::vector<int>& mine, int width) {
+  auto butterfly = [&](std::vector<std::vector<int>>& mine, int width) {
     for (int offset = width / 2; offset >= 1; offset /= 2) {
-      std::vector<ExprPtr> other;
-      for (size_t i = 0; i < mine.size(); ++i) other.push_back(r(temp("t", Type::f32)));
-      for (size_t i = 0; i < mine.size(); ++i) out.push_back(shfl_xor(other[i]->id, mine[i], offset, width));
-      merge(out, mine, other);
+      for (size_t i = 0; i < reductions.size(); ++i) {
+        const Monoid& m = prog_.reductions()[reductions[i]].monoid;
+        std::vector<ExprPtr> self, other;
+        for (int reg_id : mine[i]) {
+          int t = em_.temp("t", Type::f32);
+          out.push_back(shfl_xor(t, reg_id, offset, width));
+          self.push_back(r(reg_id));
+          other.push_back(r(t));
+        }
+        std::vector<ExprPtr> merged = em_.combine(out, m, self, other);
+        std::vector<int> next;
+        for (const ExprPtr& v : merged) next.push_back(em_.materialize(out, v, "m"));
+        mine[i] = next;
+      }
     }
   };
-  butterfly(regs, std::min(W, 32));
-  if (W <= 32) return regs;
+  butterfly(states, std::min(W, 32));
+  if (W <= 32) return states;
   const int warps = W / 32;
-  std::vector<int> ids;
   std::vector<Stmt> stores;
-  for (int reg_id : regs) {
-    SharedRegion region{"partials" + std::to_string(k_.shared.size()), next_shared_, warps, warps};
-    next_shared_ += warps * plan_.programs_per_group;
-    ids.push_back(int(k_.shared.size()));
-    k_.shared.push_back(region);
-    stores.push_back(shared_store(ids.back(), special(Special::warp_in_program), r(reg_id)));
-  }
+  std::vector<std::vector<int>> regions(states.size());
+  for (size_t i = 0; i < states.size(); ++i)
+    for (int reg_id : states[i]) {
+      SharedRegion region{"partials" + std::to_string(k_.shared.size()), next_shared_, warps, warps};
+      next_shared_ += warps * plan_.programs_per_group;
+      regions[i].push_back(int(k_.shared.size()));
+      k_.shared.push_back(region);
+      stores.push_back(shared_store(regions[i].back(), special(Special::warp_in_program), r(reg_id)));
+    }
   out.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)), std::move(stores)));
   out.push_back(barrier(plan_.barrier_scope == BarrierScope::group ? BarrierKind::group : BarrierKind::program));
   ExprPtr slot = binary(BinOp::min, special(Special::lane), i32_const(warps - 1));
   ExprPtr mine = binary(BinOp::lt, special(Special::lane), i32_const(warps));
-  std::vector<int> totals;
-  for (size_t i = 0; i < regs.size(); ++i) {
-    int partial = temp("partial", Type::f32);
-    out.push_back(shared_load(partial, ids[i], slot));
-    totals.push_back(assign_new(out, "total", select(mine, r(partial), f32_const(identities[i]))));
+  std::vector<std::vector<int>> totals(states.size());
+  for (size_t i = 0; i < states.size(); ++i) {
+    const Monoid& m = prog_.reductions()[reductions[i]].monoid;
+    for (size_t q = 0; q < states[i].size(); ++q) {
+      int partial = em_.temp("partial", Type::f32);
+      out.push_back(shared_load(partial, regions[i][q], slot));
+      totals[i].push_back(assign_new(out, "total", select(mine, r(partial), f32_const(m.identity[q]))));
+    }
   }
   butterfly(totals, 32);
   return totals;
 }
 
-// Re-read plans compute softmax's max M and sum of exp(E - M) in one pass (the running sum is
-// rescaled whenever the running max grows), so the row is read twice instead of three times.
-void RowLowering::online_max_sum(std::vector<Stmt>& out, int max_node, int sum_node) {
-  out.push_back(comment("reductions %" + std::to_string(max_node) + " (max) and %" + std::to_string(sum_node) +
-                        " (sum of exp(x - max)) in one pass"));
-  const int e = prog_.nodes()[max_node].a;
-  hoist_row_scalars(out, e);
-  const double neg_inf = -std::numeric_limits<double>::infinity();
-  int m = assign_new(out, "acc_max", f32_const(neg_inf));
-  int s = assign_new(out, "acc_sum", f32_const(0.0));
-  // Per loop iteration: the max of its U vectors, then one rescale of the running sum.
-  struct Vec {
-    std::vector<ExprPtr> x;
-    ExprPtr live;  // whole-vector plans: the vector lies in the row
-  };
-  std::vector<Vec> vecs;
-  for (Stmt& st : reread_loop([&](std::vector<Stmt>& body, Slot& slot) {
-         const std::vector<int> values = element(body, slot, e);
-         Vec v;
-         for (int j = 0; j < plan_.vector_elems; ++j) {
-           // Elements outside the row count as -inf: they move neither the max nor the sum.
-           if (whole_) v.x.push_back(r(values[j]));
-           else v.x.push_back(r(assign_new(body, "v", select(in_row(slot, j), r(values[j]), f32_const(neg_inf)))));
-         }
-         if (whole_) v.live = slot.live;
-         vecs.push_back(std::move(v));
-         if (int(vecs.size()) < plan_.stripe_unroll) return;
-         std::vector<ExprPtr> maxima;
-         for (const Vec& u : vecs) {
-           ExprPtr mx = pairwise(body, u.x, BinOp::max);
-           maxima.push_back(u.live ? select(u.live, mx, f32_const(neg_inf)) : mx);
-         }
-         int merged = assign_new(body, "m", binary(BinOp::max, r(m), pairwise(body, maxima, BinOp::max)));
-         ExprPtr sum;
-         for (const Vec& u : vecs) {
-           ExprPtr part;
-           for (const ExprPtr& x : u.x) {
-             ExprPtr term = exp2_of_difference(x, r(merged));
-             part = part ? binary(BinOp::add, part, term) : term;
-           }
-           if (u.live) part = select(u.live, part, f32_const(0.0));
-           part = r(assign_new(body, "vs", part));
-           sum = sum ? binary(BinOp::add, sum, part) : part;
-         }
-         ExprPtr seen = binary(BinOp::lt, f32_const(neg_inf), r(merged));
-         body.push_back(assign(s, select(seen, binary(BinOp::add, binary(BinOp::mul, r(s), exp2_of_difference(r(m), r(merged))), sum), r(s))));
-         body.push_back(assign(m, r(merged)));
-         vecs.clear();
-       }))
-    out.push_back(std::move(st));
-
-  // Across workers: the same merge, by warp butterfly, then through shared memory.
-  const std::vector<int> total = merge_across_workers(
-      out, {m, s}, {neg_inf, 0.0}, [&](std::vector<Stmt>& body, const std::vector<int>& mine, const std::vector<ExprPtr>& other) {
-        online_combine(body, mine[0], mine[1], other[0], other[1]);
-      });
-  scalars_[max_node] = total[0];
-  scalars_[sum_node] = total[1];
-}
-
-// (n, mean, m2) <- the count, mean and sum of squared deviations of the union of two parts
-// (Chan et al.); an empty union stays as it is instead of dividing by zero.
-void RowLowering::chan_merge(std::vector<Stmt>& out, int n, int mean, int m2, ExprPtr other_n, ExprPtr other_mean,
-                             ExprPtr other_m2) {
-  int total = assign_new(out, "n", binary(BinOp::add, r(n), other_n));
-  int delta = assign_new(out, "d", binary(BinOp::sub, other_mean, r(mean)));
-  ExprPtr any = binary(BinOp::lt, f32_const(0.0), r(total));
-  ExprPtr share = binary(BinOp::div, other_n, r(total));
-  out.push_back(assign(m2, select(any, binary(BinOp::add, binary(BinOp::add, r(m2), other_m2),
-                                                   binary(BinOp::mul, binary(BinOp::mul, r(delta), r(delta)),
-                                                          binary(BinOp::mul, r(n), share))),
-                                  r(m2))));
-  out.push_back(assign(mean, select(any, binary(BinOp::add, r(mean), binary(BinOp::mul, r(delta), share)), r(mean))));
-  out.push_back(assign(n, r(total)));
-}
-
-// Re-read plans compute LayerNorm's sum and its sum of squared deviations from the mean in one
-// pass, merging per-iteration (count, mean, m2) partials; the row is read twice, not three times.
-void RowLowering::online_mean_m2(std::vector<Stmt>& out, int sum_node, int m2_node) {
-  out.push_back(comment("reductions %" + std::to_string(sum_node) + " (sum) and %" + std::to_string(m2_node) +
-                        " (sum of squared deviations from the mean) in one pass"));
-  const int e = prog_.nodes()[sum_node].a;
-  hoist_row_scalars(out, e);
-  int n = assign_new(out, "acc_n", f32_const(0.0));
-  int mean = assign_new(out, "acc_mean", f32_const(0.0));
-  int m2 = assign_new(out, "acc_m2", f32_const(0.0));
-  std::vector<std::pair<std::vector<ExprPtr>, ExprPtr>> vecs;  // kept values, count kept
-  for (Stmt& st : reread_loop([&](std::vector<Stmt>& body, Slot& slot) {
-         const std::vector<int> values = element(body, slot, e);
-         std::vector<ExprPtr> kept;
-         ExprPtr count;
-         for (int j = 0; j < plan_.vector_elems; ++j)
-           kept.push_back(r(assign_new(body, "v", select(in_row(slot, j), r(values[j]), f32_const(0.0)))));
-         if (whole_) {
-           count = select(slot.live, f32_const(plan_.vector_elems), f32_const(0.0));
-         } else {
-           count = cast(Type::f32, slot.in_row_count);
-         }
-         vecs.push_back({kept, r(assign_new(body, "k", count))});
-         if (int(vecs.size()) < plan_.stripe_unroll) return;
-         // The iteration's partial: count, mean, then squared deviations of the kept elements.
-         ExprPtr k, sum;
-         for (auto& [xs, c] : vecs) {
-           k = k ? binary(BinOp::add, k, c) : c;
-           for (const ExprPtr& x : xs) sum = sum ? binary(BinOp::add, sum, x) : x;
-         }
-         int kk = assign_new(body, "k", k);
-         int local_mean = assign_new(body, "lm", select(binary(BinOp::lt, f32_const(0.0), r(kk)),
-                                                         binary(BinOp::div, sum, r(kk)), f32_const(0.0)));
-         ExprPtr dev;
-         for (size_t i = 0; i < vecs.size(); ++i) {
-           auto& [xs, c] = vecs[i];
-           for (size_t j = 0; j < xs.size(); ++j) {
-             ExprPtr d = binary(BinOp::sub, xs[j], r(local_mean));
-             // Only kept elements deviate: element j of a vector is kept when j < its count.
-             ExprPtr sq = select(binary(BinOp::lt, f32_const(double(j)), c), binary(BinOp::mul, d, d), f32_const(0.0));
-             dev = dev ? binary(BinOp::add, dev, sq) : sq;
-           }
-         }
-         int local_m2 = assign_new(body, "lq", dev);
-         chan_merge(body, n, mean, m2, r(kk), r(local_mean), r(local_m2));
-         vecs.clear();
-       }))
-    out.push_back(std::move(st));
-
-  const std::vector<int> total = merge_across_workers(
-      out, {n, mean, m2}, {0.0, 0.0, 0.0},
-      [&](std::vector<Stmt>& body, const std::vector<int>& mine, const std::vector<ExprPtr>& other) {
-        chan_merge(body, mine[0], mine[1], mine[2], other[0], other[1], other[2]);
-      });
-  // The row sum is count x mean; the program's mean divides it by cols again.
-  scalars_[sum_node] = assign_new(out, "s", binary(BinOp::mul, r(total[0]), r(total[1])));
-  scalars_[m2_node] = total[2];
-}
-
-void RowLowering::store_output(std::vector<Stmt>& out, Slot& slot) {
-  const std::vector<int> values = element(out, slot, prog_.output_node());
-  out.push_back(whole(store(values, 1, binary(BinOp::add, r(y_off_), slot.col),
-                            binary(BinOp::sub, r(store_cols_), slot.col), r(y_aligned_))));
-}
-
-std::vector<Stmt> RowLowering::reread_loop(const std::function<void(std::vector<Stmt>&, Slot&)>& body) {
+std::vector<Stmt> RowLowering::reread_loop(const std::set<int>& inputs,
+                                           const std::function<void(std::vector<Stmt>&, std::vector<Slot*>&)>& body) {
   // for it in 0..ceil(cols / (W*V*U)): U stripes per iteration, all loads issued first.
   const int U = plan_.stripe_unroll;
   const int64_t step = plan_.elems_per_stripe() * U;
   std::vector<Stmt> out;
-  int it = temp("it", Type::i64);
+  int it = em_.temp("it", Type::i64);
   ExprPtr count = binary(BinOp::div, binary(BinOp::add, param(p_cols_, Type::i64), i64(step - 1)), i64(step));
   std::vector<Stmt> loop;
   std::vector<Slot> slots(U);
+  std::vector<Slot*> ptrs;
   for (int u = 0; u < U; ++u) {
     slots[u].col = stripe_col(binary(BinOp::add, binary(BinOp::mul, r(it), i64(U)), i64(u)));
-    std::vector<int> x_regs;
-    for (int j = 0; j < plan_.vector_elems; ++j) x_regs.push_back(temp("x", Type::f32));
-    load_slot(loop, slots[u], x_regs);
+    load_slot(loop, slots[u], inputs, /*cache=*/false);
+    ptrs.push_back(&slots[u]);
   }
-  for (int u = 0; u < U; ++u) body(loop, slots[u]);
+  body(loop, ptrs);
   out.push_back(for_(it, i64(0), count, std::move(loop)));
   return out;
 }
 
+void RowLowering::store_row_scalars(std::vector<Stmt>& out) {
+  std::vector<Stmt> stores;
+  for (int i : live_stores_) {
+    const RowStore& s = prog_.stores()[i];
+    if (decl(s.operand).role != Role::row_scalar_out) continue;
+    int v = em_.materialize(out, row_value(out, s.value), "rs");
+    ExprPtr index = binary(BinOp::mul, r(row_), param(stride_of_.at(s.operand), Type::i64));
+    stores.push_back(store({v}, buffer_of_.at(s.operand), index, i64(1), b1_const(false)));
+  }
+  if (stores.empty()) return;
+  out.push_back(comment("per-row outputs, by the program's first worker"));
+  out.push_back(if_(binary(BinOp::and_, r(row_valid_), binary(BinOp::eq, special(Special::worker_in_program), i32_const(0))),
+                    std::move(stores)));
+}
+
+ExprPtr RowLowering::slot_base() const {
+  // (group_index * P + program_in_group) * (col_parts * cols + fixed_parts)
+  ExprPtr slot = binary(BinOp::add, binary(BinOp::mul, special(Special::group_index), i64_const(plan_.programs_per_group)),
+                        cast(Type::i64, special(Special::program_in_group)));
+  ExprPtr stride = binary(BinOp::add, binary(BinOp::mul, i64_const(lowered_.col_parts), param(p_cols_, Type::i64)),
+                          i64_const(lowered_.fixed_parts));
+  return binary(BinOp::mul, slot, stride);
+}
+
+// Folds this row's contribution into the accumulators of reductions over the rows.
+void RowLowering::accumulate_rows(std::vector<Stmt>& out, Slot& slot) {
+  const int V = plan_.vector_elems;
+  for (int red : rows_reductions_) {
+    const RowReduction& rr = prog_.reductions()[red];
+    const Monoid& m = rr.monoid;
+    if (!prog_.nodes()[rr.inputs[0]].shape.cols) continue;  // row values: accumulated once per row
+    std::vector<std::vector<ExprPtr>> inputs;
+    for (int in : rr.inputs) inputs.push_back(element(out, slot, in));
+    for (int j = 0; j < V; ++j) {
+      // A chunk of one element: valid when the row is real and the element in it.
+      ExprPtr valid = em_.keep(out, binary(BinOp::and_, r(row_valid_), in_row(slot, j)), "ok");
+      ChunkGroup g;
+      g.count = em_.keep(out, select(valid, f32_const(1.0), f32_const(0.0)), "k");
+      ChunkElement e;
+      for (auto& v : inputs) e.inputs.push_back(v[j]);
+      e.valid = valid;
+      g.elems.push_back(e);
+      std::vector<ExprPtr> contribution = chunk_state(em_, out, m, {g});
+      if (plan_.caching == InputCaching::registers) {
+        const size_t index = size_t(&slot - cached_.data()) * V + j;
+        std::vector<int>& acc = elem_acc_[red][index];
+        std::vector<ExprPtr> mine;
+        for (int a : acc) mine.push_back(r(a));
+        em_.assign_all(out, acc, em_.combine(out, m, mine, contribution));
+      } else {
+        // Re-read plans keep each slot's partial in the workspace: read (unless this is the
+        // slot's first row), merge, write back. Only this program touches these elements.
+        std::vector<ExprPtr> mine;
+        std::vector<int> loaded;
+        for (size_t q = 0; q < m.parts.size(); ++q) {
+          ExprPtr index = binary(BinOp::add,
+                                 binary(BinOp::add, slot_base(),
+                                        binary(BinOp::mul, i64_const(ws_offset_[red] + int(q)), param(p_cols_, Type::i64))),
+                                 binary(BinOp::add, slot.col, i64(j)));
+          ExprPtr in_cols = binary(BinOp::lt, binary(BinOp::add, slot.col, i64(j)), param(p_cols_, Type::i64));
+          ExprPtr valid_count = select(binary(BinOp::and_, in_cols, unary(UnOp::not_, r(first_row_))), i64(1), i64(0));
+          int v = em_.temp("w", Type::f32);
+          out.push_back(load({v}, ws_buffer_, index, valid_count, b1_const(false), false, float(m.identity[q])));
+          mine.push_back(r(v));
+          loaded.push_back(v);
+        }
+        std::vector<ExprPtr> merged = em_.combine(out, m, mine, contribution);
+        for (size_t q = 0; q < m.parts.size(); ++q) {
+          ExprPtr index = binary(BinOp::add,
+                                 binary(BinOp::add, slot_base(),
+                                        binary(BinOp::mul, i64_const(ws_offset_[red] + int(q)), param(p_cols_, Type::i64))),
+                                 binary(BinOp::add, slot.col, i64(j)));
+          ExprPtr in_cols = binary(BinOp::lt, binary(BinOp::add, slot.col, i64(j)), param(p_cols_, Type::i64));
+          int v = em_.materialize(out, merged[q], "w");
+          out.push_back(store({v}, ws_buffer_, index, select(in_cols, i64(1), i64(0)), b1_const(false)));
+        }
+      }
+    }
+  }
+}
+
+// Register-cached partials of reductions over the rows go to the slot's workspace row.
+void RowLowering::flush_rows(std::vector<Stmt>& out) {
+  if (rows_reductions_.empty()) return;
+  out.push_back(comment("partials of reductions over the rows, one workspace slot per program"));
+  const int V = plan_.vector_elems;
+  for (int red : rows_reductions_) {
+    const RowReduction& rr = prog_.reductions()[red];
+    const bool elem = prog_.nodes()[rr.inputs[0]].shape.cols;
+    if (!elem) {
+      std::vector<Stmt> stores;
+      for (size_t q = 0; q < rr.monoid.parts.size(); ++q) {
+        ExprPtr index = binary(BinOp::add, slot_base(),
+                               binary(BinOp::add, binary(BinOp::mul, i64_const(lowered_.col_parts), param(p_cols_, Type::i64)),
+                                      i64_const(ws_offset_[red] + int(q))));
+        stores.push_back(store({row_acc_[red][q]}, ws_buffer_, index, i64(1), b1_const(false)));
+      }
+      out.push_back(if_(binary(BinOp::eq, special(Special::worker_in_program), i32_const(0)), std::move(stores)));
+      continue;
+    }
+    if (plan_.caching != InputCaching::registers) continue;  // already in the workspace
+    for (int s = 0; s < plan_.stripes; ++s) {
+      ExprPtr col = em_.keep(out, stripe_col(i64(s)), "col");
+      for (size_t q = 0; q < rr.monoid.parts.size(); ++q) {
+        std::vector<int> regs;
+        for (int j = 0; j < V; ++j) regs.push_back(elem_acc_[red][size_t(s) * V + j][q]);
+        ExprPtr index = binary(BinOp::add,
+                               binary(BinOp::add, slot_base(),
+                                      binary(BinOp::mul, i64_const(ws_offset_[red] + int(q)), param(p_cols_, Type::i64))),
+                               col);
+        out.push_back(store(regs, ws_buffer_, index, binary(BinOp::sub, param(p_cols_, Type::i64), col),
+                            row_aligned(ws_buffer_, index, V * 4)));
+      }
+    }
+  }
+}
+
+void RowLowering::output_pass(std::vector<Stmt>& out, Slot& slot) {
+  for (int i : live_stores_) {
+    const RowStore& s = prog_.stores()[i];
+    if (decl(s.operand).role != Role::row_out) continue;
+    const std::vector<ExprPtr>& values = element(out, slot, s.value);
+    std::vector<int> regs;
+    for (const ExprPtr& v : values) regs.push_back(em_.materialize(out, v, "y"));
+    out.push_back(whole(store(regs, buffer_of_.at(s.operand), binary(BinOp::add, r(store_off_.at(s.operand)), slot.col),
+                              binary(BinOp::sub, r(store_cols_), slot.col), r(aligned_.at(s.operand)))));
+  }
+  accumulate_rows(out, slot);
+}
+
+std::vector<Stmt> RowLowering::row_body() {
+  std::vector<Stmt> body;
+  if (plan_.caching == InputCaching::registers) {
+    body.push_back(comment("load the row slices once into cached registers"));
+    for (int s = 0; s < plan_.stripes; ++s) {
+      Slot slot;
+      slot.col = stripe_col(i64(s));
+      load_slot(body, slot, cached_inputs_, /*cache=*/true);
+      cached_.push_back(std::move(slot));
+    }
+  }
+  for (const std::vector<int>& level : levels_) level_pass(body, level);
+  store_row_scalars(body);
+  // Row values reduced over the rows: one contribution per real row.
+  for (int red : rows_reductions_) {
+    const RowReduction& rr = prog_.reductions()[red];
+    if (prog_.nodes()[rr.inputs[0]].shape.cols) continue;
+    ChunkGroup g;
+    ChunkElement e;
+    for (int in : rr.inputs) e.inputs.push_back(row_value(body, in));
+    e.valid = r(row_valid_);
+    g.count = em_.keep(body, select(r(row_valid_), f32_const(1.0), f32_const(0.0)), "k");
+    g.elems.push_back(e);
+    std::vector<ExprPtr> contribution = chunk_state(em_, body, rr.monoid, {g});
+    std::vector<ExprPtr> mine;
+    for (int a : row_acc_[red]) mine.push_back(r(a));
+    em_.assign_all(body, row_acc_[red], em_.combine(body, rr.monoid, mine, contribution));
+  }
+  // The output pass: row outputs and element contributions to reductions over the rows.
+  bool element_work = false;
+  std::set<int> inputs;
+  for (int i : live_stores_) {
+    const RowStore& s = prog_.stores()[i];
+    if (decl(s.operand).role != Role::row_out) continue;
+    element_work = true;
+    hoist_row_values(body, s.value);
+    row_inputs_of(s.value, inputs);
+  }
+  for (int red : rows_reductions_)
+    for (int in : prog_.reductions()[red].inputs)
+      if (prog_.nodes()[in].shape.cols) {
+        element_work = true;
+        hoist_row_values(body, in);
+        row_inputs_of(in, inputs);
+      }
+  if (!element_work) return body;
+  body.push_back(comment("output pass"));
+  if (plan_.caching == InputCaching::registers) {
+    // Element values stay memoised across passes: the output reuses what a reduction pass
+    // computed, and the inputs it no longer needs die.
+    for (Slot& slot : cached_) output_pass(body, slot);
+  } else {
+    for (Stmt& s : reread_loop(inputs, [&](std::vector<Stmt>& out, std::vector<Slot*>& slots) {
+           for (Slot* slot : slots) output_pass(out, *slot);
+         }))
+      body.push_back(std::move(s));
+  }
+  return body;
+}
+
+// The second phase of reductions over the rows: one worker per column folds the slots'
+// partials in slot order (so the result is the same on every run), then evaluates and stores
+// each per-column output; the first worker of the grid does the scalar outputs.
+LoweredKernel RowLowering::lower_finish() {
+  LoweredKernel fk;
+  Kernel& k = fk.kernel;
+  Emitter em(k);
+  k.name = "tile_" + prog_.name() + "_finish";
+  k.programs_per_group = 1;
+  k.workers_per_program = LoweredProgram::kFinishThreads;
+  k.private_budget = 1;
+  std::map<int, int> buffers, scalars;
+  k.buffers.push_back({"tile_workspace", DType::f32, false});
+  fk.buffers.push_back(-1);
+  for (size_t i = 0; i < prog_.operands().size(); ++i) {
+    const Role role = decl(int(i)).role;
+    if (!present(int(i)) || !(role == Role::col_out || role == Role::scalar_out || role == Role::col_in)) continue;
+    buffers[int(i)] = int(k.buffers.size());
+    k.buffers.push_back({decl(int(i)).name, dtype(int(i)), is_output(role)});
+    fk.buffers.push_back(int(i));
+  }
+  k.params.push_back({"cols", Type::i64});
+  fk.params.push_back({ParamSource::Kind::cols});
+  k.params.push_back({"slots", Type::i64});
+  fk.params.push_back({ParamSource::Kind::slots});
+  for (size_t i = 0; i < prog_.operands().size(); ++i)
+    if (decl(int(i)).role == Role::scalar_in) {
+      scalars[int(i)] = int(k.params.size());
+      k.params.push_back({decl(int(i)).name, ir_type(decl(int(i)).scalar_type)});
+      fk.params.push_back({ParamSource::Kind::scalar, int(i)});
+    }
+  ExprPtr cols = param(0, Type::i64), slots = param(1, Type::i64);
+  ExprPtr slot_stride = binary(BinOp::add, binary(BinOp::mul, i64_const(lowered_.col_parts), cols), i64_const(lowered_.fixed_parts));
+  std::vector<Stmt>& body = k.body;
+  int c = em.assign_new(body, "c", binary(BinOp::add, binary(BinOp::mul, special(Special::group_index), i64_const(LoweredProgram::kFinishThreads)),
+                                          cast(Type::i64, special(Special::worker_in_program))));
+
+  // Evaluates a stored value for column `col` (per-column outputs) or once (scalar outputs).
+  auto emit_outputs = [&](std::vector<Stmt>& out, bool per_column) {
+    std::map<int, ExprPtr> memo;
+    std::function<ExprPtr(int)> eval = [&](int id) -> ExprPtr {
+      if (auto it = memo.find(id); it != memo.end()) return it->second;
+      const RowNode& n = prog_.nodes()[id];
+      ExprPtr v;
+      switch (n.kind) {
+        case RowNode::Kind::constant: v = n.type == ValueType::f32 ? f32_const(n.value) : i64_const(int64_t(n.value)); break;
+        case RowNode::Kind::cols: v = cast(Type::f32, cols); break;
+        case RowNode::Kind::col_index: v = em.r(c); break;
+        case RowNode::Kind::load:
+          if (decl(n.operand).role == Role::scalar_in) {
+            v = param(scalars.at(n.operand), ir_type(n.type));
+          } else if (!present(n.operand)) {
+            v = n.type == ValueType::f32 ? f32_const(n.value) : i64_const(int64_t(n.value));
+          } else {
+            int reg_id = em.temp(decl(n.operand).name, value_type(dtype(n.operand)));
+            out.push_back(load({reg_id}, buffers.at(n.operand), em.r(c), i64_const(1), b1_const(false), false, 0.0f));
+            v = em.r(reg_id);
+          }
+          break;
+        case RowNode::Kind::unary: v = em.keep(out, em.unary_fn(n.unary, eval(n.a))); break;
+        case RowNode::Kind::binary: v = em.keep(out, em.binary_fn(n.binary, eval(n.a), eval(n.b))); break;
+        case RowNode::Kind::select: v = em.keep(out, select(eval(n.a), eval(n.b), eval(n.c))); break;
+        case RowNode::Kind::result: {
+          const RowReduction& rr = prog_.reductions()[n.reduction];
+          const Monoid& m = rr.monoid;
+          std::vector<int> state;
+          for (double idv : m.identity) state.push_back(em.assign_new(out, "st", f32_const(idv)));
+          int s = em.temp("slot", Type::i64);
+          std::vector<Stmt> loop;
+          std::vector<ExprPtr> other, mine;
+          for (size_t q = 0; q < m.parts.size(); ++q) {
+            ExprPtr at = per_column ? binary(BinOp::add, binary(BinOp::mul, i64_const(ws_offset_[n.reduction] + int(q)), cols), em.r(c))
+                                    : binary(BinOp::add, binary(BinOp::mul, i64_const(lowered_.col_parts), cols),
+                                             i64_const(ws_offset_[n.reduction] + int(q)));
+            int w = em.temp("w", Type::f32);
+            loop.push_back(load({w}, 0, binary(BinOp::add, binary(BinOp::mul, em.r(s), slot_stride), at), i64_const(1),
+                                b1_const(false), false, 0.0f));
+            other.push_back(em.r(w));
+            mine.push_back(em.r(state[q]));
+          }
+          em.assign_all(loop, state, em.combine(loop, m, mine, other));
+          out.push_back(for_(s, i64_const(0), slots, std::move(loop)));
+          for (size_t q = 0; q < rr.results.size(); ++q) memo[rr.results[q]] = em.r(state[q]);
+          return memo.at(id);
+        }
+      }
+      return memo[id] = v;
+    };
+    for (int i : live_stores_) {
+      const RowStore& st = prog_.stores()[i];
+      const Role role = decl(st.operand).role;
+      if (role != (per_column ? Role::col_out : Role::scalar_out)) continue;
+      int v = em.materialize(out, eval(st.value), "out");
+      out.push_back(store({v}, buffers.at(st.operand), per_column ? em.r(c) : i64_const(0), i64_const(1), b1_const(false)));
+    }
+  };
+  std::vector<Stmt> per_col, once;
+  emit_outputs(per_col, true);
+  emit_outputs(once, false);
+  if (!per_col.empty()) body.push_back(if_(binary(BinOp::lt, em.r(c), cols), std::move(per_col)));
+  if (!once.empty()) body.push_back(if_(binary(BinOp::eq, em.r(c), i64_const(0)), std::move(once)));
+  return fk;
+}
+
 }  // namespace
 
-int online_variance_partner(const RowProgram& program, int sum_node) {
-  const auto& nodes = program.nodes();
-  auto is = [&](int id, RowNode::Kind kind) { return id >= 0 && nodes[id].kind == kind; };
-  if (!is(sum_node, RowNode::Kind::reduce) || nodes[sum_node].reduction != Reduction::sum) return -1;
-  const int e = nodes[sum_node].a;
-  for (size_t s = 0; s < nodes.size(); ++s) {
-    const RowNode& n = nodes[s];
-    if (n.kind != RowNode::Kind::reduce || n.reduction != Reduction::sum) continue;
-    const RowNode& sq = nodes[n.a];  // c * c
-    if (sq.kind != RowNode::Kind::binary || sq.binary != BinaryFn::mul || sq.a != sq.b) continue;
-    const RowNode& c = nodes[sq.a];  // E - sum / cols
-    if (c.kind != RowNode::Kind::binary || c.binary != BinaryFn::sub || c.a != e || !is(c.b, RowNode::Kind::binary)) continue;
-    const RowNode& mean = nodes[c.b];
-    if (mean.binary == BinaryFn::div && mean.a == sum_node && is(mean.b, RowNode::Kind::cols)) return int(s);
+std::vector<std::vector<int>> reduction_levels(const RowProgram& program) {
+  const auto& reds = program.reductions();
+  std::vector<int> level(reds.size(), -1);
+  std::function<int(int)> level_of = [&](int red) -> int {
+    if (level[red] >= 0) return level[red];
+    std::set<int> deps;
+    for (int in : reds[red].inputs) reductions_used(program, in, deps);
+    int l = 0;
+    for (int d : deps) l = std::max(l, level_of(d) + 1);
+    return level[red] = l;
+  };
+  std::vector<std::vector<int>> levels;
+  for (size_t red = 0; red < reds.size(); ++red) {
+    if (reds[red].axis != Axis::cols) continue;
+    int l = level_of(int(red));
+    if (int(levels.size()) <= l) levels.resize(l + 1);
+    levels[l].push_back(int(red));
   }
-  return -1;
+  levels.erase(std::remove_if(levels.begin(), levels.end(), [](const std::vector<int>& l) { return l.empty(); }), levels.end());
+  return levels;
 }
 
-int online_max_partner(const RowProgram& program, int max_node) {
-  const auto& nodes = program.nodes();
-  if (nodes[max_node].kind != RowNode::Kind::reduce || nodes[max_node].reduction != Reduction::max) return -1;
-  const int e = nodes[max_node].a;
-  for (size_t s = 0; s < nodes.size(); ++s) {
-    const RowNode& n = nodes[s];
-    if (n.kind != RowNode::Kind::reduce || n.reduction != Reduction::sum) continue;
-    const RowNode& ex = nodes[n.a];
-    if (ex.kind != RowNode::Kind::unary || ex.unary != UnaryFn::exp) continue;
-    const RowNode& diff = nodes[ex.a];
-    if (diff.kind == RowNode::Kind::binary && diff.binary == BinaryFn::sub && diff.a == e && diff.b == max_node)
-      return int(s);
-  }
-  return -1;
-}
-
-ir::Kernel lower_row_program(const RowProgram& program, const KernelSignature& signature,
-                             const MappingPlan& plan) {
+LoweredProgram lower_row_program(const RowProgram& program, const KernelSignature& signature, const MappingPlan& plan) {
+  program.validate();
   return RowLowering(program, signature, plan).run();
 }
 

@@ -1,0 +1,260 @@
+#include "bind/bind.hpp"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "bind/overlap.hpp"
+#include "lower/lower_row_program.hpp"
+#include "tile/error.hpp"
+
+namespace tile {
+
+namespace {
+
+bool is_row(Role r) { return r == Role::row_in || r == Role::row_out; }
+bool is_row_scalar(Role r) { return r == Role::row_scalar_in || r == Role::row_scalar_out; }
+bool is_col(Role r) { return r == Role::col_in || r == Role::col_out; }
+
+std::string shape_text(int64_t rows, int64_t cols, int64_t stride) {
+  return "(" + std::to_string(rows) + ", " + std::to_string(cols) + ") with row stride " + std::to_string(stride);
+}
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+const char* kind_of(const Args::Value& v) {
+  switch (v.index()) {
+    case 0: return "a matrix (TensorView)";
+    case 1: return "a vector (VectorView)";
+    default: return "a number";
+  }
+}
+
+// The largest element offset a view touches must stay far from int64's limit: kernels add
+// column offsets and vector widths to it.
+constexpr int64_t kMaxElements = int64_t(1) << 61;
+
+}  // namespace
+
+void KernelSignature::append_key(std::string& key) const {
+  for (size_t i = 0; i < present.size(); ++i) key += present[i] ? char('a' + int(dtypes[i])) : '-';
+  key += ';';
+}
+
+KernelSignature BoundCall::signature() const {
+  KernelSignature s;
+  for (const BoundOperand& o : operands) {
+    s.present.push_back(o.present);
+    s.dtypes.push_back(o.dtype);
+  }
+  return s;
+}
+
+const BoundOperand& BoundCall::operand(const std::string& name) const {
+  int i = program->find_operand(name);
+  TILE_CHECK(i >= 0, "no operand ", name);
+  return operands[i];
+}
+
+PlanInputs BoundCall::plan_inputs() const {
+  PlanInputs in;
+  in.rows = rows, in.cols = cols;
+  uintptr_t bits = 0;
+  const auto& decls = program->operands();
+  for (size_t i = 0; i < decls.size(); ++i) {
+    const BoundOperand& o = operands[i];
+    if (!o.present) continue;
+    if (is_row(decls[i].role)) {
+      in.row_operands.push_back({o.dtype, o.stride, decls[i].role == Role::row_in});
+      bits |= reinterpret_cast<uintptr_t>(o.data);
+    } else if (decls[i].role == Role::col_in) {
+      in.column_dtypes.push_back(o.dtype);
+      bits |= reinterpret_cast<uintptr_t>(o.data);
+    }
+  }
+  in.base_alignment = 16;
+  while (in.base_alignment > 1 && bits % in.base_alignment != 0) in.base_alignment /= 2;
+  in.merge_parts = 1;
+  for (const std::vector<int>& level : reduction_levels(*program)) {
+    int parts = 0;
+    for (int red : level) parts += int(program->reductions()[red].monoid.parts.size());
+    in.merge_parts = std::max(in.merge_parts, parts);
+  }
+  for (const RowReduction& r : program->reductions()) {
+    if (r.axis != Axis::rows) continue;
+    in.reduces_rows = true;
+    if (program->nodes()[r.inputs[0]].shape.cols) in.rows_reduction_parts += int(r.monoid.parts.size());
+  }
+  return in;
+}
+
+BoundCall bind(const RowProgram& program, const Args& args) {
+  program.validate();
+  const std::string& op = program.name();
+  const auto& decls = program.operands();
+  for (const auto& [name, value] : args.values()) {
+    if (program.find_operand(name) >= 0) continue;
+    std::string names;
+    for (const OperandDecl& d : decls) names += (names.empty() ? "" : ", ") + d.name;
+    throw_argument_error(op, name, "one of the operands " + names, "an unknown operand");
+  }
+  BoundCall call;
+  call.program = &program;
+  call.operands.resize(decls.size());
+  auto find = [&](const std::string& name) -> const Args::Value* {
+    auto it = args.values().find(name);
+    return it == args.values().end() ? nullptr : &it->second;
+  };
+
+  // rows and cols come from the first row operand; every other operand must agree.
+  int first = -1;
+  for (size_t i = 0; i < decls.size() && first < 0; ++i)
+    if (is_row(decls[i].role)) first = int(i);
+  if (first < 0) throw Error("row program '" + op + "': expected at least one row input or output operand");
+
+  for (size_t i = 0; i < decls.size(); ++i) {
+    const OperandDecl& d = decls[i];
+    BoundOperand& b = call.operands[i];
+    const Args::Value* v = find(d.name);
+    const std::string& name = d.name;
+    if (d.role == Role::scalar_in) {
+      b.present = true;
+      b.dtype = d.scalar_type == ValueType::i64 ? DType::i64 : DType::f32;
+      if (!v) {
+        if (!d.default_value) throw_argument_error(op, name, "a number (the scalar has no default)", "nothing");
+        b.value = *d.default_value;
+      } else if (v->index() != 2) {
+        throw_argument_error(op, name, "a number", kind_of(*v));
+      } else {
+        b.value = std::get<double>(*v);
+      }
+      const std::string range = "[" + number(d.min_value) + ", " + number(d.max_value) + "]";
+      if (std::isnan(b.value) || b.value < d.min_value || b.value > d.max_value)
+        throw_argument_error(op, name, "a value in " + range, number(b.value));
+      if (d.scalar_type == ValueType::i64) {
+        if (b.value != std::trunc(b.value) || std::abs(b.value) > 9007199254740992.0)
+          throw_argument_error(op, name, "an integer of magnitude at most 2^53", number(b.value));
+      } else {
+        // The kernel reads scalars as fp32: refuse values fp32 cannot hold rather than round
+        // them to 0 or infinity.
+        if (std::isfinite(b.value) && std::abs(b.value) > double(FLT_MAX))
+          throw_argument_error(op, name, "a value fp32 can hold (|v| <= 3.4028235e38)", number(b.value));
+        if (b.value != 0 && std::abs(b.value) < double(FLT_MIN))
+          throw_argument_error(op, name, "0 or a magnitude of at least 1.17549435e-38 (fp32's smallest normal value)",
+                               number(b.value));
+      }
+      continue;
+    }
+    if (!v) {
+      if (d.optional) continue;
+      throw_argument_error(op, name, std::string(is_row(d.role) ? "a matrix" : "a vector") + " (" +
+                                         std::string(role_name(d.role)) + ")", "nothing");
+    }
+    // A null vector means absent, as for weight and bias in the built-in operators.
+    if (v->index() == 1 && std::get<VectorView>(*v).data == nullptr && d.optional) continue;
+    if (is_row(d.role)) {
+      if (v->index() != 0) throw_argument_error(op, name, "a matrix (TensorView)", kind_of(*v));
+      const TensorView& t = std::get<TensorView>(*v);
+      if (int(i) == first) {
+        if (t.rows < 0) throw_argument_error(op, name, "rows >= 0", std::to_string(t.rows));
+        if (t.cols < 1) throw_argument_error(op, name, "cols >= 1", std::to_string(t.cols));
+        call.rows = t.rows, call.cols = t.cols;
+      } else if (t.rows != call.rows || t.cols != call.cols) {
+        throw_argument_error(op, name,
+                             "shape (" + std::to_string(call.rows) + ", " + std::to_string(call.cols) + ") like " + decls[first].name,
+                             "(" + std::to_string(t.rows) + ", " + std::to_string(t.cols) + ")");
+      }
+      if (t.row_stride < t.cols)
+        throw_argument_error(op, name, "row_stride >= cols = " + std::to_string(t.cols), std::to_string(t.row_stride));
+      if (t.rows > 0 && (t.rows - 1) > (kMaxElements - t.cols) / t.row_stride)
+        throw_argument_error(op, name, "(rows - 1) * row_stride + cols below 2^61 elements", shape_text(t.rows, t.cols, t.row_stride));
+      b.data = t.data, b.dtype = t.dtype, b.stride = t.row_stride;
+      b.extent = t.rows == 0 ? 0 : (t.rows - 1) * t.row_stride + t.cols;
+    } else if (is_row_scalar(d.role)) {
+      if (v->index() == 0) {
+        const TensorView& t = std::get<TensorView>(*v);
+        if (t.cols != 1 || t.rows != call.rows)
+          throw_argument_error(op, name, "one value per row: shape (" + std::to_string(call.rows) + ", 1)",
+                               "(" + std::to_string(t.rows) + ", " + std::to_string(t.cols) + ")");
+        b.data = t.data, b.dtype = t.dtype, b.stride = t.row_stride;
+      } else if (v->index() == 1) {
+        const VectorView& w = std::get<VectorView>(*v);
+        if (w.size != call.rows)
+          throw_argument_error(op, name, std::to_string(call.rows) + " elements (one per row)", std::to_string(w.size));
+        b.data = const_cast<void*>(w.data), b.dtype = w.dtype, b.stride = w.stride;
+      } else {
+        throw_argument_error(op, name, "a vector with one value per row", kind_of(*v));
+      }
+      if (b.stride < 1) throw_argument_error(op, name, "a stride >= 1", std::to_string(b.stride));
+      if (call.rows > 0 && (call.rows - 1) > (kMaxElements - 1) / b.stride)
+        throw_argument_error(op, name, "(rows - 1) * stride + 1 below 2^61 elements", std::to_string(b.stride));
+      b.extent = call.rows == 0 ? 0 : (call.rows - 1) * b.stride + 1;
+    } else {  // per-column operands and scalar outputs
+      if (v->index() != 1) throw_argument_error(op, name, "a vector (VectorView)", kind_of(*v));
+      const VectorView& w = std::get<VectorView>(*v);
+      const int64_t want = is_col(d.role) ? call.cols : 1;
+      if (w.size != want)
+        throw_argument_error(op, name, std::to_string(want) + (is_col(d.role) ? " elements (one per column)" : " element"),
+                             std::to_string(w.size));
+      if (w.stride != 1) throw_argument_error(op, name, "a contiguous vector (stride 1)", "stride " + std::to_string(w.stride));
+      b.data = const_cast<void*>(w.data), b.dtype = w.dtype, b.stride = 1, b.extent = w.size;
+    }
+    b.present = true;
+    if (!d.dtypes.contains(b.dtype))
+      throw_argument_error(op, name, "dtype " + d.dtypes.to_string(), std::string(dtype_name(b.dtype)));
+    if (b.extent > 0 && b.data == nullptr) throw_argument_error(op, name, "a non-null data pointer", "null");
+    if (reinterpret_cast<uintptr_t>(b.data) % dtype_size(b.dtype) != 0)
+      throw_argument_error(op, name,
+                           "a pointer aligned to its element size (" + std::to_string(dtype_size(b.dtype)) + " bytes)",
+                           "a misaligned pointer");
+  }
+
+  // Outputs overlap nothing else, except the one input each may alias exactly (in place: same
+  // pointer, stride and dtype; each worker reads its elements before it writes them).
+  auto view_of = [&](size_t i) {
+    const BoundOperand& b = call.operands[i];
+    const Role role = decls[i].role;
+    const int64_t es = dtype_size(b.dtype);
+    if (is_row(role)) return StridedBytes{reinterpret_cast<uintptr_t>(b.data), b.stride * es, call.cols * es, call.rows};
+    if (is_row_scalar(role)) return StridedBytes{reinterpret_cast<uintptr_t>(b.data), b.stride * es, es, call.rows};
+    return StridedBytes{reinterpret_cast<uintptr_t>(b.data), b.extent * es, b.extent * es, 1};
+  };
+  for (size_t o = 0; o < decls.size(); ++o) {
+    if (!is_output(decls[o].role) || !call.operands[o].present || call.operands[o].extent == 0) continue;
+    for (size_t a = 0; a < decls.size(); ++a) {
+      if (a == o || !call.operands[a].present || call.operands[a].extent == 0 || decls[a].role == Role::scalar_in) continue;
+      const BoundOperand &bo = call.operands[o], &ba = call.operands[a];
+      const bool allowed = decls[o].may_alias == int(a);
+      if (allowed && bo.data == ba.data && bo.stride == ba.stride && bo.dtype == ba.dtype) continue;
+      if (!overlaps(view_of(o), view_of(a))) continue;
+      throw_argument_error(op, decls[o].name,
+                           "memory that does not overlap " + decls[a].name +
+                               (allowed ? ", or exactly " + decls[a].name + " (same pointer, stride and dtype)" : ""),
+                           "an overlapping view");
+    }
+  }
+  return call;
+}
+
+int64_t grid_groups(const BoundCall& call, const MappingPlan& plan) {
+  const int64_t P = plan.programs_per_group;
+  int64_t groups = (call.rows + P - 1) / P;
+  if (plan.grid_limit > 0) groups = std::min<int64_t>(groups, plan.grid_limit);
+  if (groups > std::numeric_limits<int32_t>::max()) {
+    const auto& decls = call.program->operands();
+    size_t first = 0;
+    while (decls[first].role != Role::row_in && decls[first].role != Role::row_out) ++first;
+    throw_argument_error(call.program->name(), decls[first].name,
+                         "at most 2^31 - 1 groups of " + std::to_string(P) + " rows (the grid's limit)",
+                         std::to_string(call.rows) + " rows");
+  }
+  return groups;
+}
+
+}  // namespace tile
