@@ -73,6 +73,7 @@ struct CallOptions {
 struct LaunchRecord {
   MappingPlan plan;
   std::string kernel_name;
+  std::string ir_sha256;      // the raw IR the call ran (both backends), as ir_for prints it
   std::string source_sha256;  // CUDA backend only: the generated source
   std::string cubin_sha256;   // empty on the CPU backend
   std::string arch;           // e.g. sm_90; empty on the CPU backend

@@ -362,6 +362,9 @@ nb::object execute(Bound& b, uintptr_t stream, bool record) {
   d["plan"] = json_loads(rec.plan.to_json());
   d["kernel_name"] = rec.kernel_name;
   d["source_sha256"] = rec.source_sha256;
+  d["ir_sha256"] = rec.ir_sha256;
+  d["kernels"] = rec.kernels;
+  d["workspace_bytes"] = rec.workspace_bytes;
   d["cubin_sha256"] = rec.cubin_sha256;
   d["arch"] = rec.arch;
   d["groups"] = rec.groups;

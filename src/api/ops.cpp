@@ -2,7 +2,6 @@
 // launches on the chosen target.
 #include "api/pipeline.hpp"
 #include "backend/cuda/jit_module.hpp"
-#include "ir/printer.hpp"
 #include "target/target.hpp"
 
 namespace tile {
@@ -21,7 +20,9 @@ LaunchRecord run(const RowProgram& program, const Args& args, const CallOptions&
   const BoundCall call = bind(program, args);
   const Target& target = target_for(options.backend);
   auto pk = prepared(program, call, options.plan, target, options);
-  return target.launch(*pk, call, options);
+  LaunchRecord rec = target.launch(*pk, call, options);
+  rec.ir_sha256 = pk->ir_sha256;
+  return rec;
 }
 
 LaunchRecord run(const Call& call, const CallOptions& options) { return run(builtin_program(call.op), to_args(call), options); }
@@ -47,10 +48,7 @@ MappingPlan plan_for(const RowProgram& program, const Args& args, const PlanRequ
 
 std::string ir_for(const RowProgram& program, const Args& args, const PlanRequest& request) {
   CallOptions options;
-  auto pk = prepared(program, bind(program, args), request, cuda_target(), options);
-  std::string text = ir::to_string(pk->lowered.main.kernel);
-  if (pk->lowered.finish) text += ir::to_string(pk->lowered.finish->kernel);
-  return text;
+  return prepared(program, bind(program, args), request, cuda_target(), options)->ir_text;
 }
 
 std::string source_for(const RowProgram& program, const Args& args, const PlanRequest& request) {

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "ir/printer.hpp"
+#include "core/sha256.hpp"
 #include "ir/verifier.hpp"
 
 namespace tile {
@@ -71,10 +72,10 @@ std::shared_ptr<const PreparedKernel> prepare(const RowProgram& program, const B
   if (dump_requested("bind")) std::fprintf(stderr, "%s", describe(call).c_str());
   if (dump_requested("plan")) std::fprintf(stderr, "plan %s\n%s", plan.to_json().c_str(), plan.loop_nest().c_str());
   prepared->lowered = lower_row_program(program, signature, plan);
-  if (dump_requested("lower")) {
-    std::fprintf(stderr, "%s%s", prepared->program_text.c_str(), ir::to_string(prepared->lowered.main.kernel).c_str());
-    if (prepared->lowered.finish) std::fprintf(stderr, "%s", ir::to_string(prepared->lowered.finish->kernel).c_str());
-  }
+  prepared->ir_text = ir::to_string(prepared->lowered.main.kernel);
+  if (prepared->lowered.finish) prepared->ir_text += ir::to_string(prepared->lowered.finish->kernel);
+  prepared->ir_sha256 = sha256_hex(prepared->ir_text);
+  if (dump_requested("lower")) std::fprintf(stderr, "%s%s", prepared->program_text.c_str(), prepared->ir_text.c_str());
   ir::verify_or_throw(prepared->lowered.main.kernel);
   if (prepared->lowered.finish) ir::verify_or_throw(prepared->lowered.finish->kernel);
   if (dump_requested("verify")) std::fprintf(stderr, "verify: %s passed\n", prepared->lowered.main.kernel.name.c_str());

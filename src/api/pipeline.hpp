@@ -34,6 +34,8 @@ struct PreparedKernel {
   KernelSignature signature;
   LoweredProgram lowered;
   std::string program_text;  // RowProgram::to_string(), for dumps and source headers
+  std::string ir_text;       // the printed IR of every kernel, as ir_for returns it
+  std::string ir_sha256;
 
   struct TargetState {
     virtual ~TargetState() = default;

@@ -134,9 +134,14 @@ BoundCall bind(const RowProgram& program, const Args& args) {
       } else {
         b.value = std::get<double>(*v);
       }
-      const std::string range = "[" + number(d.min_value) + ", " + number(d.max_value) + "]";
+      // Declared ranges use +-1e300 for "unbounded".
+      const bool lo = d.min_value > -1e300, hi = d.max_value < 1e300;
+      const std::string range = lo && hi ? "a value in [" + number(d.min_value) + ", " + number(d.max_value) + "]"
+                                : lo   ? "a finite value >= " + number(d.min_value)
+                                : hi   ? "a finite value <= " + number(d.max_value)
+                                       : "a finite value";
       if (std::isnan(b.value) || b.value < d.min_value || b.value > d.max_value)
-        throw_argument_error(op, name, "a value in " + range, number(b.value));
+        throw_argument_error(op, name, range, number(b.value));
       if (d.scalar_type == ValueType::i64) {
         if (b.value != std::trunc(b.value) || std::abs(b.value) > 9007199254740992.0)
           throw_argument_error(op, name, "an integer of magnitude at most 2^53", number(b.value));

@@ -305,7 +305,13 @@ class RowLowering {
 LoweredProgram RowLowering::run() {
   whole_ = plan_.alignment == Alignment::require;
   const int W = plan_.workers_per_program;
-  k_.name = "tile_" + prog_.name() + "_p" + std::to_string(plan_.programs_per_group) + "w" + std::to_string(W) + "v" +
+  // tile_<program>_<dtypes of the row operands>_p<P>w<W>v<V>s<S><c|r>
+  std::string dtypes;
+  for (size_t i = 0; i < prog_.operands().size(); ++i) {
+    const Role role = decl(int(i)).role;
+    if ((role == Role::row_in || role == Role::row_out) && present(int(i))) dtypes += "_" + std::string(dtype_name(dtype(int(i))));
+  }
+  k_.name = "tile_" + prog_.name() + dtypes + "_p" + std::to_string(plan_.programs_per_group) + "w" + std::to_string(W) + "v" +
             std::to_string(plan_.vector_elems) + "s" + std::to_string(plan_.stripes) +
             (plan_.caching == InputCaching::registers ? "c" : "r");
   k_.programs_per_group = plan_.programs_per_group;

@@ -113,6 +113,8 @@ PlanRequest PlanRequest::from_json(const std::string& text) {
   if (j.contains(#name)) r.name = parse_value<type>(j[#name], #name, lo, hi);
   TILE_PLAN_FIELDS(TILE_PLAN_GET)
 #undef TILE_PLAN_GET
+  if (r.width_mode == WidthMode::exact && !r.workers_per_program)
+    throw_argument_error("mapping plan", "workers_per_program", "a width when width_mode is \"exact\"", "no width");
   return r;
 }
 

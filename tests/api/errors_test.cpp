@@ -41,16 +41,16 @@ TEST(ArgumentErrors, NamesOperatorArgumentExpectedAndGiven) {
   expect_error(c, {}, {"softmax", "'y'", "shape (64, 100)", "(63, 100)"});
   c = b.call(Op::softmax);
   c.weight = {b.w.data(), DType::f32, 100};
-  expect_error(c, {}, {"softmax", "'weight'", "no weight"});
+  expect_error(c, {}, {"softmax", "'weight'", "one of the operands x, y", "unknown operand"});
   c = b.call(Op::rms_norm);
   c.weight = {b.w.data(), DType::f32, 99};
   expect_error(c, {}, {"rms_norm", "'weight'", "100 elements", "99"});
   c = b.call(Op::rms_norm);
   c.eps = -1e-3f;
-  expect_error(c, {}, {"rms_norm", "'eps'", ">= 0", "-0.001"});
+  expect_error(c, {}, {"rms_norm", "'eps'", "a finite value >= 0", "-0.001"});
   c = b.call(Op::layer_norm);
   c.y.data = b.x.data() + 50;  // partial overlap
-  expect_error(c, {}, {"layer_norm", "'y'", "does not overlap x", "partially overlapping"});
+  expect_error(c, {}, {"layer_norm", "'y'", "does not overlap x", "overlapping view"});
   c = b.call(Op::softmax);
   c.y.dtype = DType::bf16, c.y.data = b.x.data();
   expect_error(c, {}, {"softmax", "'y'", "overlap"});
@@ -83,13 +83,13 @@ TEST(ArgumentErrors, InvalidPlansNameTheField) {
   expect_error(b.call(Op::softmax), p, {"plan.vector_elems", "16 bytes", "8 elements of 4 bytes"});
   p = {};
   p.cache_format = CacheFormat::packed;
-  expect_error(b.call(Op::softmax), p, {"softmax", "plan.cache_format", "16-bit", "x f32"});
+  expect_error(b.call(Op::softmax), p, {"softmax", "plan.cache_format", "16-bit", "row inputs f32"});
   p = {};
   p.vector_elems = 4, p.alignment = Alignment::require;
   Call odd = b.call(Op::softmax);
   odd.x.cols = odd.y.cols = 99;
   odd.x.row_stride = odd.y.row_stride = 99;
-  expect_error(odd, p, {"plan.alignment", "aligned", "x stride 99"});
+  expect_error(odd, p, {"plan.alignment", "aligned", "row strides 99, 99"});
 }
 
 TEST(ArgumentErrors, GridBeyondItsLimitIsRefused) {

@@ -5,7 +5,7 @@
 #include <set>
 #include <sstream>
 
-#include "api/call.hpp"
+#include "bind/bind.hpp"
 #include "backend/cuda/jit_module.hpp"
 #include "support/cases.hpp"
 
