@@ -12,6 +12,8 @@
 //   max             x                  -> (m)             NaN if any element is NaN
 //   online_softmax  x                  -> (m, Σ exp(x - m))  one pass; all -inf rows give s = 0
 //   mean_m2         x                  -> (n, mean, Σ (x - mean)^2)  Chan et al.'s merge
+//   scaled_sum_squares x               -> (m, s) with Σ x^2 = s m^2, m = max |x|: no overflow
+//                                         for any finite x; +inf gives s = +inf, NaN gives NaN
 #pragma once
 
 #include <cstdint>
@@ -102,6 +104,7 @@ Monoid sum();
 Monoid max();
 Monoid online_softmax();
 Monoid mean_m2();
+Monoid scaled_sum_squares();
 }  // namespace monoid
 
 }  // namespace tile

@@ -196,5 +196,26 @@ Monoid mean_m2() {
   return b.build({total, mean, m2}, {k, chunk_mean, chunk_m2});
 }
 
+// (m, s): m = max |x|, s = Σ (x / m)^2, so Σ x^2 = s m^2 never overflows for finite x. A zero
+// scale means nothing but zeros; an infinite one makes s infinite (x^2 would be), so RMSNorm
+// keeps PyTorch's result there (y = x * 0); NaN propagates through the max.
+Monoid scaled_sum_squares() {
+  MonoidBuilder b("scaled_sum_squares", {"scale", "sum"}, {0.0, 0.0});
+  const MonoidExpr zero = b.constant(0.0), one = b.constant(1.0), inf = b.constant(kInf);
+  // a / m for m > 0, else 0 (a part with scale 0 holds only zeros).
+  auto ratio = [&](MonoidExpr a, MonoidExpr m) { return b.select(b.binary(BinaryFn::lt, zero, m), a / m, zero); };
+  MonoidExpr merged = b.binary(BinaryFn::max, b.mine(0), b.other(0));
+  MonoidExpr rm = ratio(b.mine(0), merged), ro = ratio(b.other(0), merged);
+  MonoidExpr sum = b.mine(1) * (rm * rm) + b.other(1) * (ro * ro);
+  MonoidExpr is_inf = b.binary(BinaryFn::eq, merged, inf);
+  // max(0, ...): an empty chunk's max is -inf, and its state must be the identity (0, 0).
+  MonoidExpr chunk_m = b.binary(BinaryFn::max, zero, b.chunk_max(b.unary(UnaryFn::abs, b.element())));
+  MonoidExpr inv = ratio(one, chunk_m);
+  MonoidExpr scaled = b.element() * inv;
+  MonoidExpr chunk_s = b.chunk_sum(scaled * scaled);
+  MonoidExpr chunk_inf = b.binary(BinaryFn::eq, chunk_m, inf);
+  return b.build({merged, b.select(is_inf, inf, sum)}, {chunk_m, b.select(chunk_inf, inf, chunk_s)});
+}
+
 }  // namespace monoid
 }  // namespace tile

@@ -43,8 +43,15 @@ RowProgram rms_norm_program() {
   p.scalar_range(eps, 0.0, 1e300);
   Operand rstd = p.row_scalar_out("rstd", {DType::f32}, /*optional=*/true, "1 / sqrt(mean square + eps) per row");
   RowExpr v = p.load(x);
-  RowExpr mean_square = p.reduce1(Axis::cols, monoid::sum(), v * v) / p.cols();
-  RowExpr r = rsqrt(mean_square + p.load(eps));
+  // The sum of squares as (m, s) with Σ x^2 = s m^2 (no overflow for any finite x). Where m^2
+  // fits fp32 comfortably rstd is rsqrt(s m^2 / cols + eps) directly; beyond, the same value
+  // as rsqrt(s / cols + eps / m^2) / m, whose terms stay finite.
+  auto [m, s] = p.reduce2(Axis::cols, monoid::scaled_sum_squares(), v);
+  RowExpr e = p.load(eps), n = p.cols();
+  RowExpr direct = rsqrt(s * (m * m) / n + e);
+  RowExpr inv_m = 1.0 / m;
+  RowExpr scaled = inv_m * rsqrt(s / n + e * (inv_m * inv_m));
+  RowExpr r = p.select(le(m, p.constant(1e18)), direct, scaled);
   p.store(rstd, r);
   p.store(y, v * r * p.load_or(w, 1.0));
   return p;
