@@ -43,7 +43,7 @@ enum class CacheFormat : uint8_t { f32, packed };
   X(int, workers_per_program, 256, 1, 1024, "cooperating width: 1..16 (sub-warp) or a multiple of 32") \
   X(WidthMode, width_mode, WidthMode::automatic, 0, 1, "where the width came from")                 \
   X(int, vector_elems, 4, 1, 8, "consecutive elements per worker per access")                       \
-  X(int, stripes, 1, 1, 1 << 20, "passes of all workers over the row")                              \
+  X(int, stripes, 1, 1, 2147483647, "passes of all workers over the row")                           \
   X(int, stripe_unroll, 1, 1, 16, "stripes in flight per loop iteration (re-read loops)")          \
   X(InputCaching, caching, InputCaching::registers, 0, 1, "where row input stays between passes")  \
   X(int, private_budget, 64, 1, 255, "cached scalars per worker")                                   \

@@ -17,6 +17,7 @@ struct DeviceLimits {
   int max_threads_per_sm = 2048;
   int named_barriers = 16;            // id 0 is the group barrier, 1.. are per program
   int max_shared_bytes = 48 * 1024;   // static shared memory per group
+  int64_t max_groups = 2147483647;    // groups in a grid (gridDim.x)
 };
 
 // A row operand (input or output) of a call: its dtype and row stride in elements.
@@ -38,6 +39,7 @@ struct PlanInputs {
   int merge_parts = 3;               // most reduction state parts merged across warps at once
   int rows_reduction_parts = 0;      // per-element accumulators of reductions over the rows
   bool reduces_rows = false;         // some reduction runs over the rows
+  std::string rows_operand = "x";    // the operand errors about the row count name
 
   static PlanInputs for_rows(DType x, DType y, int64_t rows, int64_t cols, int64_t x_stride = 0,
                              int64_t y_stride = 0, std::optional<DType> columns = std::nullopt);
@@ -50,7 +52,9 @@ struct PlanInputs {
 MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& request,
                         const DeviceLimits& limits = {});
 
-// Throws tile::Error naming `op`, the plan field, what was expected and what was given.
+// Throws tile::Error naming `op`, the plan field, what was expected and what was given, or
+// naming x when its rows need more groups than a grid holds. Every entry point (run, plan_for,
+// ir_for, source_for) and the mapping family share this one check.
 void validate_plan(const MappingPlan& plan, const PlanInputs& in, const DeviceLimits& limits,
                    const std::string& op);
 

@@ -62,6 +62,18 @@ struct Call {
 // The same call as operands of builtin_program(call.op).
 Args to_args(const Call& call);
 
+// The fp32 eps for an eps given as a double (by Python or a command line): 0, or a finite
+// positive value that fp32 holds to within rounding (relative error at most 2^-24). Throws
+// tile::Error naming `op` for anything else: negative, NaN, infinite, beyond FLT_MAX, or so
+// small that it would round to 0 (1e-50) or to a coarse subnormal (1e-40).
+float checked_eps(Op op, double eps);
+
+// The fp32 eps for an eps given as a double (by Python or a command line): 0, or a finite
+// positive value that fp32 holds to within rounding (relative error at most 2^-24). Throws
+// tile::Error naming `op` for anything else: negative, NaN, infinite, beyond FLT_MAX, or so
+// small that it would round to 0 (1e-50) or to a coarse subnormal (1e-40).
+float checked_eps(Op op, double eps);
+
 struct CallOptions {
   PlanRequest plan;        // fields to fix; unset ones come from the analytic policy
   void* stream = nullptr;  // CUstream / cudaStream_t; nullptr is the default stream
@@ -113,7 +125,8 @@ std::string source_for(const Call& call, const PlanRequest& request = {});
 
 // Forgets every lowered, compiled and loaded kernel of this process (the on-disk cache is
 // separate: see TILE_CACHE_DIR / TILE_DISABLE_DISK_CACHE). The next call of each kernel
-// lowers and compiles it afresh.
+// lowers and compiles it afresh. Safe while other threads run calls (those finish with the
+// kernels they hold); run() and the other entry points are thread-safe.
 void clear_kernel_caches();
 
 // ---- references ----

@@ -23,8 +23,8 @@ std::string shape_text(int64_t rows, int64_t cols, int64_t stride) {
 }
 
 std::string number(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
   return buf;
 }
 
@@ -36,11 +36,24 @@ const char* kind_of(const Args::Value& v) {
   }
 }
 
-// The largest element offset a view touches must stay far from int64's limit: kernels add
-// column offsets and vector widths to it.
-constexpr int64_t kMaxElements = int64_t(1) << 61;
+// Largest element offset + 1 a view may span: byte offsets of every dtype stay below 2^63 and
+// leave room for the kernels' 64-bit index arithmetic.
+constexpr int64_t kMaxExtent = (int64_t(1) << 61) - 1;
 
 }  // namespace
+
+void check_f32_scalar(const std::string& op, const std::string& name, double value) {
+  // The kernel reads scalars as fp32. fp32 rounding to nearest errs by at most 2^-24 relative
+  // in the normal range; a value that rounds to 0 or inf, or loses more as a subnormal, is not
+  // the value the caller asked for.
+  const float f = float(value);
+  const bool held = value == 0 || (std::isfinite(f) && std::abs(double(f) - value) <= 0x1p-24 * std::abs(value));
+  if (!held)
+    throw_argument_error(op, name,
+                         "a value that float32 holds within rounding (relative error at most 2^-24: magnitudes in "
+                         "[1.17549435e-38, 3.40282347e+38], 0, and the subnormals float32 holds exactly)",
+                         number(value));
+}
 
 void KernelSignature::append_key(std::string& key) const {
   for (size_t i = 0; i < present.size(); ++i) key += present[i] ? char('a' + int(dtypes[i])) : '-';
@@ -65,6 +78,11 @@ const BoundOperand& BoundCall::operand(const std::string& name) const {
 PlanInputs BoundCall::plan_inputs() const {
   PlanInputs in;
   in.rows = rows, in.cols = cols;
+  for (const OperandDecl& d : program->operands())
+    if (is_row(d.role)) {
+      in.rows_operand = d.name;
+      break;
+    }
   uintptr_t bits = 0;
   const auto& decls = program->operands();
   for (size_t i = 0; i < decls.size(); ++i) {
@@ -146,13 +164,7 @@ BoundCall bind(const RowProgram& program, const Args& args) {
         if (b.value != std::trunc(b.value) || std::abs(b.value) > 9007199254740992.0)
           throw_argument_error(op, name, "an integer of magnitude at most 2^53", number(b.value));
       } else {
-        // The kernel reads scalars as fp32: refuse values fp32 cannot hold rather than round
-        // them to 0 or infinity.
-        if (std::isfinite(b.value) && std::abs(b.value) > double(FLT_MAX))
-          throw_argument_error(op, name, "a value fp32 can hold (|v| <= 3.4028235e38)", number(b.value));
-        if (b.value != 0 && std::abs(b.value) < double(FLT_MIN))
-          throw_argument_error(op, name, "0 or a magnitude of at least 1.17549435e-38 (fp32's smallest normal value)",
-                               number(b.value));
+        check_f32_scalar(op, name, b.value);
       }
       continue;
     }
@@ -175,10 +187,12 @@ BoundCall bind(const RowProgram& program, const Args& args) {
                              "shape (" + std::to_string(call.rows) + ", " + std::to_string(call.cols) + ") like " + decls[first].name,
                              "(" + std::to_string(t.rows) + ", " + std::to_string(t.cols) + ")");
       }
+      if (t.cols > kMaxExtent) throw_argument_error(op, name, "cols at most 2^61 - 1", std::to_string(t.cols));
       if (t.row_stride < t.cols)
         throw_argument_error(op, name, "row_stride >= cols = " + std::to_string(t.cols), std::to_string(t.row_stride));
-      if (t.rows > 0 && (t.rows - 1) > (kMaxElements - t.cols) / t.row_stride)
-        throw_argument_error(op, name, "(rows - 1) * row_stride + cols below 2^61 elements", shape_text(t.rows, t.cols, t.row_stride));
+      if (t.rows > 1 && t.rows - 1 > (kMaxExtent - t.cols) / t.row_stride)
+        throw_argument_error(op, name, "(rows - 1) * row_stride + cols at most 2^61 - 1 elements",
+                             shape_text(t.rows, t.cols, t.row_stride));
       b.data = t.data, b.dtype = t.dtype, b.stride = t.row_stride;
       b.extent = t.rows == 0 ? 0 : (t.rows - 1) * t.row_stride + t.cols;
     } else if (is_row_scalar(d.role)) {
@@ -197,8 +211,8 @@ BoundCall bind(const RowProgram& program, const Args& args) {
         throw_argument_error(op, name, "a vector with one value per row", kind_of(*v));
       }
       if (b.stride < 1) throw_argument_error(op, name, "a stride >= 1", std::to_string(b.stride));
-      if (call.rows > 0 && (call.rows - 1) > (kMaxElements - 1) / b.stride)
-        throw_argument_error(op, name, "(rows - 1) * stride + 1 below 2^61 elements", std::to_string(b.stride));
+      if (call.rows > 1 && call.rows - 1 > (kMaxExtent - 1) / b.stride)
+        throw_argument_error(op, name, "(rows - 1) * stride + 1 at most 2^61 - 1 elements", std::to_string(b.stride));
       b.extent = call.rows == 0 ? 0 : (call.rows - 1) * b.stride + 1;
     } else {  // per-column operands and scalar outputs
       if (v->index() != 1) throw_argument_error(op, name, "a vector (VectorView)", kind_of(*v));
@@ -214,10 +228,15 @@ BoundCall bind(const RowProgram& program, const Args& args) {
     if (!d.dtypes.contains(b.dtype))
       throw_argument_error(op, name, "dtype " + d.dtypes.to_string(), std::string(dtype_name(b.dtype)));
     if (b.extent > 0 && b.data == nullptr) throw_argument_error(op, name, "a non-null data pointer", "null");
-    if (reinterpret_cast<uintptr_t>(b.data) % dtype_size(b.dtype) != 0)
+    const uintptr_t base = reinterpret_cast<uintptr_t>(b.data);
+    if (base % dtype_size(b.dtype) != 0)
       throw_argument_error(op, name,
                            "a pointer aligned to its element size (" + std::to_string(dtype_size(b.dtype)) + " bytes)",
                            "a misaligned pointer");
+    if (uintptr_t(b.extent) * dtype_size(b.dtype) > UINTPTR_MAX - base)
+      throw_argument_error(op, name, is_row(d.role) ? "a view that ends inside the address space" : "a vector that ends inside the address space",
+                           (is_row(d.role) ? shape_text(call.rows, call.cols, b.stride) : std::to_string(b.extent) + " elements") +
+                               " at address " + std::to_string(base));
   }
 
   // Outputs overlap nothing else, except the one input each may alias exactly (in place: same

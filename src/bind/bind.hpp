@@ -46,6 +46,9 @@ struct BoundCall {
 
 BoundCall bind(const RowProgram& program, const Args& args);
 
+// Throws tile::Error naming `op` and `name` unless fp32 holds `value` within rounding.
+void check_f32_scalar(const std::string& op, const std::string& name, double value);
+
 // The grid a plan launches for a bound call: groups of programs_per_group rows, capped for
 // programs that loop over rows. Throws tile::Error when it exceeds what a launch can address.
 int64_t grid_groups(const BoundCall& call, const MappingPlan& plan);

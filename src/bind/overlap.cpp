@@ -1,51 +1,57 @@
 #include "bind/overlap.hpp"
 
 #include <algorithm>
+#include <utility>
 
 namespace tile {
 
 namespace {
 
-// floor(a / b) and ceil(a / b) for b > 0.
-int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-int64_t ceil_div(int64_t a, int64_t b) { return -floor_div(-a, b); }
+using i128 = __int128;  // byte offsets and their products, exact
+using u128 = unsigned __int128;
 
-// Whether some row j < b.rows of `b` intersects the byte interval [lo, hi), lo < hi.
-bool hits_row(const StridedBytes& b, int64_t lo, int64_t hi) {
-  // Row j covers [b0 + j s, b0 + j s + len): it meets [lo, hi) iff b0 + j s < hi and
-  // b0 + j s + len > lo, i.e. (lo - len - b0) / s < j < (hi - b0) / s.
-  const int64_t b0 = int64_t(b.start);
-  if (b.rows == 1) return b0 < hi && b0 + b.length > lo;
-  const int64_t j_lo = std::max<int64_t>(0, floor_div(lo - b.length - b0, b.stride) + 1);
-  const int64_t j_hi = std::min<int64_t>(b.rows - 1, ceil_div(hi - b0, b.stride) - 1);
-  return j_lo <= j_hi;
+i128 floor_div(i128 a, i128 b) { return a / b - (a % b != 0 && a < 0); }  // b > 0
+i128 ceil_div(i128 a, i128 b) { return -floor_div(-a, b); }
+
+// sum_{i < n} floor((a * i + b) / m) modulo 2^128 (a, b >= 0, m > 0, a * n + b < 2^127): the
+// Euclid-like reduction, O(log m) steps.
+u128 floor_sum(u128 n, u128 m, u128 a, u128 b) {
+  u128 sum = 0;
+  while (n > 0) {
+    if (a >= m) sum += (n % 2 == 0 ? n / 2 * (n - 1) : (n - 1) / 2 * n) * (a / m), a %= m;
+    if (b >= m) sum += n * (b / m), b %= m;
+    const u128 y = a * n + b;
+    if (y < m) break;
+    n = y / m, b = y % m;
+    std::swap(m, a);
+  }
+  return sum;
 }
 
 }  // namespace
 
-bool overlaps(const StridedBytes& a, const StridedBytes& b) {
-  if (a.rows <= 0 || b.rows <= 0 || a.length <= 0 || b.length <= 0) return false;
-  const int64_t a0 = int64_t(a.start), b0 = int64_t(b.start);
-  const int64_t a_end = a0 + (a.rows - 1) * (a.rows > 1 ? a.stride : 0) + a.length;
-  const int64_t b_end = b0 + (b.rows - 1) * (b.rows > 1 ? b.stride : 0) + b.length;
-  if (a_end <= b0 || b_end <= a0) return false;
-  if (a.rows > 1 && b.rows > 1 && a.stride == b.stride && a.stride > 0) {
-    // Rows i of a and j of b meet iff -a.length < (a0 - b0) + k s < b.length for k = i - j,
-    // with k in [-(b.rows - 1), a.rows - 1].
-    const int64_t s = a.stride, d = a0 - b0;
-    const int64_t k_lo = std::max<int64_t>(-(b.rows - 1), floor_div(-a.length - d, s) + 1);
-    const int64_t k_hi = std::min<int64_t>(a.rows - 1, ceil_div(b.length - d, s) - 1);
-    return k_lo <= k_hi;
-  }
-  // Different strides: walk the view with fewer rows, only over rows inside the other's range.
-  const StridedBytes& few = a.rows <= b.rows ? a : b;
-  const StridedBytes& many = a.rows <= b.rows ? b : a;
-  const int64_t f0 = int64_t(few.start);
-  for (int64_t i = 0; i < few.rows; ++i) {
-    const int64_t lo = f0 + i * (few.rows > 1 ? few.stride : 0);
-    if (hits_row(many, lo, lo + few.length)) return true;
-  }
-  return false;
+// Rows ra of a and rb of b share a byte iff rb * Sb lies in I(ra) = [lo + ra * Sa, hi + ra * Sa]
+// (lo, hi from the bases and widths). Over the ra whose I(ra) meets [0, E], E the last row's
+// offset, an I(ra) reaching past either end holds that end (a row of b); otherwise the question
+// is whether some I(ra) holds a multiple of Sb: (hi + ra * Sa) mod Sb <= hi - lo, counted with
+// floor sums. Exact, O(log) in the strides, never per row.
+bool overlaps(const StridedBytes& va, const StridedBytes& vb) {
+  if (va.rows <= 0 || vb.rows <= 0 || va.length <= 0 || vb.length <= 0) return false;
+  // A single row's stride is irrelevant; give it one that keeps the arithmetic well defined.
+  const i128 sa = va.rows > 1 ? va.stride : std::max<int64_t>(va.length, 1);
+  const i128 sb = vb.rows > 1 ? vb.stride : std::max<int64_t>(vb.length, 1);
+  const i128 d = i128(va.start) - i128(vb.start);
+  const i128 lo = d - vb.length + 1, hi = d + va.length - 1, end = i128(vb.rows - 1) * sb;
+  const i128 first = std::max<i128>(0, ceil_div(-hi, sa));
+  const i128 last = std::min<i128>(va.rows - 1, floor_div(end - lo, sa));
+  if (first > last) return false;
+  if (lo + first * sa < 0 || hi + last * sa > end) return true;
+  const i128 w = hi - lo, m = sb;
+  if (w + 1 >= m) return true;  // every interval of m integers holds a multiple of m
+  // i = ra - first in [0, n): x_i = c + s * i (mod m); x_i > w iff floor((x_i + m - 1 - w) / m) > floor(x_i / m).
+  const i128 n = last - first + 1, s = sa % m, c = (hi + first * sa) % m;
+  const u128 above = floor_sum(u128(n), u128(m), u128(s), u128(c + m - 1 - w)) - floor_sum(u128(n), u128(m), u128(s), u128(c));
+  return above < u128(n);
 }
 
 }  // namespace tile

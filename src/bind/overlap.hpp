@@ -2,8 +2,8 @@
 //
 // A view is `rows` intervals [start + i * stride, start + i * stride + length), i < rows. Two
 // views of one allocation may interleave without sharing a byte (x = b[:, :64], y = b[:, 64:]):
-// the test is exact, in O(1) when the strides are equal and O(min(rows)) otherwise, and only
-// after the bounding ranges intersect. Tested by tests/bind/overlap_test.cpp.
+// the test is exact and O(log) in the strides, never a loop over rows.
+// Tested by tests/bind/overlap_test.cpp.
 #pragma once
 
 #include <cstdint>

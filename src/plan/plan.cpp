@@ -49,20 +49,23 @@ T parse_value(const json& j, const char* field, int64_t lo, int64_t hi) {
         if (to_string(T(v)) == j.get<std::string>()) return T(v);
     throw_argument_error("mapping plan", field, "\"" + to_string(T(0)) + "\" or \"" + to_string(T(1)) + "\"", j.dump());
   } else {
+    const std::string range = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    // A float beyond the range (1e30, 2^64) is out of range first; one inside it is not an integer.
+    if (j.is_number_float() && !(j.get<double>() >= double(lo) && j.get<double>() <= double(hi)))
+      throw_argument_error("mapping plan", field, range, j.dump());
     if (!j.is_number_integer()) throw_argument_error("mapping plan", field, "an integer", j.dump());
     // Unsigned values beyond int64 would wrap in get<int64_t>(); they are out of range anyway.
-    if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(hi))
-      throw_argument_error("mapping plan", field, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", j.dump());
+    if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(hi)) throw_argument_error("mapping plan", field, range, j.dump());
     const int64_t v = j.get<int64_t>();
-    if (v < lo || v > hi)
-      throw_argument_error("mapping plan", field, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", j.dump());
+    if (v < lo || v > hi) throw_argument_error("mapping plan", field, range, j.dump());
     return T(v);
   }
 }
 
 json parse_object(const std::string& text) {
   if (text.find('\0') != std::string::npos)
-    throw_argument_error("mapping plan", "json", "text without NUL bytes", "a NUL byte at offset " + std::to_string(text.find('\0')));
+    throw_argument_error("mapping plan", "json", "a JSON object without NUL bytes",
+                         "a NUL byte at offset " + std::to_string(text.find('\0')) + " of " + std::to_string(text.size()));
   json j;
   try {
     j = json::parse(text);

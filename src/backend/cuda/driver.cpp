@@ -126,6 +126,12 @@ int current_device() {
   return static_cast<int>(dev);
 }
 
+uint64_t context_id(CUcontext ctx) {
+  unsigned long long id = 0;
+  TILE_CU_CHECK(driver().cuCtxGetId(ctx, &id));
+  return id;
+}
+
 DeviceInfo device_info(int device) {
   const Driver& d = driver();
   CUdevice dev = 0;

@@ -29,7 +29,7 @@
   X(cuInit) X(cuGetErrorName) X(cuGetErrorString) X(cuDriverGetVersion)                         \
   X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetAttribute)                 \
   X(cuDeviceGetUuid) X(cuDevicePrimaryCtxRetain)                                                \
-  X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize)                   \
+  X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuCtxGetId)     \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)                                  \
   X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel)                                 \
   X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD)                    \
@@ -65,6 +65,9 @@ namespace detail {
 CUcontext ensure_context(int device = 0);
 // Ordinal of the device of the current context (after ensure_context()).
 int current_device();
+// The context's process-unique id (cuCtxGetId): unlike a CUcontext handle, never reused
+// after the context is destroyed, so it can key per-context caches.
+uint64_t context_id(CUcontext ctx);
 
 struct DeviceInfo {
   std::string name;

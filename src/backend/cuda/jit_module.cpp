@@ -1,17 +1,19 @@
 #include "backend/cuda/jit_module.hpp"
 
+#include <fcntl.h>
 #include <nvrtc.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -117,65 +119,136 @@ bool looks_like_entry(const std::string& name) {
   return name.size() == 70 || name.compare(70, 5, ".tmp.") == 0;
 }
 
-// True when `path` holds a verified entry for `key`; fills cubin and cubin_sha256.
-bool read_entry(const fs::path& path, const std::string& key, CompileResult& r) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t nl = bytes.find('\n');
-  if (nl == std::string::npos || nl > 256) return false;
-  std::istringstream header(bytes.substr(0, nl));
-  std::string magic, version, entry_key, sha, extra;
-  unsigned long long length = 0;
-  if (!(header >> magic >> version >> entry_key >> length >> sha) || (header >> extra))
-    return false;
-  if (magic != kMagic || version != kFormatVersion || entry_key != key) return false;
-  if (length != bytes.size() - nl - 1) return false;
-  std::string payload = bytes.substr(nl + 1);
-  if (sha256_hex(payload) != sha) return false;
-  r.cubin = std::move(payload);
-  r.cubin_sha256 = std::move(sha);
-  return true;
-}
+// Entries are read and written only up to this size: a generated kernel's CUBIN is tens of
+// KiB, and the bound keeps a damaged or hostile file (huge, sparse) out of memory.
+constexpr uint64_t kMaxEntryBytes = uint64_t(64) << 20;
+constexpr size_t kMaxHeaderBytes = 256;
 
-void warn_write_failed_once(const fs::path& where, const std::string& why) {
+std::string errno_text(int error) { return std::strerror(error); }
+
+// Every disk-cache problem only costs a compile; the first one in a process is reported.
+void warn_once(const fs::path& where, const std::string& why) {
   static std::once_flag once;
   std::call_once(once, [&] {
     std::fprintf(stderr,
-                 "tile: warning: cannot write the kernel cache (%s: %s); kernels are compiled "
-                 "but not cached on disk\n",
+                 "tile: warning: kernel disk cache: %s: %s; the kernel is compiled and the disk cache "
+                 "skipped (later cache problems in this process are not reported)\n",
                  where.c_str(), why.c_str());
   });
 }
 
-// Writes to a unique temporary file in the same directory, then renames it into place, so
-// readers see either no entry or a whole one. Failures only warn.
+struct FileDescriptor {
+  int fd = -1;
+  ~FileDescriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// False on an error or an early end of file.
+bool read_fully(int fd, char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t got = ::read(fd, data, n);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    data += got, n -= size_t(got);
+  }
+  return true;
+}
+
+bool write_fully(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t put = ::write(fd, data, n);
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) return false;
+    data += put, n -= size_t(put);
+  }
+  return true;
+}
+
+enum class EntryRead { hit, missing, unusable };
+
+// Accepts only a regular file (no link followed) of at most kMaxEntryBytes whose header names
+// `key`, whose length is the file's size and whose SHA-256 matches; on a hit fills cubin and
+// cubin_sha256. Never blocks (a FIFO or device is refused before it is opened) and never
+// throws; `why` says what was wrong with an unusable entry.
+EntryRead read_entry(const fs::path& path, const std::string& key, CompileResult& r, std::string& why) {
+  // Only a regular file is opened at all; the flags and fstat() cover one swapped in meanwhile.
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) != 0) {
+    const int error = errno;
+    if (error == ENOENT || error == ENOTDIR) return EntryRead::missing;  // a missing folder is reported on write
+    return why = "cannot stat: " + errno_text(error), EntryRead::unusable;
+  }
+  if (S_ISLNK(st.st_mode)) return why = "a symbolic link, not a cache entry", EntryRead::unusable;
+  if (!S_ISREG(st.st_mode)) return why = "not a regular file", EntryRead::unusable;
+  FileDescriptor file{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW)};
+  if (file.fd < 0) {
+    const int error = errno;
+    if (error == ENOENT) return EntryRead::missing;  // removed since lstat(), e.g. by clear_disk_cache()
+    return why = "cannot open: " + errno_text(error), EntryRead::unusable;
+  }
+  if (::fstat(file.fd, &st) != 0) return why = "cannot stat: " + errno_text(errno), EntryRead::unusable;
+  if (!S_ISREG(st.st_mode)) return why = "not a regular file", EntryRead::unusable;
+  const uint64_t size = uint64_t(st.st_size);
+  if (size > kMaxEntryBytes)
+    return why = std::to_string(size) + " bytes, over the " + std::to_string(kMaxEntryBytes) + "-byte cap",
+           EntryRead::unusable;
+
+  // The header first: its key and length are checked before the payload is read.
+  std::string bytes(std::min<uint64_t>(size, kMaxHeaderBytes + 1), '\0');
+  if (!read_fully(file.fd, bytes.data(), bytes.size())) return why = "read failed", EntryRead::unusable;
+  const size_t nl = bytes.find('\n');
+  if (nl == std::string::npos) return why = "no header line", EntryRead::unusable;
+  std::istringstream header(bytes.substr(0, nl));
+  std::string magic, version, entry_key, sha, extra;
+  unsigned long long length = 0;
+  if (!(header >> magic >> version >> entry_key >> length >> sha) || (header >> extra) || magic != kMagic ||
+      version != kFormatVersion)
+    return why = "not a " + std::string(kMagic) + " " + kFormatVersion + " header", EntryRead::unusable;
+  if (entry_key != key) return why = "the header names another key", EntryRead::unusable;
+  if (length != size - nl - 1)
+    return why = "the header's length " + std::to_string(length) + " does not match the file's " +
+                 std::to_string(size - nl - 1) + " payload bytes",
+           EntryRead::unusable;
+
+  const size_t have = bytes.size();
+  bytes.resize(size);
+  if (!read_fully(file.fd, bytes.data() + have, size - have)) return why = "read failed", EntryRead::unusable;
+  bytes.erase(0, nl + 1);
+  if (sha256_hex(bytes) != sha) return why = "the payload's SHA-256 does not match", EntryRead::unusable;
+  r.cubin = std::move(bytes);
+  r.cubin_sha256 = std::move(sha);
+  return EntryRead::hit;
+}
+
+// Writes a fresh temporary file in the same folder (O_EXCL, no link followed), then renames it
+// into place, so readers see either no entry or a whole one. Failures only warn.
 void write_entry(const fs::path& dir, const std::string& key, const CompileResult& r) {
+  const fs::path final_path = dir / (key + ".cubin");
+  const std::string header = std::string(kMagic) + ' ' + kFormatVersion + ' ' + key + ' ' +
+                             std::to_string(r.cubin.size()) + ' ' + r.cubin_sha256 + '\n';
+  if (header.size() + r.cubin.size() > kMaxEntryBytes)
+    return warn_once(final_path, "the entry would exceed the " + std::to_string(kMaxEntryBytes) + "-byte cap");
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return warn_write_failed_once(dir, ec.message());
+  if (ec) return warn_once(dir, "cannot create the folder: " + ec.message());
 
   static std::atomic<unsigned long> sequence{0};
-  const fs::path final_path = dir / (key + ".cubin");
   const fs::path tmp =
       dir / (key + ".cubin.tmp." + std::to_string(::getpid()) + "." + std::to_string(sequence++));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return warn_write_failed_once(tmp, std::strerror(errno));
-    out << kMagic << ' ' << kFormatVersion << ' ' << key << ' ' << r.cubin.size() << ' '
-        << r.cubin_sha256 << '\n';
-    out.write(r.cubin.data(), static_cast<std::streamsize>(r.cubin.size()));
-    out.close();
-    if (!out) {
-      fs::remove(tmp, ec);
-      return warn_write_failed_once(tmp, "write failed");
-    }
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return warn_once(tmp, "cannot create: " + errno_text(errno));
+  bool written = write_fully(fd, header.data(), header.size()) && write_fully(fd, r.cubin.data(), r.cubin.size());
+  int error = written ? 0 : errno;
+  if (::close(fd) != 0 && written) written = false, error = errno;  // e.g. a full disk reported late
+  if (!written) {
+    ::unlink(tmp.c_str());
+    return warn_once(tmp, "write failed: " + errno_text(error));
   }
-  fs::rename(tmp, final_path, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    warn_write_failed_once(final_path, ec.message());
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(tmp.c_str());
+    warn_once(final_path, "cannot rename the new entry into place: " + errno_text(error));
   }
 }
 
@@ -268,11 +341,14 @@ std::shared_ptr<const CompileResult> compile_cubin(const std::string& source,
   const fs::path dir = cache_dir();
   const bool use_disk = disk_cache_enabled();
   const auto start = std::chrono::steady_clock::now();
-  if (use_disk && read_entry(dir / (r.key + ".cubin"), r.key, r)) {
+  const fs::path entry = dir / (r.key + ".cubin");
+  std::string why;
+  if (use_disk && read_entry(entry, r.key, r, why) == EntryRead::hit) {
     r.origin = CompileResult::Origin::disk;
     r.compile_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   } else {
+    if (!why.empty()) warn_once(entry, why);
     run_nvrtc(source, r);
     r.origin = CompileResult::Origin::compiled;
     if (use_disk) write_entry(dir, r.key, r);
@@ -289,11 +365,12 @@ std::shared_ptr<const CompileResult> compile_cubin(const std::string& source,
 CUfunction get_function(const CompileResult& module, const std::string& kernel_name) {
   const Driver& d = driver();
   TILE_CHECK(!module.cubin.empty() && !module.key.empty(), "get_function needs a compiled module");
-  const CUcontext ctx = ensure_context();
+  // By context id, not handle: a handle may be reused by a later context, an id never is.
+  const uint64_t ctx = context_id(ensure_context());
 
   static std::mutex mutex;
-  static std::map<std::pair<CUcontext, std::string>, CUmodule> modules;
-  static std::map<std::tuple<CUcontext, std::string, std::string>, CUfunction> functions;
+  static std::map<std::pair<uint64_t, std::string>, CUmodule> modules;
+  static std::map<std::tuple<uint64_t, std::string, std::string>, CUfunction> functions;
   std::lock_guard lock(mutex);
   auto fkey = std::make_tuple(ctx, module.key, kernel_name);
   if (auto it = functions.find(fkey); it != functions.end()) return it->second;

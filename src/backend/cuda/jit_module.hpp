@@ -2,9 +2,14 @@
 //
 // compile_cubin() keys a compile by SHA-256 over (source hash, NVRTC version, arch, every
 // option) and looks the key up in a process-wide map, then under cache_dir() as
-// "<key>.cubin", and only then runs NVRTC. Disk entries carry a header with the key and the
-// payload's length and SHA-256; an entry that does not verify is recompiled and rewritten,
-// never loaded. get_function() loads a CUBIN once per (context, key) and memoises kernels.
+// "<key>.cubin", and only then runs NVRTC. A disk entry is a header line (key, payload length,
+// payload SHA-256) and the CUBIN; it is used only when it is a regular file (no symbolic link
+// followed, never a FIFO or device), at most 64 MiB, and its header names the key, its length
+// equals the file's payload size and its SHA-256 matches, all checked before the payload is
+// read. Anything else (unreadable, wrong type, too big, corrupt, a folder in the way, a failed
+// write) is recompiled and rewritten where possible, with at most one warning per process:
+// the disk cache never throws, blocks or loads what did not verify. get_function() loads a
+// CUBIN once per (context, key) and memoises kernels. Everything here is thread-safe.
 // Tests: tests/backend/cuda/jit_module_test.cpp.
 #pragma once
 
@@ -59,6 +64,7 @@ std::shared_ptr<const CompileResult> compile_cubin(
 std::filesystem::path cache_dir();
 // False when TILE_DISABLE_DISK_CACHE is set to anything but "" or "0", or cache_dir() is empty.
 bool disk_cache_enabled();
+// Empties compile_cubin()'s process-wide map; results already returned stay valid.
 void clear_memory_cache();
 // Removes cache entries (and leftover temporary files) from cache_dir(), nothing else.
 void clear_disk_cache();
@@ -66,7 +72,8 @@ void clear_disk_cache();
 std::string nvrtc_version();
 
 // Loads `module` into the current context (ensure_context()) on first use and returns the
-// kernel; modules stay loaded for the life of the process. Throws NoDriverError without a driver.
+// kernel; modules stay loaded for the life of the process, keyed by the context's id (never
+// reused), so a later context never sees another's handles. Throws NoDriverError without a driver.
 CUfunction get_function(const CompileResult& module, const std::string& kernel_name);
 
 }  // namespace tile::cuda

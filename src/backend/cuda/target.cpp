@@ -25,7 +25,9 @@ struct CudaState final : PreparedKernel::TargetState {
   std::once_flag source_once;
   std::string source, source_sha256, finish_source;
   std::mutex mutex;
-  std::map<int, std::pair<LoadedKernel, LoadedKernel>> loaded;  // device -> (main, finish)
+  // By context id (never reused, unlike a context handle): a caller may switch contexts on
+  // one device, and a function belongs to the context that loaded it.
+  std::map<uint64_t, std::pair<LoadedKernel, LoadedKernel>> loaded;  // context -> (main, finish)
 };
 
 CudaState& state_of(const PreparedKernel& pk) {
@@ -145,12 +147,12 @@ class CudaTarget final : public Target {
     rec.shared_bytes = lp.main.kernel.shared_elems() * 4;
     rec.kernels = lp.finish ? 2 : 1;
 
-    cuda::ensure_context(options.device);
+    const uint64_t context = cuda::context_id(cuda::ensure_context(options.device));
     const int device = cuda::current_device();
     std::pair<LoadedKernel, LoadedKernel> loaded;
     {
       std::lock_guard<std::mutex> lock(st.mutex);
-      if (auto it = st.loaded.find(device); it != st.loaded.end()) {
+      if (auto it = st.loaded.find(context); it != st.loaded.end()) {
         loaded = it->second;
         rec.cache_origin = "launch-cache";
       }
@@ -162,7 +164,7 @@ class CudaTarget final : public Target {
       static const char* origins[] = {"compiled", "memory", "disk"};
       rec.cache_origin = origins[int(loaded.first.module->origin)];
       std::lock_guard<std::mutex> lock(st.mutex);
-      st.loaded.emplace(device, loaded);
+      st.loaded.emplace(context, loaded);
     }
     rec.arch = loaded.first.module->arch;
     rec.cubin_sha256 = loaded.first.module->cubin_sha256;

@@ -1,14 +1,23 @@
 // NVRTC compile and the two cache levels; host only (NVRTC needs no GPU).
 #include "backend/cuda/jit_module.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "backend/cuda/driver.hpp"
@@ -35,6 +44,40 @@ void write_bytes(const fs::path& p, const std::string& bytes) {
   std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
 }
 
+// compile_cubin() with a deadline: a compile blocked by a cache entry (a FIFO, say) ends the
+// test process with a message instead of hanging it; the stuck thread cannot be joined.
+std::shared_ptr<const CompileResult> compile_guarded(const std::string& source,
+                                                     const std::vector<std::string>& options = {}) {
+  using Result = std::shared_ptr<const CompileResult>;
+  auto task = std::make_shared<std::packaged_task<Result()>>([=] { return compile_cubin(source, "sm_90", options); });
+  std::future<Result> done = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  if (done.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+    std::fprintf(stderr, "FAILED: compile_cubin did not return within 120 s (blocked on a cache entry?)\n");
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  return done.get();
+}
+
+// The CUBIN of kKernel compiled without any cache, to compare every cached result with.
+const std::string& reference_cubin() {
+  static const std::string cubin = [] {
+    const char* saved = std::getenv("TILE_DISABLE_DISK_CACHE");
+    const std::string restore = saved ? saved : "";
+    ::setenv("TILE_DISABLE_DISK_CACHE", "1", 1);
+    clear_memory_cache();
+    std::string bytes = compile_cubin(kKernel, "sm_90")->cubin;
+    clear_memory_cache();
+    if (saved)
+      ::setenv("TILE_DISABLE_DISK_CACHE", restore.c_str(), 1);
+    else
+      ::unsetenv("TILE_DISABLE_DISK_CACHE");
+    return bytes;
+  }();
+  return cubin;
+}
+
 // Each test gets its own TILE_CACHE_DIR and an empty memory cache.
 class JitModuleTest : public ::testing::Test {
  protected:
@@ -48,6 +91,8 @@ class JitModuleTest : public ::testing::Test {
     clear_memory_cache();
   }
   void TearDown() override {
+    std::error_code ignored;
+    fs::permissions(dir_, fs::perms::owner_all, fs::perm_options::add, ignored);  // after a read-only test
     clear_memory_cache();
     ::unsetenv("TILE_DISABLE_DISK_CACHE");
     ::unsetenv("TILE_SHOW_SOURCE");
@@ -224,6 +269,252 @@ TEST_F(JitModuleTest, GetFunctionNeedsDriver) {
     GTEST_SKIP() << "a CUDA driver is present; covered by backend.cuda.driver_gpu";
   auto r = compile_cubin(kKernel, "sm_90");
   EXPECT_THROW(get_function(*r, "scale"), NoDriverError);
+}
+
+TEST_F(JitModuleTest, ConcurrentCompilesWhileCachesAreCleared) {
+  // Three kernels compiled once each without any cache, then by four threads at once while a
+  // fifth empties the memory and disk caches: every result must be its own kernel's CUBIN.
+  const std::vector<std::vector<std::string>> options = {{}, {"-DTILE_TEST=1"}, {"-DTILE_TEST=2"}};
+  const std::string sources[] = {kKernel, std::string(kKernel) + "// b\n", std::string(kKernel) + "// c\n"};
+  ::setenv("TILE_DISABLE_DISK_CACHE", "1", 1);
+  std::vector<std::string> expected;
+  for (size_t i = 0; i < 3; ++i) expected.push_back(compile_cubin(sources[i], "sm_90", options[i])->cubin);
+  ::unsetenv("TILE_DISABLE_DISK_CACHE");
+  clear_memory_cache();
+
+  std::atomic<bool> done{false};
+  std::atomic<int> clears{0};
+  std::thread clearer([&] {
+    while (!done.load()) {
+      clear_memory_cache();
+      if (clears++ % 4 == 3) clear_disk_cache();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  std::atomic<int> checked{0}, wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int n = 0; n < 12; ++n) {
+        const size_t i = size_t(t + n) % 3;
+        auto r = compile_cubin(sources[i], "sm_90", options[i]);
+        if (r->cubin != expected[i] || r->cubin_sha256 != sha256_hex(expected[i])) ++wrong;
+        ++checked;
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  done = true;
+  clearer.join();
+  EXPECT_EQ(checked.load(), 48);
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(clears.load(), 0);
+}
+
+// ---- hostile or damaged entries: each is recompiled (correct CUBIN), never thrown, never blocks
+
+// Puts something at kKernel's entry path, then expects a compile with the reference CUBIN and,
+// when the entry can be replaced, the rewritten entry read back from disk.
+class HostileEntryTest : public JitModuleTest {
+ protected:
+  fs::path kernel_entry() {
+    fs::create_directories(dir_);
+    return dir_ / (compile_key() + ".cubin");
+  }
+  // The key kKernel compiles under, found without leaving an entry behind.
+  std::string compile_key() {
+    ::setenv("TILE_DISABLE_DISK_CACHE", "1", 1);
+    const std::string key = compile_cubin(kKernel, "sm_90")->key;
+    ::unsetenv("TILE_DISABLE_DISK_CACHE");
+    clear_memory_cache();
+    return key;
+  }
+  void expect_recompiled(const fs::path& path, bool replaceable) {
+    auto r = compile_guarded(kKernel);
+    EXPECT_EQ(r->origin, Origin::compiled);
+    EXPECT_EQ(r->cubin, reference_cubin());
+    clear_memory_cache();
+    auto again = compile_guarded(kKernel);
+    EXPECT_EQ(again->cubin, reference_cubin());
+    if (replaceable) {
+      EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(path))) << path;
+      EXPECT_EQ(again->origin, Origin::disk);
+    } else {
+      EXPECT_EQ(again->origin, Origin::compiled);
+    }
+  }
+};
+
+TEST_F(HostileEntryTest, FifoIsNotOpenedForReading) {
+  const fs::path path = kernel_entry();
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  expect_recompiled(path, true);
+}
+
+TEST_F(HostileEntryTest, SymlinkToDevZeroIsNotFollowed) {
+  const fs::path path = kernel_entry();
+  fs::create_symlink("/dev/zero", path);
+  expect_recompiled(path, true);
+}
+
+TEST_F(HostileEntryTest, SymlinkToValidEntryIsNotFollowed) {
+  const fs::path path = kernel_entry();
+  compile_guarded(kKernel);
+  fs::rename(path, dir_ / "elsewhere");
+  fs::create_symlink(dir_ / "elsewhere", path);
+  clear_memory_cache();
+  expect_recompiled(path, true);
+}
+
+TEST_F(HostileEntryTest, SparseTenGiBFileWithPlausibleHeaderIsNotRead) {
+  // The header names the right key and a length that matches the file: only the size cap
+  // refuses it, before any of its 10 GiB is read.
+  const fs::path path = kernel_entry();
+  const uint64_t size = uint64_t(10) << 30;
+  const std::string key = path.stem().string();
+  const std::string prefix = "tile-cubin v1 " + key + " ", suffix = " " + std::string(64, '0') + "\n";
+  const uint64_t length = size - prefix.size() - suffix.size() - std::to_string(size).size();
+  ASSERT_EQ(std::to_string(length).size(), std::to_string(size).size());
+  write_bytes(path, prefix + std::to_string(length) + suffix);
+  fs::resize_file(path, size);
+  ASSERT_EQ(fs::file_size(path), size);
+  // With 4 GiB of address space to spare, reading the file whole throws std::bad_alloc at once
+  // rather than succeeding slowly on a machine with memory to spare.
+  std::ifstream status("/proc/self/status");
+  uint64_t vm_kib = 0;
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmSize:", 0) == 0) vm_kib = std::stoull(line.substr(7));
+  ASSERT_GT(vm_kib, 0u);
+  struct AddressSpaceLimit {
+    rlimit saved{};
+    explicit AddressSpaceLimit(uint64_t bytes) {
+      ::getrlimit(RLIMIT_AS, &saved);
+      rlimit limited = saved;
+      limited.rlim_cur = std::min<rlim_t>(saved.rlim_max, bytes);
+      ::setrlimit(RLIMIT_AS, &limited);
+    }
+    ~AddressSpaceLimit() { ::setrlimit(RLIMIT_AS, &saved); }
+  } limit(vm_kib * 1024 + (uint64_t(4) << 30));
+  expect_recompiled(path, true);
+}
+
+TEST_F(HostileEntryTest, DirectoryAtEntryPath) {
+  const fs::path path = kernel_entry();
+  fs::create_directories(path / "inside");
+  expect_recompiled(path, false);
+  EXPECT_TRUE(fs::is_directory(path / "inside"));  // never removed: not ours
+}
+
+TEST_F(HostileEntryTest, TruncatedEntry) {
+  const fs::path path = kernel_entry();
+  compile_guarded(kKernel);
+  std::string bytes = read_bytes(path);
+  write_bytes(path, bytes.substr(0, bytes.size() / 2));
+  clear_memory_cache();
+  expect_recompiled(path, true);
+  EXPECT_EQ(read_bytes(path), bytes);
+}
+
+TEST_F(HostileEntryTest, EntryWithAnotherKey) {
+  // A whole, self-consistent entry of another kernel under this kernel's name.
+  const fs::path path = kernel_entry();
+  auto other = compile_guarded(kKernel, {"-DTILE_TEST=2"});
+  fs::copy_file(dir_ / (other->key + ".cubin"), path, fs::copy_options::overwrite_existing);
+  clear_memory_cache();
+  expect_recompiled(path, true);
+}
+
+TEST_F(HostileEntryTest, HeaderLengthDisagreesWithFileSize) {
+  const fs::path path = kernel_entry();
+  compile_guarded(kKernel);
+  write_bytes(path, read_bytes(path) + "trailing");
+  clear_memory_cache();
+  expect_recompiled(path, true);
+}
+
+TEST_F(HostileEntryTest, PermissionDeniedFolder) {
+  // An unreadable entry in a folder nobody may write. Root bypasses permissions, so a root
+  // process runs the compile as "nobody" (effective uid only; restored afterwards).
+  const fs::path path = kernel_entry();
+  write_bytes(path, "unreadable");
+  fs::permissions(path, fs::perms::none);
+  fs::permissions(dir_, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
+                            fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+  reference_cubin();
+  struct RunAsNobody {
+    bool switched = ::geteuid() == 0 && ::seteuid(65534) == 0;
+    ~RunAsNobody() {
+      if (switched) {
+        EXPECT_EQ(::seteuid(0), 0);
+      }
+    }
+  } nobody;
+  ASSERT_NE(::faccessat(AT_FDCWD, path.c_str(), R_OK, AT_EACCESS), 0) << "the entry should be unreadable";
+  auto r = compile_guarded(kKernel);
+  EXPECT_EQ(r->origin, Origin::compiled);
+  EXPECT_EQ(r->cubin, reference_cubin());
+  clear_memory_cache();
+  EXPECT_EQ(compile_guarded(kKernel)->origin, Origin::compiled);  // still nothing could be written
+}
+
+TEST_F(HostileEntryTest, FailedWriteLeavesNoEntry) {
+  // A file size limit makes the write fail part way (EFBIG); no partial entry may remain.
+  const fs::path path = kernel_entry();
+  struct FileSizeLimit {
+    rlimit saved{};
+    void (*saved_handler)(int) = ::signal(SIGXFSZ, SIG_IGN);
+    FileSizeLimit() {
+      ::getrlimit(RLIMIT_FSIZE, &saved);
+      rlimit limited = saved;
+      limited.rlim_cur = 100;
+      ::setrlimit(RLIMIT_FSIZE, &limited);
+    }
+    ~FileSizeLimit() {
+      ::setrlimit(RLIMIT_FSIZE, &saved);
+      ::signal(SIGXFSZ, saved_handler);
+    }
+  };
+  {
+    FileSizeLimit limit;
+    auto r = compile_guarded(kKernel);
+    EXPECT_EQ(r->origin, Origin::compiled);
+    EXPECT_EQ(r->cubin, reference_cubin());
+  }
+  EXPECT_FALSE(fs::exists(path));
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_)) ADD_FAILURE() << "left behind: " << e.path();
+  clear_memory_cache();
+  expect_recompiled(path, true);  // written once the limit is gone
+}
+
+// In a fresh process (the test re-executed), many kinds of bad entries and a failed write
+// give exactly one warning, naming a path and what was wrong.
+TEST_F(HostileEntryTest, OneWarningPerProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const fs::path path = kernel_entry();
+        ::testing::internal::CaptureStderr();
+        bool correct = true;
+        ::mkfifo(path.c_str(), 0644);
+        correct &= compile_guarded(kKernel)->cubin == reference_cubin();
+        fs::remove(path);
+        fs::create_symlink("/dev/zero", path);
+        clear_memory_cache();
+        correct &= compile_guarded(kKernel)->cubin == reference_cubin();
+        fs::remove(path);
+        fs::create_directories(path / "inside");
+        clear_memory_cache();
+        correct &= compile_guarded(kKernel)->cubin == reference_cubin();
+        clear_memory_cache();
+        correct &= compile_guarded(kKernel)->cubin == reference_cubin();
+        const std::string err = ::testing::internal::GetCapturedStderr();
+        size_t warnings = 0;
+        for (size_t at = err.find("tile: warning"); at != std::string::npos; at = err.find("tile: warning", at + 1))
+          ++warnings;
+        fs::remove_all(dir_);
+        std::fprintf(stderr, "warnings: %zu, correct: %d\n%s", warnings, int(correct), err.c_str());
+        std::_Exit(warnings == 1 && err.find(path.string()) != std::string::npos && correct ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "warnings: 1, correct: 1");
 }
 
 TEST(JitModuleEnv, CacheDirDefaultsAndVersion) {
