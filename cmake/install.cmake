@@ -13,6 +13,8 @@ include(GNUInstallDirs)
 
 if(SKBUILD)
   install(TARGETS tile LIBRARY DESTINATION tile)
+  # Internal-error messages name source files relative to the tree, not the build machine's path.
+  target_compile_options(tile PRIVATE "-ffile-prefix-map=${PROJECT_SOURCE_DIR}/=")
   return()
 endif()
 
