@@ -1,12 +1,11 @@
 // Softmax and RMSNorm of a small matrix on the CPU backend through an installed Tile, each
 // checked against the float64 oracle; and a bad argument caught as tile::Error across the
 // library boundary. Exits non-zero on any failure.
-#include <tile/tile.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <tile/tile.hpp>
 #include <vector>
 
 namespace {
@@ -14,9 +13,9 @@ namespace {
 bool run_and_check(const char* what, const tile::Call& call) {
   const tile::LaunchRecord record = tile::run(call, {.backend = tile::Backend::cpu});
   const tile::OracleCheck check = tile::check_against_oracle(call);
-  std::printf("%s: kernel %s, %lld elements checked, max abs error %.3g: %s %s\n", what,
-              record.kernel_name.c_str(), static_cast<long long>(check.checked), check.max_abs_error,
-              check.ok ? "ok" : "MISMATCH", check.first_mismatch.c_str());
+  std::printf("%s: kernel %s, %lld elements checked, max abs error %.3g: %s %s\n", what, record.kernel_name.c_str(),
+              static_cast<long long>(check.checked), check.max_abs_error, check.ok ? "ok" : "MISMATCH",
+              check.first_mismatch.c_str());
   return check.ok && check.checked == call.x.rows * call.x.cols;
 }
 
