@@ -19,6 +19,9 @@
 #include "backend/cuda/jit_module.hpp"
 #include "testing/host_tensor.hpp"
 #include "tile/tile.hpp"
+#include "tile_cli.hpp"
+
+namespace tile::cli {
 
 namespace {
 
@@ -104,8 +107,6 @@ struct DeviceCase {
   std::vector<double> reference;  // the float64 oracle of `call`, computed on first use
 };
 
-}  // namespace
-
 // `tile bench --host`: per operator and small shape (the four seed shapes, fp32, and decode
 // sizes of 1, 8, 64 rows x 4096 and 16384): host microseconds per tile::run call (median of 25
 // samples of 200 calls issued back to back, steady_clock, one synchronize after each sample),
@@ -157,27 +158,19 @@ int host_main() {
   return 0;
 }
 
-int bench_main(int argc, char** argv) {
-  std::vector<std::pair<long long, long long>> shapes = {{37, 1537}, {256, 3072}, {768, 6144}, {1024, 4096}, {32768, 4096}, {4096, 32768}};
-  std::vector<tile::Op> ops = {tile::Op::softmax, tile::Op::log_softmax, tile::Op::rms_norm, tile::Op::layer_norm};
+}  // namespace
+
+int bench_main(const BenchOptions& options) {
   // `tile bench [--plan JSON] [--shape RxC]...`: fixed plan fields for every call; shapes to time.
   // `tile bench --host`: host and launch-bound times of small calls (host_main).
-  tile::PlanRequest request;
-  std::vector<std::pair<long long, long long>> chosen;
-  if (argc == 3 && std::string(argv[2]) == "--host") return host_main();
-  for (int i = 2; i + 1 < argc; i += 2) {
-    std::string flag = argv[i];
-    if (flag == "--plan") {
-      request = tile::PlanRequest::from_json(argv[i + 1]);
-    } else if (flag == "--shape") {
-      long long r = 0, c = 0;
-      if (std::sscanf(argv[i + 1], "%lldx%lld", &r, &c) != 2) throw tile::Error("tile bench: --shape expects RxC");
-      chosen.push_back({r, c});
-    } else {
-      throw tile::Error("tile bench: unknown option '" + flag + "'");
-    }
+  if (options.host) return host_main();
+  std::vector<std::pair<long long, long long>> shapes = {{37, 1537}, {256, 3072}, {768, 6144}, {1024, 4096}, {32768, 4096}, {4096, 32768}};
+  std::vector<tile::Op> ops = {tile::Op::softmax, tile::Op::log_softmax, tile::Op::rms_norm, tile::Op::layer_norm};
+  const tile::PlanRequest& request = options.request;
+  if (!options.shapes.empty()) {
+    shapes.clear();
+    for (const Shape& shape : options.shapes) shapes.push_back({shape.rows, shape.cols});
   }
-  if (!chosen.empty()) shapes = chosen;
   cu::ensure_context(0);
   cu::DeviceInfo dev = cu::device_info(0);
   std::printf("device %s (%s), %d SMs; times are medians of 7 event-timed batches of back-to-back launches\n",
@@ -206,6 +199,8 @@ int bench_main(int argc, char** argv) {
   return 0;
 }
 
+namespace {
+
 // Compiles every plan's kernel for `call` on all host threads, filling the in-memory cache that
 // tile::run then hits; NVRTC compiles are independent and thread-safe.
 void precompile(const tile::Call& call, const std::vector<tile::MappingPlan>& plans, const std::string& arch) {
@@ -224,26 +219,20 @@ void precompile(const tile::Call& call, const std::vector<tile::MappingPlan>& pl
   for (unsigned t = 0; t < std::max(1u, std::thread::hardware_concurrency()); ++t) pool.emplace_back(work);
   for (std::thread& t : pool) t.join();
   for (size_t i = 0; i < plans.size(); ++i)
-    if (!errors[i].empty()) throw tile::Error("tile tune: plan " + plans[i].to_json() + " did not compile: " + errors[i]);
+    if (!errors[i].empty()) throw tile::Error("plan " + plans[i].to_json() + " did not compile: " + errors[i]);
 }
+
+}  // namespace
 
 // `tile tune --op OP --shape RxC [--dtype T] [--out FILE]`: times every plan of the mapping
 // family (each oracle-checked first, against one float64 reference per call) and reports the
 // analytic policy's regret against the fastest; --out also writes every plan's time as JSON.
-int tune_main(int argc, char** argv) {
-  std::string op_text = "softmax", shape = "1024x4096", dtype = "f32", out_path;
-  for (int i = 2; i + 1 < argc; i += 2) {
-    std::string flag = argv[i];
-    if (flag == "--op") op_text = argv[i + 1];
-    else if (flag == "--shape") shape = argv[i + 1];
-    else if (flag == "--dtype") dtype = argv[i + 1];
-    else if (flag == "--out") out_path = argv[i + 1];
-    else throw tile::Error("tile tune: unknown option '" + flag + "'");
-  }
-  long long rows = 0, cols = 0;
-  if (std::sscanf(shape.c_str(), "%lldx%lld", &rows, &cols) != 2) throw tile::Error("tile tune: --shape expects RxC");
-  const tile::Op op = tile::parse_op(op_text);
-  const tile::DType dt = tile::parse_dtype(dtype);
+int tune_main(const TuneOptions& options) {
+  const std::string &op_text = options.op_text, &shape = options.shape_text, &dtype = options.dtype_text,
+                    &out_path = options.out_path;
+  const long long rows = options.shape.rows, cols = options.shape.cols;
+  const tile::Op op = options.op;
+  const tile::DType dt = options.dtype;
   cu::ensure_context(0);
   DeviceCase c(op, dt, rows, cols, uint64_t(rows * 131 + cols));
   tile::PlanInputs in;
@@ -288,8 +277,10 @@ int tune_main(int argc, char** argv) {
       doc["plans"].push_back({{"plan", nlohmann::json::parse(plan.to_json())}, {"ms", ms}, {"gbs", c.bytes() / ms / 1e6}});
     std::ofstream file(out_path);
     file << doc.dump(1) << "\n";
-    if (!file) throw tile::Error("tile tune: cannot write " + out_path);
+    if (!file) throw tile::Error("cannot write " + out_path);
     std::printf("wrote %s\n", out_path.c_str());
   }
   return 0;
 }
+
+}  // namespace tile::cli

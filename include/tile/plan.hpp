@@ -61,6 +61,10 @@ struct MappingPlan {
 struct PlanRequest {
   std::optional<int> programs_per_group;
   std::optional<int> workers_per_program;
+  // Where a fixed width is recorded as coming from: exact unless the request says automatic, as
+  // a resolved plan given back does (its width was the policy's); the width is fixed either
+  // way, so a printed plan given back resolves to the identical plan and kernel.
+  std::optional<WidthMode> width_mode;
   std::optional<int> vector_elems;
   std::optional<int> stripes;
   std::optional<int> stripe_unroll;
@@ -71,9 +75,10 @@ struct PlanRequest {
   std::optional<Alignment> alignment;
   std::optional<CacheFormat> cache_format;
 
-  // Every field of `plan` fixed (its width is then exact).
+  // Every field of `plan` fixed, width_mode included: resolves to `plan` itself.
   static PlanRequest exactly(const MappingPlan& plan);
-  static PlanRequest from_json(const std::string&);  // a subset of the plan's fields
+  // A subset of the plan's fields; a full plan's JSON is a request for exactly that plan.
+  static PlanRequest from_json(const std::string&);
 };
 
 std::string to_string(WidthMode);

@@ -16,6 +16,7 @@ struct DeviceLimits {
   int max_threads_per_group = 1024;
   int named_barriers = 16;            // id 0 is the group barrier, 1.. are per program
   int max_shared_bytes = 48 * 1024;   // static shared memory per group
+  int64_t max_groups = 2147483647;    // groups in a grid (gridDim.x)
 };
 
 // What the policy may look at: the operator, dtypes, shape, strides and the alignment of the
@@ -32,7 +33,9 @@ struct PlanInputs {
 MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& request,
                         const DeviceLimits& limits = {});
 
-// Throws tile::Error naming `op`, the plan field, what was expected and what was given.
+// Throws tile::Error naming `op`, the plan field, what was expected and what was given, or
+// naming x when its rows need more groups than a grid holds. Every entry point (run, plan_for,
+// ir_for, source_for) and the mapping family share this one check.
 void validate_plan(const MappingPlan& plan, const PlanInputs& in, const DeviceLimits& limits,
                    const std::string& op);
 

@@ -35,6 +35,12 @@ struct Call {
   std::optional<float> eps;
 };
 
+// The fp32 eps for an eps given as a double (by Python or a command line): 0, or a finite
+// positive value that fp32 holds to within rounding (relative error at most 2^-24). Throws
+// tile::Error naming `op` for anything else: negative, NaN, infinite, beyond FLT_MAX, or so
+// small that it would round to 0 (1e-50) or to a coarse subnormal (1e-40).
+float checked_eps(Op op, double eps);
+
 struct CallOptions {
   PlanRequest plan;        // fields to fix; unset ones come from the analytic policy
   void* stream = nullptr;  // CUstream / cudaStream_t; nullptr is the default stream

@@ -137,9 +137,17 @@ inline void* mutable_data(const void* p) { return const_cast<void*>(p); }
 tile::TensorView as_matrix(const std::string& op, const char* arg, const ArrayInfo& a) {
   const size_t n = a.ndim;
   if (n == 0) tile::throw_argument_error(op, arg, "an array of at least one dimension", "a 0-d array");
+  for (size_t i = 0; i < n; ++i)
+    if (a.shape[i] < 0) tile::throw_argument_error(op, arg, "a shape of extents >= 0", layout(a));
   const int64_t cols = a.shape[n - 1];
+  // rows: the product of the leading extents, 0 if any is 0, and never a wrapped product.
   int64_t rows = 1;
-  for (size_t i = 0; i + 1 < n; ++i) rows *= a.shape[i];
+  bool wrapped = false;
+  for (size_t i = 0; i + 1 < n; ++i) wrapped |= __builtin_mul_overflow(rows, a.shape[i], &rows);
+  const bool empty = std::find(a.shape, a.shape + n - 1, 0) != a.shape + n - 1;
+  if (wrapped && !empty)
+    tile::throw_argument_error(op, arg, "leading extents whose product (the rows) is below 2^63", layout(a));
+  if (empty) rows = 0;
   int64_t row_stride = cols;
   const tile::DType dtype = dtype_of(op, arg, a.dtype);
   // An empty array has arbitrary strides.
@@ -150,9 +158,10 @@ tile::TensorView as_matrix(const std::string& op, const char* arg, const ArrayIn
     int inner = -1;  // innermost leading dimension of extent > 1
     for (int i = int(n) - 2; i >= 0; --i) {
       if (a.shape[i] == 1) continue;
+      int64_t flat = 0;
       if (inner < 0) {
         row_stride = a.strides[i];
-      } else if (a.strides[i] != a.strides[inner] * a.shape[inner]) {
+      } else if (__builtin_mul_overflow(a.strides[inner], a.shape[inner], &flat) || a.strides[i] != flat) {
         tile::throw_argument_error(op, arg,
                                    "leading dimensions that flatten to rows of one stride "
                                    "(stride[i] == stride[i+1] * shape[i+1] over dimensions of extent > 1)",
@@ -161,8 +170,9 @@ tile::TensorView as_matrix(const std::string& op, const char* arg, const ArrayIn
       inner = i;
     }
     if (row_stride < cols)
-      tile::throw_argument_error(op, arg, "rows that do not overlap (row stride >= " + std::to_string(cols) + ")",
-                                 layout(a));
+      tile::throw_argument_error(
+          op, arg, "rows at increasing addresses that do not overlap (row stride >= " + std::to_string(cols) + ")",
+          layout(a));
   }
   return tile::TensorView{mutable_data(a.data), dtype, rows, cols, row_stride};
 }
@@ -178,15 +188,31 @@ tile::VectorView as_vector(const std::string& op, const char* arg, const ArrayIn
 enum Arg { kX, kOut, kWeight, kBias };
 constexpr const char* kArgNames[] = {"x", "out", "weight", "bias"};
 
+// Why an object would not import: no __dlpack__, or its dtype and the exporter's own words
+// (numpy: "DLPack only supports native byte order") when its __dlpack__ raises.
+std::string export_failure(nb::handle h) {
+  if (!nb::hasattr(h, "__dlpack__")) return " (it has no __dlpack__)";
+  std::string why;
+  if (nb::hasattr(h, "dtype")) why += " of dtype " + std::string(nb::str(h.attr("dtype")).c_str());
+  try {
+    h.attr("__dlpack__")();
+  } catch (const nb::python_error& e) {
+    why += " (its __dlpack__ raised " + std::string(nb::type_name(e.type()).c_str()) + ": " +
+           std::string(nb::str(e.value()).c_str()) + ")";
+  }
+  return why;
+}
+
 template <typename A>
 A import_array(const std::string& op, const char* arg, nb::handle h) {
   A a;
   if (!nb::try_cast(h, a, /*convert=*/false)) {
-    std::string given = nb::type_name(h.type()).c_str();
+    std::string given = nb::type_name(h.type()).c_str() + export_failure(h);
     if (std::is_same_v<A, Output>) given += " (read-only, or not exportable through DLPack)";
     tile::throw_argument_error(op, arg,
                                std::is_same_v<A, Output> ? "a writable array exporting DLPack (numpy, torch, ...)"
-                                                         : "an array exporting DLPack (numpy, torch, ...)",
+                                                         : "an array exporting DLPack (numpy, torch, ...) of dtype "
+                                                           "float32, float16 or bfloat16 in native byte order",
                                given);
   }
   return a;
@@ -238,7 +264,8 @@ struct RawArrays {
     if (v == -1 && PyErr_Occurred()) {
       PyErr_Clear();
       throw nb::type_error(("launch_raw: argument '" + std::string(arg) +
-                            "': expected integers in its shape, strides, dtype code and device")
+                            "': expected 64-bit integers in its shape, strides, dtype code and device, got " +
+                            nb::repr(h).c_str())
                                .c_str());
     }
     return v;
@@ -306,7 +333,7 @@ struct Bound {
 // Checks and binds a call whichever way its arrays arrive: `arrays(op, arg)` reads one, and
 // each is checked before the next is read, so errors come in one order on every path.
 template <typename Arrays>
-Bound bind(const std::string& op_name, Arrays& arrays, std::optional<float> eps,
+Bound bind(const std::string& op_name, Arrays& arrays, std::optional<double> eps,
            const std::optional<std::string>& plan) {
   Bound b;
   b.call.op = tile::parse_op(op_name);
@@ -330,7 +357,7 @@ Bound bind(const std::string& op_name, Arrays& arrays, std::optional<float> eps,
     device_of(op, "bias", *bias, device);
     b.call.bias = as_vector(op, "bias", *bias, b.call.x.cols);
   }
-  b.call.eps = eps;
+  if (eps) b.call.eps = tile::checked_eps(b.call.op, *eps);
   if (plan) b.options.plan = tile::PlanRequest::from_json(*plan);
   b.options.backend = device.type == kDLCUDA ? tile::Backend::cuda : tile::Backend::cpu;
   b.options.device = device.id;
@@ -379,14 +406,14 @@ nb::object execute(Bound& b, uintptr_t stream, bool record) {
 }
 
 nb::object launch(const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
-                  std::optional<float> eps, const std::optional<std::string>& plan, uintptr_t stream, bool record) {
+                  std::optional<double> eps, const std::optional<std::string>& plan, uintptr_t stream, bool record) {
   DLPackArrays<Output> arrays{{x, y, weight, bias}};
   Bound b = bind(op, arrays, eps, plan);
   return execute(b, stream, record);
 }
 
 nb::object launch_raw(const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
-                      std::optional<float> eps, const std::optional<std::string>& plan, uintptr_t stream,
+                      std::optional<double> eps, const std::optional<std::string>& plan, uintptr_t stream,
                       bool record) {
   RawArrays arrays{{x, y, weight, bias}, {}, {}};
   Bound b = bind(op, arrays, eps, plan);
@@ -396,7 +423,7 @@ nb::object launch_raw(const std::string& op, nb::handle x, nb::handle y, nb::han
 enum class Introspect { plan, ir, source };
 
 std::string introspect(Introspect what, const std::string& op, nb::handle x, nb::handle y, nb::handle weight,
-                       nb::handle bias, std::optional<float> eps, const std::optional<std::string>& plan) {
+                       nb::handle bias, std::optional<double> eps, const std::optional<std::string>& plan) {
   DLPackArrays<Input> arrays{{x, y, weight, bias}};
   const Bound b = bind(op, arrays, eps, plan);
   switch (what) {
@@ -451,8 +478,12 @@ nb::dict build_info() {
   return d;
 }
 
+// tile.InternalError (a RuntimeError): a broken invariant inside the library, never the caller's.
+PyObject* internal_error_type = nullptr;
+
 // tile::Error is a caller's mistake (ValueError) unless it reports a missing driver, a failed
-// NVRTC compile or a failed driver call; those and internal errors are RuntimeErrors.
+// NVRTC compile or a failed driver call; those are RuntimeErrors. Internal errors are
+// tile.InternalError.
 void translate(const std::exception_ptr& p, void*) {
   try {
     std::rethrow_exception(p);
@@ -461,11 +492,17 @@ void translate(const std::exception_ptr& p, void*) {
   } catch (const tile::cuda::CompileError& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   } catch (const tile::Error& e) {
-    // Driver failures are plain tile::Errors (driver.cpp throw_cu_error); told apart by prefix.
-    const bool driver = std::string(e.what()).rfind("CUDA driver call failed", 0) == 0;
-    PyErr_SetString(driver ? PyExc_RuntimeError : PyExc_ValueError, e.what());
+    // Driver, NVRTC and module-loading failures are plain tile::Errors (driver.cpp,
+    // jit_module.cpp), not the caller's arguments; told apart by prefix.
+    const std::string what = e.what();
+    bool runtime = false;
+    for (const char* prefix : {"CUDA driver call failed", "NVRTC call failed", "get_function:"})
+      runtime |= what.rfind(prefix, 0) == 0;
+    PyErr_SetString(runtime ? PyExc_RuntimeError : PyExc_ValueError, e.what());
   } catch (const tile::InternalError& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+    PyErr_SetString(
+        internal_error_type,
+        (std::string(e.what()) + " [a bug in the Tile library, not in the call: please report it]").c_str());
   }
 }
 
@@ -473,12 +510,18 @@ void translate(const std::exception_ptr& p, void*) {
 
 NB_MODULE(_tile, m) {
   m.doc() = "Tile: generated row-reduction kernels (softmax, log-softmax, RMSNorm, LayerNorm).";
+  internal_error_type = PyErr_NewExceptionWithDoc(
+      "tile.InternalError", "A broken invariant inside Tile: a library bug, never a bad argument.", PyExc_RuntimeError,
+      nullptr);
+  m.attr("InternalError") = nb::handle(internal_error_type);
   nb::register_exception_translator(translate);
   // NVIDIA's NVRTC wheels are found through sys.path; NVRTC itself loads on the first compile.
   std::vector<std::string> package_dirs;
   for (nb::handle dir : nb::module_::import_("sys").attr("path"))
     if (nb::isinstance<nb::str>(dir)) package_dirs.push_back(nb::cast<std::string>(dir));
   tile::cuda::set_python_package_dirs(std::move(package_dirs));
+  // Raises the C++ InternalError of a failed internal check, to test its translation.
+  m.def("_raise_internal_error", [] { TILE_CHECK(false, "raised on request"); });
 
   m.def("launch", &launch, nb::arg("op"), nb::arg("x"), nb::arg("out"), nb::arg("weight").none() = nb::none(),
         nb::arg("bias").none() = nb::none(), nb::arg("eps").none() = nb::none(), nb::arg("plan").none() = nb::none(),
@@ -498,7 +541,7 @@ NB_MODULE(_tile, m) {
   m.def(
       "plan",
       [](const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
-         std::optional<float> eps, const std::optional<std::string>& plan) {
+         std::optional<double> eps, const std::optional<std::string>& plan) {
         return introspect(Introspect::plan, op, x, y, weight, bias, eps, plan);
       },
       nb::arg("op"), nb::arg("x"), nb::arg("out"), nb::arg("weight").none() = nb::none(),
@@ -507,7 +550,7 @@ NB_MODULE(_tile, m) {
   m.def(
       "ir",
       [](const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
-         std::optional<float> eps, const std::optional<std::string>& plan) {
+         std::optional<double> eps, const std::optional<std::string>& plan) {
         return introspect(Introspect::ir, op, x, y, weight, bias, eps, plan);
       },
       nb::arg("op"), nb::arg("x"), nb::arg("out"), nb::arg("weight").none() = nb::none(),
@@ -516,7 +559,7 @@ NB_MODULE(_tile, m) {
   m.def(
       "source",
       [](const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
-         std::optional<float> eps, const std::optional<std::string>& plan) {
+         std::optional<double> eps, const std::optional<std::string>& plan) {
         return introspect(Introspect::source, op, x, y, weight, bias, eps, plan);
       },
       nb::arg("op"), nb::arg("x"), nb::arg("out"), nb::arg("weight").none() = nb::none(),

@@ -12,6 +12,8 @@ with the input's framework when ``out`` is None.
 """
 
 import json
+import numbers
+import operator
 import sys
 
 from . import _tile
@@ -19,8 +21,14 @@ from . import _tile
 __all__ = [
     "softmax", "log_softmax", "rms_norm", "layer_norm", "run", "plan", "ir", "source",
     "clear_kernel_caches", "cache_dir", "nvrtc_version", "nvrtc_library", "device_info", "build_info",
-    "driver_available",
+    "driver_available", "InternalError",
 ]
+
+# A broken invariant inside the library (a RuntimeError): a bug to report, never a bad argument,
+# which raises ValueError or TypeError.
+InternalError = _tile.InternalError
+
+_OPS = ("softmax", "log_softmax", "rms_norm", "layer_norm")
 
 RMS_NORM_EPS = 1e-6
 LAYER_NORM_EPS = 1e-5
@@ -44,12 +52,53 @@ def _is_numpy(a):
     return np is not None and isinstance(a, np.ndarray)
 
 
+def _type_name(a):
+    t = type(a)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _check_op(fn, op):
+    if not isinstance(op, str) or op not in _OPS:
+        raise (ValueError if isinstance(op, str) else TypeError)(
+            f"{fn}: argument 'op': expected one of {', '.join(map(repr, _OPS))}, got {op!r}")
+
+
 def _check_array(op, arg, a):
     if not hasattr(a, "__dlpack__"):
+        np = sys.modules.get("numpy")
+        what = " (a scalar, not an array)" if np is not None and isinstance(a, np.generic) else ""
         raise TypeError(f"{op}: argument '{arg}': expected an array exporting DLPack (numpy, torch, ...), "
-                        f"got {type(a).__name__}")
-    if _is_numpy(a) and arg == "out" and not a.flags.writeable:
-        raise ValueError(f"{op}: argument 'out': expected a writable array, got a read-only numpy array")
+                        f"got {_type_name(a)}{what}")
+    if _is_numpy(a):
+        np = sys.modules["numpy"]
+        # numpy exports neither other byte orders nor structured or object dtypes: say which
+        # dtype is expected rather than that DLPack failed.
+        t = a.dtype
+        if t.fields is None and t.kind in "biufc" and not t.isnative:
+            order = "big" if t.byteorder == ">" else "little"
+            raise ValueError(f"{op}: argument '{arg}': expected dtype float32, float16 or bfloat16 in native "
+                             f"({sys.byteorder}-endian) byte order, got {t.str!r} ({order}-endian; "
+                             f".astype(a.dtype.newbyteorder('=')) converts it)")
+        if t.fields is not None or t.kind not in "biufc":
+            raise ValueError(f"{op}: argument '{arg}': expected dtype float32, float16 or bfloat16, got {t}")
+        if isinstance(a, np.ma.MaskedArray):  # DLPack exports the data and drops the mask
+            raise TypeError(f"{op}: argument '{arg}': expected an array without a mask, got numpy.ma.MaskedArray "
+                            "(its masked elements would be read; .filled(value) chooses what they hold)")
+        if arg == "out" and not a.flags.writeable:
+            raise ValueError(f"{op}: argument 'out': expected a writable array, got a read-only numpy array")
+
+
+def _eps(op, eps):
+    """eps as a float; its range (0 or what float32 holds) is checked by the library."""
+    if eps is None:
+        return None
+    np = sys.modules.get("numpy")
+    if isinstance(eps, bool) or (np is not None and isinstance(eps, np.bool_)) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"{op}: argument 'eps': expected a real number (float), got {_type_name(eps)} {eps!r}")
+    try:
+        return float(eps)
+    except OverflowError:                       # an int beyond float: out of range, said as such below
+        return float("inf") if eps > 0 else float("-inf")
 
 
 def _out_dtype(op, x, dtype):
@@ -61,11 +110,22 @@ def _out_dtype(op, x, dtype):
             raise ValueError(f"{op}: argument 'dtype': expected float32, float16 or bfloat16, got {name!r}")
         name = _DTYPE_NAMES[name]
     if _is_torch(x):
-        return getattr(_torch(), name) if name else dtype
+        torch = _torch()
+        d = getattr(torch, name) if name else dtype
+        if not isinstance(d, torch.dtype) or str(d).split(".")[-1] not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"{op}: argument 'dtype': expected float32, float16 or bfloat16, got {dtype!r}")
+        return d
     if name == "bfloat16":
         raise ValueError(f"{op}: argument 'dtype': expected float32 or float16 for a numpy output "
                          "(numpy has no bfloat16), got 'bfloat16'")
-    return sys.modules["numpy"].dtype(name if name else dtype)
+    np = sys.modules["numpy"]
+    try:
+        d = np.dtype(name if name else dtype)
+    except TypeError:
+        d = None
+    if d not in (np.dtype(np.float32), np.dtype(np.float16)):
+        raise ValueError(f"{op}: argument 'dtype': expected float32 or float16 for a numpy output, got {dtype!r}")
+    return d
 
 
 def _allocate(op, x, dtype):
@@ -85,15 +145,33 @@ def _check_dim(op, x, dim):
                          f"rows), got {dim}")
 
 
+def _plan_value(key, value):
+    """A plan field's value as JSON takes it: integers of any integer type (numpy's too) as int."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.bool_):
+        return bool(value)                      # rejected by the library, which names the field
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if hasattr(type(value), "__index__"):       # numpy integer scalars and 0-d integer arrays
+        return operator.index(value)
+    if isinstance(value, numbers.Real):
+        raise ValueError(f"mapping plan: argument '{key}': expected an integer, got {value!r}")
+    raise TypeError(f"mapping plan: argument '{key}': expected an integer or a string, got {_type_name(value)}")
+
+
 def _plan_json(op, plan):
     if plan is None:
         return None
     if isinstance(plan, str):
         return plan
     if isinstance(plan, dict):
-        return json.dumps(plan)
+        for key in plan:
+            if not isinstance(key, str):
+                raise TypeError(f"{op}: argument 'plan': expected plan field names as strings, "
+                                f"got {key!r} ({_type_name(key)})")
+        return json.dumps({key: _plan_value(key, value) for key, value in plan.items()})
     raise TypeError(f"{op}: argument 'plan': expected a dict of plan fields, a JSON string or None, "
-                    f"got {type(plan).__name__}")
+                    f"got {_type_name(plan)}")
 
 
 def _stream_handle(op, stream, on_cuda):
@@ -205,7 +283,7 @@ def _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record):
         out = _empty_like(x, memory_format=_contiguous)
         yr = (out.data_ptr(), out.shape, out.stride(), xr[3], device)
     if eps is not None:
-        eps = float(eps)
+        eps = _eps(op, eps)
     if plan is not None:
         plan = _plan_json(op, plan)
     handle = _current_stream(device) if stream is None else _stream_handle(op, stream, True)
@@ -222,7 +300,7 @@ def _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record):
 
 def _launch_dlpack(op, x, out, weight, bias, eps, plan, stream, dtype, record):
     torch = _torch()
-    eps = None if eps is None else float(eps)
+    eps = _eps(op, eps)
     plan = _plan_json(op, plan)
     if torch is None or not isinstance(x, torch.Tensor):
         _check_array(op, "x", x)
@@ -262,6 +340,7 @@ def run(op, x, out=None, weight=None, bias=None, eps=None, plan=None, stream=Non
     empty on the CPU), compile_ms, compile_options, backend ("cpu" or "cuda"), and out (the
     output array).
     """
+    _check_op("run", op)
     return _launch(op, x, out, weight, bias, eps, plan, stream, dtype, True)
 
 
@@ -291,12 +370,13 @@ def layer_norm(x, weight=None, bias=None, eps=LAYER_NORM_EPS, out=None, plan=Non
 
 def _introspect(fn, op, x, weight, bias, out, plan, eps, dtype):
     # An output is needed for the plan (its dtype, stride and alignment): allocated if absent.
+    _check_op(fn.__name__, op)
     _check_array(op, "x", x)
     out = _checked_out(op, x, out, weight, bias, dtype)
     torch = _torch()
     if torch is not None:
         x, out, weight, bias = (_to_dlpack(torch, a) for a in (x, out, weight, bias))
-    return fn(op, x, out, weight, bias, None if eps is None else float(eps), _plan_json(op, plan))
+    return fn(op, x, out, weight, bias, _eps(op, eps), _plan_json(op, plan))
 
 
 def plan(op, x, weight=None, bias=None, out=None, plan=None, eps=None, dtype=None):

@@ -22,6 +22,10 @@ struct PreparedKernel {
 
 // Throws tile::Error naming the operator and argument for any bad argument.
 void check_call(const Call& call);
+// True when some byte of a row of `a` is a byte of a row (or the vector) of `b`: exact for
+// strided row views, O(log) in the strides. An absent vector (data == nullptr) overlaps nothing.
+bool views_overlap(const TensorView& a, const TensorView& b);
+bool views_overlap(const TensorView& a, const VectorView& b);
 PlanInputs plan_inputs(const Call& call);
 float call_eps(const Call& call);
 // Lowered, verified and printed once per (operator, dtypes, operands, plan); memoised.

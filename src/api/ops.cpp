@@ -69,9 +69,6 @@ LaunchRecord run(const Call& call, const CallOptions& options) {
   const ir::Kernel& k = pk->kernel;
   LaunchRecord rec;
   rec.plan = pk->plan;
-  if ((call.x.rows + k.programs_per_group - 1) / k.programs_per_group > INT32_MAX)
-    throw_argument_error(op_name(call.op), "x", "at most 2^31 - 1 groups of " + std::to_string(k.programs_per_group) +
-                         " rows (the grid's limit)", std::to_string(call.x.rows) + " rows");
   rec.kernel_name = k.name;
   rec.source_sha256 = pk->source_sha256;
   rec.groups = (call.x.rows + k.programs_per_group - 1) / k.programs_per_group;

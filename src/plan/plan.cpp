@@ -1,3 +1,4 @@
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -29,12 +30,17 @@ E parse_enum(const json& j, const char* field, std::initializer_list<E> values) 
   throw_argument_error("mapping plan", field, allowed, j.dump());
 }
 
+// Any positive int: every value a plan holds parses back (validate_plan bounds each field).
+constexpr int64_t kMaxField = INT32_MAX;
+
 int parse_int(const json& j, const char* field) {
-  if (!j.is_number_integer()) throw_argument_error("mapping plan", field, "an integer", j.dump());
-  int64_t v = j.get<int64_t>();
-  if (v < 1 || v > (1 << 20))
-    throw_argument_error("mapping plan", field, "an integer in [1, 1048576]", j.dump());
-  return int(v);
+  // An integer beyond 64 bits parses as a float: out of range rather than "not an integer".
+  const bool huge = j.is_number_float() && std::abs(j.get<double>()) >= 0x1p63;
+  if (!j.is_number_integer() && !huge) throw_argument_error("mapping plan", field, "an integer", j.dump());
+  const bool in_range = !huge && (j.is_number_unsigned() ? j.get<uint64_t>() - 1 < uint64_t(kMaxField)
+                                                         : j.get<int64_t>() >= 1 && j.get<int64_t>() <= kMaxField);
+  if (!in_range) throw_argument_error("mapping plan", field, "an integer in [1, 2147483647]", j.dump());
+  return int(j.get<int64_t>());
 }
 
 const char* kFields[] = {"programs_per_group", "workers_per_program", "width_mode",
@@ -43,6 +49,10 @@ const char* kFields[] = {"programs_per_group", "workers_per_program", "width_mod
                          "tail",               "alignment",           "cache_format"};
 
 json parse_object(const std::string& text) {
+  // The parser stops at a NUL byte: reject it rather than ignore what follows.
+  if (size_t nul = text.find('\0'); nul != std::string::npos)
+    throw_argument_error("mapping plan", "json", "a JSON object without NUL bytes",
+                         "a NUL byte at offset " + std::to_string(nul) + " of " + std::to_string(text.size()));
   json j;
   try {
     j = json::parse(text);
@@ -104,12 +114,10 @@ PlanRequest PlanRequest::from_json(const std::string& text) {
   json j = parse_object(text);
   PlanRequest r = request_fields(j);
   if (j.contains("width_mode")) {
-    // A width the caller wrote down is exact by definition; "automatic" with a width is a contradiction.
-    WidthMode m = parse_enum(j["width_mode"], "width_mode", {WidthMode::automatic, WidthMode::exact});
-    if (m == WidthMode::automatic && r.workers_per_program)
-      throw_argument_error("mapping plan", "width_mode",
-                           "\"exact\" when workers_per_program is given", "\"automatic\"");
-    if (m == WidthMode::exact && !r.workers_per_program)
+    // "automatic" with a width is a resolved plan given back: the width is fixed all the same
+    // and the plan keeps its record. "exact" needs the width it says is exact.
+    r.width_mode = parse_enum(j["width_mode"], "width_mode", {WidthMode::automatic, WidthMode::exact});
+    if (r.width_mode == WidthMode::exact && !r.workers_per_program)
       throw_argument_error("mapping plan", "workers_per_program",
                            "a width when width_mode is \"exact\"", "no width");
   }
@@ -170,6 +178,7 @@ PlanRequest PlanRequest::exactly(const MappingPlan& p) {
   PlanRequest r;
   r.programs_per_group = p.programs_per_group;
   r.workers_per_program = p.workers_per_program;
+  r.width_mode = p.width_mode;
   r.vector_elems = p.vector_elems;
   r.stripes = p.stripes;
   r.stripe_unroll = p.stripe_unroll;

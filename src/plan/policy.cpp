@@ -57,6 +57,15 @@ bool rows_aligned(const PlanInputs& in, int v) {
 }
 
 MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const DeviceLimits& limits) {
+  // The range a plan's JSON accepts (PlanRequest::from_json), checked before the policy divides.
+  for (auto [field, value] : {std::pair{"programs_per_group", req.programs_per_group},
+                              {"workers_per_program", req.workers_per_program},
+                              {"vector_elems", req.vector_elems},
+                              {"stripes", req.stripes},
+                              {"stripe_unroll", req.stripe_unroll},
+                              {"private_budget", req.private_budget}})
+    if (value && *value < 1)
+      throw_argument_error("mapping plan", field, "an integer in [1, 2147483647]", std::to_string(*value));
   MappingPlan p;
   const int64_t cols = std::max<int64_t>(in.cols, 1);
 
@@ -77,9 +86,11 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   const bool long_row = cols * xes > kRegisterRowBytes &&
                         req.caching.value_or(InputCaching::reread) == InputCaching::reread && !req.stripes;
   const int reread_unroll = req.stripe_unroll.value_or(kRereadUnroll);
+  if (req.width_mode == WidthMode::exact && !req.workers_per_program)
+    throw_argument_error("mapping plan", "workers_per_program", "a width when width_mode is \"exact\"", "no width");
   if (req.workers_per_program) {
     p.workers_per_program = *req.workers_per_program;
-    p.width_mode = WidthMode::exact;
+    p.width_mode = req.width_mode.value_or(WidthMode::exact);
   } else if (long_row) {
     const int64_t iteration = std::min(kRereadIterationBytes, cols * xes / 2);
     int64_t w = round_up(ceil_div(iteration, int64_t(p.vector_elems) * xes * reread_unroll), 32);
@@ -94,7 +105,10 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
                                                       std::min(kMaxAutomaticWidth, limits.max_threads_per_group)));
     p.width_mode = WidthMode::automatic;
   }
-  p.stripes = req.stripes ? *req.stripes : int(std::max<int64_t>(1, ceil_div(vectors, p.workers_per_program)));
+  // Clamped to an int: validate_plan rejects a row of more passes.
+  p.stripes = req.stripes
+                  ? *req.stripes
+                  : int(std::clamp<int64_t>(ceil_div(vectors, std::max(p.workers_per_program, 1)), 1, INT32_MAX));
   p.private_budget = req.private_budget.value_or(64);
   p.caching = req.caching.value_or(!long_row && int64_t(p.stripes) * p.vector_elems <= p.private_budget
                                        ? InputCaching::registers
@@ -149,6 +163,12 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("vector_elems", "an access of at most 16 bytes on every operand",
          str(V) + " elements of " + str(widest_elem_bytes(in)) + " bytes");
   if (p.stripes < 1) fail("stripes", "at least 1", str(p.stripes));
+  // The passes of all workers over a row are counted in 32 bits (the stripes field).
+  if (ceil_div(in.cols, int64_t(W) * V) > INT32_MAX)
+    throw_argument_error(
+        op, "x",
+        "cols at most 2147483647 passes of workers_per_program x vector_elems = " + str(int64_t(W) * V) + " elements",
+        str(in.cols));
   if (p.stripe_unroll < 1 || p.stripe_unroll > 16) fail("stripe_unroll", "1 to 16", str(p.stripe_unroll));
   if (p.private_budget < 1 || p.private_budget > 255) fail("private_budget", "1 to 255 scalars", str(p.private_budget));
   if (p.caching == InputCaching::registers) {
@@ -156,7 +176,7 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     if (covered < in.cols)
       fail("stripes", "stripes x workers_per_program x vector_elems >= cols = " + str(in.cols),
            str(p.stripes) + " x " + str(W) + " x " + str(V) + " = " + str(covered));
-    if (p.stripes * V > p.private_budget)
+    if (int64_t(p.stripes) * V > p.private_budget)
       fail("caching", "a cached row slice within private_budget = " + str(p.private_budget) +
                           " scalars (or caching \"reread\")",
            "stripes x vector_elems = " + str(p.stripes * V) + " scalars per worker");
@@ -181,6 +201,10 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
   int reductions = 3;  // the most shared regions any operator uses (LayerNorm's one-pass statistics)
   if (int64_t(reductions) * P * std::max(1, W / 32) * 4 > limits.max_shared_bytes)
     fail("programs_per_group", "shared memory within " + str(limits.max_shared_bytes) + " bytes", str(P));
+  if (ceil_div(in.rows, P) > limits.max_groups)
+    throw_argument_error(op, "x",
+                         "at most " + str(limits.max_groups) + " groups of " + str(P) + " rows (the grid's limit)",
+                         str(in.rows) + " rows");
 }
 
 std::vector<MappingPlan> mapping_family(const PlanInputs& in, const DeviceLimits& limits) {

@@ -2,6 +2,7 @@
 // and by the `tile` command.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -17,6 +18,10 @@ class HostMatrix {
  public:
   HostMatrix(DType dtype, int64_t rows, int64_t cols, int64_t row_stride, int64_t offset_elems = 0,
              int64_t guard_elems = 64);
+  // The bytes such a matrix allocates, computed without overflow; throws tile::Error naming
+  // the argument when one is negative, row_stride < cols, or the size exceeds 2^63 - 1 bytes.
+  static size_t allocation_bytes(DType dtype, int64_t rows, int64_t cols, int64_t row_stride, int64_t offset_elems = 0,
+                                 int64_t guard_elems = 64);
   TensorView view() { return {data(), dtype_, rows_, cols_, stride_}; }
   void* data() { return bytes_.data() + (offset_ * dtype_size(dtype_)); }
   std::vector<uint8_t>& bytes() { return bytes_; }
@@ -24,7 +29,7 @@ class HostMatrix {
   int64_t span_elems() const { return rows_ == 0 ? 0 : (rows_ - 1) * stride_ + cols_; }
 
   void fill_random(std::mt19937_64& rng, double scale = 1.0);  // N(0, scale), never all zeros
-  void poison();                                            // every byte 0xff (NaN in each dtype)
+  void poison();                                               // every byte 0xff (NaN in each dtype)
   // True when no byte outside the rows' [0, cols) elements differs from the poison.
   bool outside_untouched() const;
 
@@ -35,7 +40,9 @@ class HostMatrix {
 };
 
 struct HostVector {
-  HostVector(DType dtype, int64_t size) : dtype(dtype), bytes(size_t(size) * dtype_size(dtype) + 16), size(size) {}
+  HostVector(DType dtype, int64_t size) : dtype(dtype), bytes(allocation_bytes(dtype, size)), size(size) {}
+  // As HostMatrix::allocation_bytes, for `size` elements and 16 bytes of slack.
+  static size_t allocation_bytes(DType dtype, int64_t size);
   DType dtype;
   std::vector<uint8_t> bytes;
   int64_t size;

@@ -2,6 +2,17 @@
 // and what was given.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <type_traits>
+
+#include "api/call.hpp"
+#include "backend/cpu/executor.hpp"
 #include "backend/cuda/driver.hpp"
 #include "tile/tile.hpp"
 
@@ -99,7 +110,250 @@ TEST(ArgumentErrors, GridBeyondItsLimitIsRefused) {
             matrix(reinterpret_cast<void*>(uintptr_t(1) << 45), DType::f32, rows, 1)};
   PlanRequest p;
   p.programs_per_group = 1, p.workers_per_program = 32;
-  expect_error(huge, p, {"softmax", "'x'", "2^31 - 1 groups", "2147483653 rows"});
+  expect_error(huge, p, {"softmax", "'x'", "at most 2147483647 groups of 1 rows", "2147483653 rows"});
+  // The introspection entry points refuse what run() refuses, with the same message.
+  for (const std::function<void()>& f : std::vector<std::function<void()>>{
+           [&] { plan_for(huge, p); }, [&] { ir_for(huge, p); }, [&] { source_for(huge, p); }}) {
+    try {
+      f();
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("softmax: argument 'x': expected at most 2147483647 groups"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  // The mapping family offers no plan beyond the grid either.
+  for (const MappingPlan& m :
+       mapping_family(PlanInputs{Op::softmax, DType::f32, DType::f32, DType::f32, false, rows, 1, 1, 1, 16}))
+    EXPECT_LE((rows + m.programs_per_group - 1) / m.programs_per_group, int64_t(INT32_MAX)) << m.to_json();
+}
+
+TEST(ArgumentErrors, ExtentOfOneRowIsBoundedToo) {
+  // rows = 1 once slipped past the 2^61 guard ((rows - 1) * stride is 0): cols is bounded itself.
+  for (int64_t cols : {int64_t(1) << 61, INT64_MAX}) {
+    Call c{Op::softmax, matrix(reinterpret_cast<void*>(uintptr_t(1) << 40), DType::f32, 1, cols),
+           matrix(reinterpret_cast<void*>(uintptr_t(1) << 44), DType::f32, 1, cols)};
+    expect_error(c, {}, {"softmax", "'x'", "cols at most 2^61 - 1", std::to_string(cols)});
+  }
+}
+
+TEST(ArgumentErrors, EpsMustBeWhatFp32Holds) {
+  EXPECT_EQ(checked_eps(Op::rms_norm, 1e-5), 1e-5f);
+  EXPECT_EQ(checked_eps(Op::rms_norm, 0.0), 0.0f);
+  EXPECT_EQ(checked_eps(Op::layer_norm, 0x1p-149), 0x1p-149f);  // a subnormal fp32 holds exactly
+  for (double bad : {1e-50, 1e-40, 1e39, -1e-3, std::nan(""), HUGE_VAL}) {
+    try {
+      checked_eps(Op::layer_norm, bad);
+      ADD_FAILURE() << "no error for " << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(
+          std::string(e.what()).rfind("layer_norm: argument 'eps': expected 0 or a finite positive value that float32 "
+                                      "holds within rounding",
+                                      0),
+          0u)
+          << e.what();
+    }
+  }
+  // eps = 0 is allowed and means what it says: a zero row has no scale (NaN, as in PyTorch).
+  std::vector<float> x(2 * 8, 0.0f), y(2 * 8, 1.0f);
+  x[8] = 1.0f;
+  rms_norm(matrix(x.data(), DType::f32, 2, 8), matrix(y.data(), DType::f32, 2, 8), {}, 0.0f,
+           {{}, nullptr, Backend::cpu});
+  EXPECT_TRUE(std::isnan(y[0]));
+  EXPECT_NEAR(y[8], std::sqrt(8.0f), 1e-5);
+}
+
+TEST(ArgumentErrors, ViewsMustEndInsideTheAddressSpace) {
+  Buffers b;
+  Call c = b.call(Op::softmax);
+  c.x = matrix(reinterpret_cast<void*>(UINTPTR_MAX - 15), DType::f32, 1, 4);  // 16 bytes from 2^64 - 16
+  c.y = matrix(b.y.data(), DType::f32, 1, 4);
+  expect_error(c, {}, {"softmax", "'x'", "a view that ends inside the address space"});
+}
+
+// An error of the CPU executor is a library bug: an InternalError, never taken for a bad argument.
+TEST(InternalErrors, ExecutorErrorsAreLibraryBugs) {
+  static_assert(std::is_base_of_v<InternalError, cpu::ExecutionError>);
+  static_assert(!std::is_base_of_v<Error, cpu::ExecutionError>);
+  Buffers b;
+  const Call call = b.call(Op::softmax);
+  const ir::Kernel& k = prepare(call, {})->kernel;
+  cpu::LaunchArgs args;
+  args.groups = 64;
+  args.buffers = {{b.x.data(), 0, 10}, {b.y.data(), 0, 64 * 100}};  // x's bounds too small: a bug's out-of-bounds read
+  args.params = {{0, 64}, {0, 100}, {0, 100}, {0, 100}};
+  try {
+    cpu::execute(k, args);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    ADD_FAILURE() << "an executor error taken for a bad argument: " << e.what();
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("a library bug"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("out-of-bounds"), std::string::npos) << e.what();
+  }
+}
+
+// docs/source/limits.md, row by row: each value in "accepted" passes, each in "rejected" is
+// refused, in the context the row names. A limit enforced here but missing from the page, or
+// stated there but not checked here, fails too.
+using Check = std::function<void(const std::string&)>;  // throws tile::Error when refused
+// What each refusal must say, so that a value is refused by the limit its row states.
+const std::map<std::string, std::string> kRefusals = {
+    {"rows", "expected rows >= 0"},
+    {"cols", "expected cols >= 1"},
+    {"row_stride", "expected row_stride >= cols"},
+    {"extent", "2^61 - 1 elements"},
+    {"grid", "groups of 1 rows (the grid's limit)"},
+    {"passes", "2147483647 passes"},
+    {"alignment_f32", "aligned to its element size"},
+    {"alignment_bf16", "aligned to its element size"},
+    {"address_end", "ends inside the address space"},
+    {"aliasing", "does not overlap x"},
+    {"aliasing_interleaved", "does not overlap x"},
+    {"aliasing_weight", "does not overlap weight"},
+    {"eps", "argument 'eps'"},
+    {"json_integer", "argument 'stripes'"},
+    {"workers_per_program", "plan.workers_per_program"},
+    {"programs_per_group", "plan.programs_per_group"},
+    {"programs_per_group_warps", "whole warps"},
+    {"vector_elems", "plan.vector_elems"},
+    {"vector_elems_16bit", "plan.vector_elems"},
+    {"stripes", "plan.stripes"},
+    {"stripes_budget", "private_budget = 64"},
+    {"stripe_unroll", "plan.stripe_unroll"},
+    {"private_budget", "plan.private_budget"},
+    {"barrier_scope_programs", "program-scope barriers"},
+};
+
+void* at(uintptr_t address) { return reinterpret_cast<void*>(address); }
+constexpr uintptr_t kX = uintptr_t(1) << 40, kY = uintptr_t(1) << 44;  // never dereferenced
+
+// The page's default call (softmax, fp32, 64 x 1000 contiguous) with `edit` applied, planned.
+Check planned(std::function<void(Call&, PlanRequest&, const std::string&)> edit) {
+  return [edit](const std::string& v) {
+    Call c{Op::softmax, matrix(at(kX), DType::f32, 64, 1000), matrix(at(kY), DType::f32, 64, 1000)};
+    PlanRequest p;
+    edit(c, p, v);
+    plan_for(c, p);
+  };
+}
+
+std::map<std::string, Check> limit_checks() {
+  auto i64 = [](const std::string& v) { return int64_t(std::stoll(v)); };
+  auto shape = [](Call& c, int64_t rows, int64_t cols, int64_t stride) {
+    c.x.rows = c.y.rows = rows, c.x.cols = c.y.cols = cols, c.x.row_stride = c.y.row_stride = stride;
+  };
+  std::map<std::string, Check> m;
+  m["rows"] = planned([=](Call& c, PlanRequest&, const std::string& v) { shape(c, i64(v), 1000, 1000); });
+  m["cols"] = planned([=](Call& c, PlanRequest&, const std::string& v) { shape(c, 64, i64(v), 1000); });
+  m["row_stride"] = planned([=](Call& c, PlanRequest&, const std::string& v) { shape(c, 64, 100, i64(v)); });
+  m["extent"] = planned([=](Call& c, PlanRequest&, const std::string& v) {
+    c.x.dtype = c.y.dtype = DType::bf16, c.y.data = at(uintptr_t(1) << 63);  // 2^62 bytes each, apart
+    shape(c, int64_t(1) << 20, i64(v), int64_t(1) << 41);
+  });
+  m["grid"] = planned([=](Call& c, PlanRequest& p, const std::string& v) {
+    shape(c, i64(v), 1, 1), p.programs_per_group = 1, p.workers_per_program = 32;
+  });
+  m["passes"] = planned([=](Call& c, PlanRequest& p, const std::string& v) {
+    shape(c, 1, i64(v), i64(v)), p.workers_per_program = 32, p.vector_elems = 1, p.caching = InputCaching::reread;
+  });
+  m["alignment_f32"] = planned([=](Call& c, PlanRequest&, const std::string& v) { c.x.data = at(kX + i64(v)); });
+  m["alignment_bf16"] = planned([=](Call& c, PlanRequest&, const std::string& v) {
+    c.x.dtype = c.y.dtype = DType::bf16, c.x.data = at(kX + i64(v));
+  });
+  m["address_end"] = planned([=](Call& c, PlanRequest&, const std::string& v) {
+    shape(c, 1, 4, 4), c.x.data = at(uintptr_t(std::stoull(v)));
+  });
+  m["aliasing"] =
+      planned([=](Call& c, PlanRequest&, const std::string& v) { shape(c, 4, 64, 64), c.y.data = at(kX + i64(v)); });
+  m["aliasing_interleaved"] =
+      planned([=](Call& c, PlanRequest&, const std::string& v) { shape(c, 4, 64, 128), c.y.data = at(kX + i64(v)); });
+  m["aliasing_weight"] = planned([=](Call& c, PlanRequest&, const std::string& v) {
+    c.op = Op::rms_norm, shape(c, 4, 64, 64), c.weight = VectorView{at(kY + i64(v)), DType::f32, 64};
+  });
+  m["eps"] = [](const std::string& v) { checked_eps(Op::rms_norm, std::strtod(v.c_str(), nullptr)); };
+  m["json_integer"] = [](const std::string& v) { PlanRequest::from_json("{\"stripes\":" + v + "}"); };
+  m["workers_per_program"] =
+      planned([=](Call&, PlanRequest& p, const std::string& v) { p.workers_per_program = int(i64(v)); });
+  m["programs_per_group"] = planned([=](Call&, PlanRequest& p, const std::string& v) {
+    p.workers_per_program = 32, p.programs_per_group = int(i64(v));
+  });
+  m["programs_per_group_warps"] = planned([=](Call&, PlanRequest& p, const std::string& v) {
+    p.workers_per_program = 16, p.programs_per_group = int(i64(v));
+  });
+  m["vector_elems"] = planned([=](Call&, PlanRequest& p, const std::string& v) { p.vector_elems = int(i64(v)); });
+  m["vector_elems_16bit"] = planned([=](Call& c, PlanRequest& p, const std::string& v) {
+    c.x.dtype = c.y.dtype = DType::bf16, p.vector_elems = int(i64(v));
+  });
+  m["stripes"] = planned([=](Call&, PlanRequest& p, const std::string& v) {
+    p.caching = InputCaching::registers, p.workers_per_program = 32, p.vector_elems = 4, p.stripes = int(i64(v));
+  });
+  m["stripes_budget"] = m["stripes"];
+  m["stripe_unroll"] = planned([=](Call&, PlanRequest& p, const std::string& v) {
+    p.caching = InputCaching::reread, p.stripe_unroll = int(i64(v));
+  });
+  m["private_budget"] = planned([=](Call&, PlanRequest& p, const std::string& v) {
+    p.caching = InputCaching::reread, p.private_budget = int(i64(v));
+  });
+  m["barrier_scope_programs"] = planned([=](Call&, PlanRequest& p, const std::string& v) {
+    p.barrier_scope = BarrierScope::program, p.workers_per_program = 32, p.programs_per_group = int(i64(v));
+  });
+  return m;
+}
+
+std::vector<std::string> backticked(const std::string& cell) {
+  std::vector<std::string> out;
+  const std::regex tick("`([^`]+)`");
+  for (auto it = std::sregex_iterator(cell.begin(), cell.end(), tick); it != std::sregex_iterator(); ++it)
+    out.push_back((*it)[1]);
+  return out;
+}
+
+TEST(Limits, EveryStatedLimitHoldsAtItsBoundary) {
+  std::ifstream page(TILE_LIMITS_DOC);
+  ASSERT_TRUE(page) << "cannot read " << TILE_LIMITS_DOC;
+  std::map<std::string, Check> checks = limit_checks();
+  std::set<std::string> stated;
+  int values = 0;
+  for (std::string line; std::getline(page, line);) {
+    if (line.rfind("| `", 0) != 0) continue;
+    std::vector<std::string> cells;
+    std::stringstream row(line.substr(1));
+    for (std::string cell; std::getline(row, cell, '|');) cells.push_back(cell);
+    ASSERT_EQ(cells.size(), 4u) << line;
+    const std::string key = backticked(cells[0]).at(0);
+    stated.insert(key);
+    auto check = checks.find(key);
+    if (check == checks.end()) {
+      ADD_FAILURE() << "limits.md states '" << key << "', which no check here enforces";
+      continue;
+    }
+    for (int col : {2, 3}) {
+      const std::vector<std::string> vs = backticked(cells[col]);
+      EXPECT_FALSE(vs.empty()) << line;
+      for (const std::string& v : vs) {
+        ++values;
+        std::string refused;
+        try {
+          check->second(v);
+        } catch (const Error& e) {
+          refused = e.what();
+        }
+        if (col == 2) {
+          EXPECT_EQ(refused, "") << key << " = " << v << " is stated as accepted";
+        } else {
+          EXPECT_NE(refused.find(kRefusals.at(key)), std::string::npos)
+              << key << " = " << v << " is stated as rejected by '" << kRefusals.at(key) << "'; got: " << refused;
+        }
+      }
+    }
+  }
+  for (const auto& [key, check] : checks) {
+    EXPECT_TRUE(stated.count(key)) << "'" << key << "' is checked but not in limits.md";
+    EXPECT_TRUE(kRefusals.count(key)) << key;
+  }
+  EXPECT_GT(values, 80);
 }
 
 TEST(ArgumentErrors, PlanJsonNamesTheField) {

@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "core/sha256.hpp"
 #include "tile/error.hpp"
+#include "tile/policy.hpp"
 
 namespace tile {
 namespace {
@@ -41,6 +44,110 @@ TEST(MappingPlan, RequestFromPartialJson) {
   EXPECT_EQ(*r.workers_per_program, 256);
   EXPECT_FALSE(r.stripes.has_value());
   EXPECT_THROW(PlanRequest::from_json(R"({"width_mode":"exact"})"), Error);
+}
+
+// The message of the tile::Error `f` throws, or "" when it throws none.
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+PlanInputs inputs(Op op, DType dt, int64_t rows, int64_t cols, int64_t stride, int64_t alignment, bool columns) {
+  PlanInputs in;
+  in.op = op, in.x_dtype = in.y_dtype = dt, in.column_dtype = DType::f32, in.has_columns = columns;
+  in.rows = rows, in.cols = cols, in.x_stride = in.y_stride = stride, in.base_alignment = alignment;
+  return in;
+}
+
+// Every plan a caller can print (the policy's over a sweep of calls, every plan of the mapping
+// family) given back as a request resolves to itself: the same plan, the same JSON.
+TEST(MappingPlan, EveryResolvedPlanGivenBackResolvesToItself) {
+  int checked = 0;
+  for (Op op : {Op::softmax, Op::log_softmax, Op::rms_norm, Op::layer_norm})
+    for (DType dt : {DType::f32, DType::bf16})
+      for (int64_t rows : {1, 7, 300, 100000})
+        for (int64_t cols : {1, 3, 8, 31, 100, 1537, 4096, 8192, 10000, 40000, 262144})
+          for (int64_t pad : {0, 1, 8})
+            for (int64_t alignment : {16, 2}) {
+              const PlanInputs in = inputs(op, dt, rows, cols, cols + pad, alignment, op == Op::layer_norm);
+              std::vector<MappingPlan> plans = {choose_plan(in, {})};
+              if (rows != 300 && cols <= 10000 && pad == 0) plans = mapping_family(in);
+              for (const MappingPlan& p : plans) {
+                const PlanRequest given = PlanRequest::from_json(p.to_json());
+                EXPECT_EQ(choose_plan(in, given), p) << p.to_json();
+                EXPECT_EQ(choose_plan(in, PlanRequest::exactly(p)), p) << p.to_json();
+                EXPECT_EQ(MappingPlan::from_json(p.to_json()), p);
+                ++checked;
+              }
+            }
+  EXPECT_GT(checked, 10000);
+}
+
+TEST(MappingPlan, WidthModeRecordsWhereTheWidthCameFrom) {
+  const PlanInputs in = inputs(Op::softmax, DType::f32, 64, 1000, 1000, 16, false);
+  PlanRequest r = PlanRequest::from_json(R"({"workers_per_program":64})");
+  EXPECT_EQ(choose_plan(in, r).width_mode, WidthMode::exact);
+  r = PlanRequest::from_json(R"({"workers_per_program":64,"width_mode":"automatic"})");  // a plan given back
+  EXPECT_EQ(choose_plan(in, r).workers_per_program, 64);
+  EXPECT_EQ(choose_plan(in, r).width_mode, WidthMode::automatic);
+  r = PlanRequest::from_json(R"({"width_mode":"automatic"})");
+  EXPECT_EQ(choose_plan(in, r), choose_plan(in, {}));
+  // "exact" needs the width it calls exact, from JSON and from C++ alike.
+  EXPECT_NE(error_of([] { PlanRequest::from_json(R"({"width_mode":"exact"})"); })
+                .find("mapping plan: argument 'workers_per_program': expected a width when width_mode is \"exact\", "
+                      "got no width"),
+            std::string::npos);
+  PlanRequest exact_without_width;
+  exact_without_width.width_mode = WidthMode::exact;
+  EXPECT_NE(error_of([&] { choose_plan(in, exact_without_width); }).find("'workers_per_program'"), std::string::npos);
+}
+
+TEST(MappingPlanErrors, PlanTextIsReadWholeOrRefused) {
+  // The JSON parser stops at a NUL byte; what follows it must not be silently dropped.
+  const std::string text("{\"stripes\":1}\0{\"garbage\"", 25);
+  EXPECT_EQ(
+      error_of([&] { PlanRequest::from_json(text); }),
+      "mapping plan: argument 'json': expected a JSON object without NUL bytes, got a NUL byte at offset 13 of 25");
+  EXPECT_NE(error_of([&] { MappingPlan::from_json(MappingPlan{}.to_json() + std::string(1, '\0')); }).find("NUL"),
+            std::string::npos);
+}
+
+TEST(MappingPlanErrors, IntegerFieldsAreInOneToIntMax) {
+  EXPECT_EQ(*PlanRequest::from_json(R"({"stripes":1})").stripes, 1);
+  EXPECT_EQ(*PlanRequest::from_json(R"({"stripes":2147483647})").stripes, 2147483647);
+  for (const char* bad : {"0", "-1", "2147483648", "18446744073709551615", "18446744073709551616", "1e30"})
+    EXPECT_EQ(error_of([&] {
+                PlanRequest::from_json(std::string(R"({"stripes":)") + bad + "}");
+              }).find("mapping plan: argument 'stripes': expected an integer in [1, 2147483647], got "),
+              0u)
+        << bad;
+  for (const char* bad : {"1.5", "2.0", "true", "null", "\"2\"", "[2]"})
+    EXPECT_EQ(error_of([&] {
+                PlanRequest::from_json(std::string(R"({"stripes":)") + bad + "}");
+              }).find("mapping plan: argument 'stripes': expected an integer, got "),
+              0u)
+        << bad;
+}
+
+TEST(MappingPlanErrors, RequestsOutOfRangeAreRefusedBeforeThePolicyDividesByThem) {
+  const PlanInputs in = inputs(Op::softmax, DType::f32, 64, 1000, 1000, 16, false);
+  for (int v : {0, -4}) {
+    PlanRequest r;
+    r.vector_elems = v;
+    EXPECT_EQ(
+        error_of([&] { choose_plan(in, r); }),
+        "mapping plan: argument 'vector_elems': expected an integer in [1, 2147483647], got " + std::to_string(v));
+    r = {};
+    r.workers_per_program = v;
+    EXPECT_NE(error_of([&] { choose_plan(in, r); }).find("'workers_per_program'"), std::string::npos);
+    r = {};
+    r.stripe_unroll = v;
+    EXPECT_NE(error_of([&] { choose_plan(in, r); }).find("'stripe_unroll'"), std::string::npos);
+  }
 }
 
 TEST(MappingPlan, LoopNestNamesTheMapping) {

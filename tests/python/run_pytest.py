@@ -1,4 +1,5 @@
-"""Runs the pytest tests of tests/python for one CTest test: `cpu` (not marked gpu) or `gpu`.
+"""Runs the pytest tests of tests/python for one CTest test: `cpu` (not marked gpu, without the
+argument errors), `errors` (test_tile_errors.py, not marked gpu) or `gpu` (every file).
 
 The gpu run prints "[  SKIPPED ]" (CTest's skip pattern) and succeeds when torch, a CUDA
 device or an extension built for this interpreter is missing; the cpu run fails instead.
@@ -35,7 +36,9 @@ def main():
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     import pytest
     marker = "gpu" if mode == "gpu" else "not gpu"
-    code = pytest.main(["-p", "no:cacheprovider", "-v", "-ra", "-m", marker, tests_dir])
+    errors = os.path.join(tests_dir, "test_tile_errors.py")
+    where = {"cpu": [tests_dir, "--ignore", errors], "errors": [errors]}.get(mode, [tests_dir])
+    code = pytest.main(["-p", "no:cacheprovider", "-v", "-ra", "-m", marker, *where])
     sys.exit(int(code))
 
 

@@ -1,5 +1,5 @@
 #!/bin/sh
-# CTest entry for the Python tests: run_pytest.sh <python> <cpu|gpu> <folder holding tile/>.
+# CTest entry for the Python tests: run_pytest.sh <python> <cpu|errors|gpu> <folder holding tile/>.
 # TILE_PYTHON and TILE_PYTHONPATH override the interpreter and the folder, e.g. on a GPU machine
 # where the extension was built for another Python by scripts/build_python.sh.
 python=${TILE_PYTHON:-$1}

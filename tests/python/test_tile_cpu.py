@@ -149,6 +149,37 @@ def test_plan_is_honoured():
     assert tile.plan("rms_norm", x, plan='{"programs_per_group": 2, "workers_per_program": 64}') == plan
 
 
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_every_printed_plan_given_back_launches_the_same_kernel(op, dtype):
+    # The policy's plans over a sweep of shapes, and plans resolved from partial requests: each,
+    # given back as a dict or as its JSON, resolves to itself and to the same source afresh.
+    import json
+    checked = 0
+    for rows, cols, pad in [(1, 1, 0), (7, 31, 1), (300, 100, 0), (4, 1537, 3), (2, 4096, 0), (3, 10000, 0),
+                            (2, 40000, 8)]:
+        x = make((rows, cols + pad), dtype)[:, :cols]
+        weight = make(cols, np.float32) if op in NORMS else None
+        for request in [None, {"caching": "reread"}, {"programs_per_group": 2}, {"vector_elems": 1},
+                        {"workers_per_program": 64, "stripe_unroll": 2, "caching": "reread"}]:
+            try:
+                plan = tile.plan(op, x, weight=weight, plan=request)
+            except ValueError:
+                continue                        # a request this shape cannot take
+            tile.clear_kernel_caches()
+            source = tile.source(op, x, weight=weight, plan=request)
+            for given in (plan, json.dumps(plan)):
+                tile.clear_kernel_caches()
+                assert tile.plan(op, x, weight=weight, plan=given) == plan
+                tile.clear_kernel_caches()
+                assert tile.source(op, x, weight=weight, plan=given) == source
+            record = tile.run(op, x, weight=weight, plan=plan)
+            assert record["plan"] == plan
+            assert_close(record["out"], reference(op, x, weight))
+            checked += 1
+    assert checked >= 25
+
+
 def test_introspection():
     x = make((3, 200), np.float16)
     w = make(200, np.float32)

@@ -38,8 +38,11 @@ def test_leading_dims_that_do_not_flatten():
 
 def test_overlapping_rows():
     x = np.lib.stride_tricks.as_strided(x32((4, 64)), shape=(4, 32), strides=(16 * 4, 4))
-    with pytest.raises(ValueError, match=r"argument 'x': expected rows that do not overlap \(row stride >= 32\)"):
+    with pytest.raises(ValueError, match=r"argument 'x': expected rows at increasing addresses that do not overlap "
+                                         r"\(row stride >= 32\)"):
         tile.softmax(x)
+    with pytest.raises(ValueError, match=r"argument 'x': expected rows at increasing addresses.*strides \(-64, 1\)"):
+        tile.softmax(x32()[::-1])
 
 
 def test_wrong_weight_shape():
@@ -106,9 +109,155 @@ def test_bad_plan_and_op():
         tile.run("gelu", x32())
 
 
+EPS_RANGE = r"expected 0 or a finite positive value that float32 holds within rounding"
+
+
 def test_bad_eps():
-    with pytest.raises(ValueError, match=r"rms_norm: argument 'eps': expected a finite value >= 0"):
+    with pytest.raises(ValueError, match=r"rms_norm: argument 'eps': " + EPS_RANGE + r".*got -1$"):
         tile.rms_norm(x32(), eps=-1.0)
+    # Values float32 would round to 0, to a coarse subnormal or to inf are refused, not rounded.
+    for eps, given in [(1e-50, "1e-50"), (1e-40, "1e-40"), (1e39, "1e\\+39"), (float("nan"), "nan"),
+                       (10**400, "inf")]:
+        with pytest.raises(ValueError, match=r"layer_norm: argument 'eps': " + EPS_RANGE + r".*got " + given):
+            tile.layer_norm(x32(), eps=eps)
+    for eps, given in [("abc", r"str 'abc'"), ("1e-5", r"str '1e-5'"), (True, r"bool True"), (1j, r"complex 1j"),
+                       (np.array([1e-5, 1.0]), r"numpy.ndarray"), ([1e-5], r"list")]:
+        with pytest.raises(TypeError, match=r"rms_norm: argument 'eps': expected a real number \(float\), got " + given):
+            tile.rms_norm(x32(), eps=eps)
+    with pytest.raises(TypeError, match=r"rms_norm: argument 'eps'"):
+        tile.plan("rms_norm", x32(), eps="abc")
+    with pytest.raises(ValueError, match=r"softmax: argument 'eps': expected no eps \(the operator takes none\), "
+                                         r"got 9.99999975e-06"):
+        tile.run("softmax", x32(), eps=1e-5)
+
+
+def test_eps_zero_and_numpy_scalars_are_accepted():
+    x = x32((2, 8))
+    x[0] = 0
+    y = tile.rms_norm(x, eps=0)                  # no regularisation: a zero row is 0/0
+    assert np.isnan(y[0]).all() and np.isfinite(y[1]).all()
+    assert np.isfinite(tile.rms_norm(x, eps=np.float32(1e-6))).all()
+    assert np.isfinite(tile.layer_norm(x32(), eps=np.float64(1e-5))).all()
+    assert np.isfinite(tile.rms_norm(x, eps=2.0 ** -149)).all()  # a subnormal float32 holds exactly
+
+
+def test_plan_values_of_numpy_integer_types():
+    y = tile.softmax(x32(), plan={"stripes": np.int64(1), "workers_per_program": np.int32(16)})
+    assert np.isfinite(y).all()
+    assert tile.plan("softmax", x32(), plan={"programs_per_group": np.uint8(2)})["programs_per_group"] == 2
+    with pytest.raises(ValueError, match=r"mapping plan: argument 'stripes': expected an integer, got true"):
+        tile.softmax(x32(), plan={"stripes": np.bool_(True)})
+    with pytest.raises(ValueError, match=r"mapping plan: argument 'stripes': expected an integer, got np.float64\(1.0\)"):
+        tile.softmax(x32(), plan={"stripes": np.float64(1.0)})
+    with pytest.raises(ValueError, match=r"mapping plan: argument 'stripes': expected an integer, got nan"):
+        tile.softmax(x32(), plan={"stripes": float("nan")})
+    with pytest.raises(TypeError, match=r"mapping plan: argument 'stripes': expected an integer or a string, got list"):
+        tile.softmax(x32(), plan={"stripes": [1]})
+    with pytest.raises(TypeError, match=r"softmax: argument 'plan': expected plan field names as strings, got 1 \(int\)"):
+        tile.softmax(x32(), plan={1: 2})
+    with pytest.raises(ValueError, match=r"mapping plan: argument 'stripes': expected an integer in \[1, 2147483647\], "
+                                         r"got 0"):
+        tile.softmax(x32(), plan={"stripes": np.int64(0)})
+
+
+def test_plan_text_with_a_nul_byte():
+    # The JSON parser stops at NUL: what follows must not be dropped silently.
+    with pytest.raises(ValueError, match=r"mapping plan: argument 'json': expected a JSON object without NUL bytes, "
+                                         r"got a NUL byte at offset 13 of 21"):
+        tile.plan("softmax", x32(), plan='{"stripes":1}\x00garbage')
+    with pytest.raises(ValueError, match=r"NUL"):
+        tile.softmax(x32(), plan='{"stripes":1}\x00')
+
+
+def test_big_endian_and_other_unexportable_dtypes():
+    for arg, kwargs in [("x", {}), ("out", {"out": np.empty((4, 64), ">f4")}),
+                        ("weight", {"weight": np.ones(64, ">f4")})]:
+        x = x32().astype(">f4") if arg == "x" else x32()
+        with pytest.raises(ValueError, match=rf"rms_norm: argument '{arg}': expected dtype float32, float16 or bfloat16 "
+                                             rf"in native \(little-endian\) byte order, got '>f4' \(big-endian; "):
+            tile.rms_norm(x, **kwargs)
+    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected dtype float32, float16 or bfloat16 "
+                                         r"in native .*got '>f2'"):
+        tile.plan("softmax", x32().astype(">f2"))
+    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected dtype float32, float16 or bfloat16, "
+                                         r"got \[\('a', '<f4'\)\]"):
+        tile.softmax(np.zeros((2, 3), dtype=[("a", "<f4")]))
+    with pytest.raises(ValueError, match=r"argument 'x': expected dtype float32, float16 or bfloat16, got <U1"):
+        tile.softmax(np.array([["a"]]))
+    for dtype, name in [(bool, "bool8"), (np.int64, "int64"), (np.complex64, "complex64")]:
+        with pytest.raises(ValueError, match=rf"softmax: argument 'x': expected dtype float32, float16 or bfloat16, "
+                                             rf"got {name}"):
+            tile.softmax(np.ones((3, 4), dtype))
+
+
+def test_scalars_masked_arrays_and_none():
+    with pytest.raises(TypeError, match=r"softmax: argument 'x': expected an array exporting DLPack.*got numpy.float32 "
+                                        r"\(a scalar, not an array\)"):
+        tile.softmax(np.float32(3.0))
+    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected an array of at least one dimension, "
+                                         r"got a 0-d array"):
+        tile.softmax(np.array(3.0, np.float32))
+    with pytest.raises(ValueError, match=r"rms_norm: argument 'weight': expected shape \(64,\).*got shape \(\)"):
+        tile.rms_norm(x32(), weight=np.array(1.0, np.float32))
+    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected cols >= 1, got 0"):
+        tile.softmax(np.ones((3, 0), np.float32))
+    with pytest.raises(TypeError, match=r"softmax: argument 'x': expected an array without a mask, got "
+                                        r"numpy.ma.MaskedArray"):
+        tile.softmax(np.ma.array(x32(), mask=np.zeros((4, 64), bool)))
+    for fn in (tile.softmax, tile.rms_norm, tile.layer_norm):
+        with pytest.raises(TypeError, match=rf"{fn.__name__}: argument 'x': expected an array exporting DLPack.*"
+                                            r"got NoneType"):
+            fn(None)
+    with pytest.raises(TypeError, match=r"softmax: argument 'x': expected an array exporting DLPack.*got memoryview"):
+        tile.softmax(memoryview(x32()))
+
+
+def test_bad_op():
+    ops = r"expected one of 'softmax', 'log_softmax', 'rms_norm', 'layer_norm'"
+    with pytest.raises(ValueError, match=r"run: argument 'op': " + ops + r", got 'gelu'"):
+        tile.run("gelu", x32())
+    with pytest.raises(TypeError, match=r"run: argument 'op': " + ops + r", got None"):
+        tile.run(None, x32())
+    for fn in (tile.plan, tile.ir, tile.source):
+        with pytest.raises(TypeError, match=rf"{fn.__name__}: argument 'op': " + ops + r", got 3"):
+            fn(3, x32())
+
+
+def test_bad_dtype_argument():
+    for dtype, given in [(np.float64, r"<class 'numpy.float64'>"), (np.int32, r"<class 'numpy.int32'>"),
+                         ("int8", r"'int8'"), (5, r"5")]:
+        with pytest.raises(ValueError, match=r"softmax: argument 'dtype': expected float32.*float16.*got " + given):
+            tile.softmax(x32(), dtype=dtype)
+
+
+def test_disjoint_interleaved_views_of_one_buffer_run():
+    b = x32((4, 128))
+    before = b.copy()
+    out = tile.softmax(b[:, :64], out=b[:, 64:])
+    e = np.exp(before[:, :64].astype(np.float64) - before[:, :64].max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+    assert (b[:, :64] == before[:, :64]).all()
+    tile.layer_norm(b[:, 64:], out=b[:, :64])                # the other way round
+    with pytest.raises(ValueError, match=r"softmax: argument 'y': expected memory that does not overlap x"):
+        tile.softmax(b[:, :64], out=b[:, 63:127])
+    with pytest.raises(ValueError, match=r"rms_norm: argument 'y': expected memory that does not overlap weight"):
+        tile.rms_norm(b[:, :64], weight=b[0, 64:], out=b[:, 64:])
+
+
+def test_grid_beyond_its_limit_is_refused_by_every_entry_point():
+    # 2^31 + 5 rows of one column, viewed over 4 bytes (never read): the grid check comes first.
+    x = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), shape=(2**31 + 5, 1), strides=(4, 4))
+    plan = {"programs_per_group": 1, "workers_per_program": 32}
+    message = r"softmax: argument 'x': expected at most 2147483647 groups of 1 rows \(the grid's limit\), got 2147483653 rows"
+    for fn in (tile.plan, tile.ir, tile.source, tile.run):
+        with pytest.raises(ValueError, match=message):
+            fn("softmax", x, out=x, plan=plan)
+
+
+def test_internal_errors_are_not_value_errors():
+    assert issubclass(tile.InternalError, RuntimeError) and not issubclass(tile.InternalError, ValueError)
+    with pytest.raises(tile.InternalError, match=r"tile internal error at .*a bug in the Tile library, not in the call"):
+        tile._tile._raise_internal_error()
 
 
 def test_stream_on_cpu():
@@ -116,3 +265,28 @@ def test_stream_on_cpu():
         tile.softmax(x32(), stream=1234)
     with pytest.raises(TypeError, match=r"argument 'stream': expected an int"):
         tile.softmax(x32(), stream="default")
+
+
+@pytest.mark.gpu
+def test_torch_fast_path_refuses_the_same():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    x = torch.randn(4, 128, device="cuda")
+    with pytest.raises(TypeError, match=r"rms_norm: argument 'eps': expected a real number \(float\), got str 'abc'"):
+        tile.rms_norm(x, eps="abc")
+    with pytest.raises(ValueError, match=r"rms_norm: argument 'eps': " + EPS_RANGE + r".*got 1e-50"):
+        tile.rms_norm(x, eps=1e-50)
+    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected an array of at least one dimension"):
+        tile.softmax(torch.tensor(3.0, device="cuda"))
+    # numpy and torch integer scalars are plan integers; a plan given back is the same kernel.
+    plan = tile.plan("softmax", x[:, :64], plan={"stripes": np.int64(1), "programs_per_group": torch.tensor(2)})
+    assert plan["programs_per_group"] == 2 and tile.plan("softmax", x[:, :64], plan=plan) == plan
+    # Disjoint interleaved halves of one tensor run; sharing one element does not.
+    before = x.clone()
+    y = tile.softmax(x[:, :64], out=x[:, 64:])
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, torch.softmax(before[:, :64].double(), -1).float(), rtol=1e-5, atol=1e-6)
+    assert torch.equal(x[:, :64], before[:, :64])
+    with pytest.raises(ValueError, match=r"softmax: argument 'y': expected memory that does not overlap x"):
+        tile.softmax(x[:, :64], out=x[:, 63:127])

@@ -99,8 +99,30 @@ def test_malformed_tuples_are_type_errors():
         _tile.launch_raw("softmax", (x.ctypes.data, (4, 64), (64,), 0, -1), raw(out))
     with pytest.raises(TypeError, match=r"launch_raw: argument 'x': unknown dtype code 7"):
         _tile.launch_raw("softmax", raw(x)[:3] + (7, -1), raw(out))
-    with pytest.raises(TypeError, match=r"launch_raw: argument 'weight': expected integers"):
+    with pytest.raises(TypeError, match=r"launch_raw: argument 'weight': expected 64-bit integers.*got 1.5"):
         _tile.launch_raw("rms_norm", raw(x), raw(out), (0, (64,), (1.5,), 0, -1))
+    with pytest.raises(TypeError, match=r"launch_raw: argument 'x': expected 64-bit integers.*got 36893488147419103232"):
+        _tile.launch_raw("softmax", (x.ctypes.data, (2**65, 64), (64, 1), 0, -1), raw(out))
+
+
+def test_shapes_whose_element_count_overflows_are_refused():
+    # Leading extents multiplying past 2^63 once wrapped to 0 rows, and the call "succeeded".
+    x, out = make((4, 64)), np.empty((4, 64), np.float32)
+    for shape in [(2**62, 4, 64), (2**32, 2**32, 64), (3, 2**62, 64)]:
+        strides = (0,) * (len(shape) - 1) + (1,)
+        with pytest.raises(ValueError, match=r"softmax: argument 'x': expected leading extents whose product "
+                                             r"\(the rows\) is below 2\^63, got shape"):
+            _tile.launch_raw("softmax", (x.ctypes.data, shape, strides, 0, -1), raw(out))
+    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected a shape of extents >= 0, got shape \(-1, 64\)"):
+        _tile.launch_raw("softmax", (x.ctypes.data, (-1, 64), (64, 1), 0, -1), raw(out))
+    # Rows beyond what a view may span are refused before anything runs.
+    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected \(rows - 1\) \* row_stride \+ cols at most "
+                                         r"2\^61 - 1 elements, got \(4611686018427387904, 64\)"):
+        _tile.launch_raw("softmax", (x.ctypes.data, (2**62, 64), (64, 1), 0, -1),
+                         (out.ctypes.data, (2**62, 64), (64, 1), 0, -1))
+    # An empty leading extent is an empty call, whatever the others.
+    assert _tile.launch_raw("softmax", (x.ctypes.data, (2**62, 0, 64), (0, 0, 1), 0, -1),
+                            (out.ctypes.data, (2**62, 0, 64), (0, 0, 1), 0, -1), record=True)["groups"] == 0
 
 
 def test_many_dimensions():

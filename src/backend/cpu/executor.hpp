@@ -8,7 +8,8 @@
 // finishes, then the next; a barrier is released when every worker of its scope waits at that
 // same statement, a shfl_xor when every lane of the warp does. It reports, as ExecutionError,
 // out-of-bounds and misaligned accesses, shared-memory data races, skipped barriers and
-// shuffles, and integer division by zero. Tested by tests/backend/cpu/executor_test.cpp.
+// shuffles, and integer division by zero (library bugs, so an InternalError). Tested by
+// tests/backend/cpu/executor_test.cpp.
 #pragma once
 
 #include <cstdint>
@@ -47,9 +48,12 @@ struct ExecStats {
   int64_t shuffles = 0;                              // warp exchanges, one per warp
 };
 
-class ExecutionError : public tile::Error {
+// A kernel that breaks the IR's rules while it runs is a bug in the library that lowered it (or
+// in hand-written IR), never a caller's mistake: an InternalError, not a tile::Error.
+class ExecutionError : public tile::InternalError {
  public:
-  using tile::Error::Error;
+  explicit ExecutionError(const std::string& what)
+      : tile::InternalError("tile internal error (a library bug, not a bad argument): " + what) {}
 };
 
 // Runs `kernel` over args.groups groups. Registers start as NaN (f32) or 0, shared memory as

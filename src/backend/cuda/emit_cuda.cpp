@@ -46,10 +46,16 @@ class CudaEmitter : public IRPrinter {
   void print_kernel() override {
     os_ << device_source() << "\n";
     std::string sig;
-    for (const Buffer& b : k_.buffers) {
+    // An in-place call passes one buffer as x and y, so neither is __restrict__; the column
+    // operands (weight, bias) never overlap an output (check_call) and are.
+    TILE_CHECK(k_.buffers.size() >= 2 && !k_.buffers[0].output && k_.buffers[1].output, "kernel '", k_.name,
+               "': expected buffers x (input) and y (output) first");
+    for (size_t i = 0; i < k_.buffers.size(); ++i) {
+      const Buffer& b = k_.buffers[i];
+      const bool may_alias = i < 2 || b.output;
       std::string t = b.dtype == DType::f32 ? "float" : "unsigned short";
-      sig += std::string(sig.empty() ? "" : ", ") + (b.output ? "" : "const ") + t + "* __restrict__ " + b.name +
-             "  /* " + std::string(dtype_name(b.dtype)) + " */";
+      sig += std::string(sig.empty() ? "" : ", ") + (b.output ? "" : "const ") + t +
+             (may_alias ? "* " : "* __restrict__ ") + b.name + "  /* " + std::string(dtype_name(b.dtype)) + " */";
     }
     for (const ScalarParam& p : k_.params) sig += ", " + type_spelling(p.type) + " " + p.name;
     // Groups of 512 threads ask for two resident groups per SM (at most 64 registers a thread):
