@@ -408,12 +408,14 @@ def main(argv: list[str]) -> int:
                     if rec.get("cache_origin") not in ("compiled", None) and backend == "cuda":
                         raise SystemExit(f"repeat.py: round {rnd} {name}: kernel came from '{rec['cache_origin']}', "
                                          "not a fresh compile")
-                    src = tile.source(case["op"], work.x, weight=kwargs["weight"], bias=kwargs["bias"],
-                                      out=work.out, plan=plan)
-                    src_sha = hashlib.sha256(src.encode()).hexdigest()
-                    if src_sha != rec["source_sha256"]:
-                        raise SystemExit(f"repeat.py: {name}: source hash differs from the launched one")
-                    (out_dir / "sources" / f"{src_sha}.cu").write_text(src)
+                    # Provenance: the CUDA backend ran the generated source, the CPU backend the IR.
+                    what = "source" if backend == "cuda" else "ir"
+                    text = getattr(tile, what)(case["op"], work.x, weight=kwargs["weight"], bias=kwargs["bias"],
+                                               out=work.out, plan=plan)
+                    src_sha = hashlib.sha256(text.encode()).hexdigest()
+                    if src_sha != rec[what + "_sha256"]:
+                        raise SystemExit(f"repeat.py: {name}: {what} hash differs from the launched one")
+                    (out_dir / "sources" / f"{src_sha}.cu").write_text(text)
                     if args.expect_sources and not any((d / f"{src_sha}.cu").exists() for d in args.expect_sources):
                         raise SystemExit(f"repeat.py: {name} {case['id']}: source {src_sha} is not among the "
                                          f"frozen sources in {[str(d) for d in args.expect_sources]}")

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake ninja-build g++ libgtest-dev nlohmann-json3-dev libcli11-dev libssl-dev python3 python3-venv)
+packages=(cmake ninja-build g++ libgtest-dev nlohmann-json3-dev libcli11-dev libssl-dev python3 python3-dev python3-venv)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

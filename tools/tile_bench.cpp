@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda/driver.hpp"
+#include "bind/bind.hpp"
 #include "backend/cuda/jit_module.hpp"
 #include "testing/host_tensor.hpp"
 #include "tile/tile.hpp"
@@ -235,9 +236,7 @@ int tune_main(const TuneOptions& options) {
   const tile::DType dt = options.dtype;
   cu::ensure_context(0);
   DeviceCase c(op, dt, rows, cols, uint64_t(rows * 131 + cols));
-  tile::PlanInputs in;
-  in.op = op, in.x_dtype = in.y_dtype = in.column_dtype = dt, in.has_columns = c.call.weight.data != nullptr;
-  in.rows = rows, in.cols = cols, in.x_stride = in.y_stride = cols;
+  const tile::PlanInputs in = tile::bind(tile::builtin_program(op), tile::to_args(c.call)).plan_inputs();
   std::vector<tile::MappingPlan> family = tile::mapping_family(in);
   std::printf("tile tune: %s %s %s, %zu plans; medians of 7 event-timed batches per plan\n", op_text.c_str(),
               shape.c_str(), dtype.c_str(), family.size());

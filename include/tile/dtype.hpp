@@ -1,8 +1,9 @@
 // Element types of tensors in memory and their conversions to and from fp32.
 //
-// All arithmetic in Tile is fp32; fp16 and bf16 exist only in memory. The conversions here
-// round to nearest even, as the GPU's cvt.rn instructions do, so the CPU backend stores the
-// same bits the CUDA backend stores for the same fp32 value.
+// All floating-point arithmetic in Tile is fp32; fp16 and bf16 exist only in memory. The
+// integer dtypes (i32, i64) are for integer operands such as a per-row target class; loads
+// widen them to i64. Float conversions round to nearest even, as the GPU's cvt.rn
+// instructions do, so the CPU backend stores the same bits the CUDA backend stores.
 #pragma once
 
 #include <cstdint>
@@ -12,11 +13,15 @@
 
 namespace tile {
 
-enum class DType : uint8_t { f32, f16, bf16 };
+enum class DType : uint8_t { f32, f16, bf16, i32, i64 };
 
-constexpr int dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+constexpr int dtype_size(DType t) {
+  return t == DType::i64 ? 8 : (t == DType::f32 || t == DType::i32) ? 4 : 2;
+}
+constexpr bool is_float(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
 std::string_view dtype_name(DType t);
-// Parses "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16"; throws tile::Error otherwise.
+// Parses "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16", "i32"/"int32", "i64"/"int64";
+// throws tile::Error otherwise.
 DType parse_dtype(std::string_view name);
 
 inline float bf16_bits_to_float(uint16_t bits) {
@@ -44,8 +49,19 @@ inline float load_as_float(const void* base, int64_t i, DType t) {
     case DType::f32: return static_cast<const float*>(base)[i];
     case DType::bf16: return bf16_bits_to_float(static_cast<const uint16_t*>(base)[i]);
     case DType::f16: return f16_bits_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::i32: return float(static_cast<const int32_t*>(base)[i]);
+    case DType::i64: return float(static_cast<const int64_t*>(base)[i]);
   }
   return 0.0f;
+}
+
+// Reads element i of an integer buffer as i64 (floats are truncated toward zero).
+inline int64_t load_as_int(const void* base, int64_t i, DType t) {
+  switch (t) {
+    case DType::i32: return static_cast<const int32_t*>(base)[i];
+    case DType::i64: return static_cast<const int64_t*>(base)[i];
+    default: return int64_t(load_as_float(base, i, t));
+  }
 }
 
 inline void store_from_float(void* base, int64_t i, DType t, float v) {
@@ -53,6 +69,16 @@ inline void store_from_float(void* base, int64_t i, DType t, float v) {
     case DType::f32: static_cast<float*>(base)[i] = v; break;
     case DType::bf16: static_cast<uint16_t*>(base)[i] = float_to_bf16_bits(v); break;
     case DType::f16: static_cast<uint16_t*>(base)[i] = float_to_f16_bits(v); break;
+    case DType::i32: static_cast<int32_t*>(base)[i] = int32_t(v); break;
+    case DType::i64: static_cast<int64_t*>(base)[i] = int64_t(v); break;
+  }
+}
+
+inline void store_from_int(void* base, int64_t i, DType t, int64_t v) {
+  switch (t) {
+    case DType::i32: static_cast<int32_t*>(base)[i] = int32_t(v); break;
+    case DType::i64: static_cast<int64_t*>(base)[i] = v; break;
+    default: store_from_float(base, i, t, float(v)); break;
   }
 }
 

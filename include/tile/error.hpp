@@ -21,7 +21,8 @@ class InternalError : public std::logic_error {
   using std::logic_error::logic_error;
 };
 
-// Raised when a GPU launch is requested on a machine without a usable CUDA driver.
+// Raised when GPU work is requested on a machine without a usable CUDA driver, or a compile
+// without NVRTC ("no NVRTC found; looked in: ...").
 class NoDriverError : public Error {
  public:
   using Error::Error;

@@ -1,7 +1,10 @@
 // The mapping plan: how the workers (threads) of a group (thread block) cover rows.
 //
-// A plan is plain data with every field of the mapping family. It prints (as JSON and as a
-// pseudo loop nest), parses and hashes stably, so a run can record exactly what it launched.
+// A plan is plain data with every field of the mapping family, listed once in
+// TILE_PLAN_FIELDS. From that list come the plan and request structs, the JSON printer and
+// parser, the hash, the kernel cache key, the per-field range checks and the loop nest's field
+// line, so a field cannot be forgotten in one of them. A printed plan parses back to the same
+// plan, and given back as a request it yields the identical kernel (tests/plan/plan_test.cpp).
 // PlanRequest holds the fields a caller fixed; the analytic policy fills the rest
 // (src/plan/policy.cpp). A plan resolved for a call is validated against that call.
 #pragma once
@@ -9,12 +12,14 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace tile {
 
 // How many workers cooperate on a row: set by the caller ("exact") or derived by the policy.
+// It records where the width came from and does not change the kernel.
 enum class WidthMode : uint8_t { automatic, exact };
-// Where a worker keeps its slice of the input row between passes.
+// Where a worker keeps its slice of the input rows between passes.
 enum class InputCaching : uint8_t { registers, reread };
 // Scope of the barriers a multi-warp program uses for its cross-warp reductions.
 enum class BarrierScope : uint8_t { group, program };
@@ -32,54 +37,62 @@ enum class Alignment : uint8_t { scalar_fallback, require };
 // each pass uses it (`packed`).
 enum class CacheFormat : uint8_t { f32, packed };
 
+// type, name, default, smallest, largest (integers), what it sets
+#define TILE_PLAN_FIELDS(X)                                                                          \
+  X(int, programs_per_group, 1, 1, 1024, "rows packed into one group (thread block)")               \
+  X(int, workers_per_program, 256, 1, 1024, "cooperating width: 1..16 (sub-warp) or a multiple of 32") \
+  X(WidthMode, width_mode, WidthMode::automatic, 0, 1, "where the width came from")                 \
+  X(int, vector_elems, 4, 1, 8, "consecutive elements per worker per access")                       \
+  X(int, stripes, 1, 1, 2147483647, "passes of all workers over the row")                           \
+  X(int, stripe_unroll, 1, 1, 16, "stripes in flight per loop iteration (re-read loops)")          \
+  X(InputCaching, caching, InputCaching::registers, 0, 1, "where row input stays between passes")  \
+  X(int, private_budget, 64, 1, 255, "cached scalars per worker")                                   \
+  X(BarrierScope, barrier_scope, BarrierScope::group, 0, 1, "scope of cross-warp barriers")         \
+  X(TailHandling, tail, TailHandling::predicate, 0, 1, "lanes past the row end")                    \
+  X(Alignment, alignment, Alignment::scalar_fallback, 0, 1, "vector accesses on unaligned rows")    \
+  X(CacheFormat, cache_format, CacheFormat::f32, 0, 1, "register cache of 16-bit input")            \
+  X(int, resident_groups, 1, 1, 32, "groups per SM the kernel is compiled to fit (launch bounds)")  \
+  X(int, grid_limit, 0, 0, 1 << 30, "most groups launched; each loops over rows (0: one per row block)")
+
 struct MappingPlan {
-  int programs_per_group = 1;    // rows packed into one group (thread block)
-  int workers_per_program = 256; // cooperating width: 1..16 (sub-warp) or a multiple of 32
-  WidthMode width_mode = WidthMode::automatic;
-  int vector_elems = 4;          // consecutive elements per worker per access
-  int stripes = 1;               // passes of all workers over the row
-  int stripe_unroll = 1;         // stripes in flight per loop iteration (re-read loops)
-  InputCaching caching = InputCaching::registers;
-  int private_budget = 64;       // cached scalars per worker
-  BarrierScope barrier_scope = BarrierScope::group;
-  TailHandling tail = TailHandling::predicate;
-  Alignment alignment = Alignment::scalar_fallback;
-  CacheFormat cache_format = CacheFormat::f32;
+#define TILE_PLAN_MEMBER(type, name, def, lo, hi, doc) type name = def;
+  TILE_PLAN_FIELDS(TILE_PLAN_MEMBER)
+#undef TILE_PLAN_MEMBER
 
   int threads_per_group() const { return programs_per_group * workers_per_program; }
   int64_t elems_per_stripe() const { return int64_t(workers_per_program) * vector_elems; }
-  int cached_scalars() const { return caching == InputCaching::registers ? stripes * vector_elems : 0; }
 
   std::string to_json() const;                       // canonical: sorted keys, no spaces
-  static MappingPlan from_json(const std::string&);  // throws tile::Error naming the field
+  static MappingPlan from_json(const std::string&);  // every field; throws tile::Error naming it
   std::string hash() const;                          // SHA-256 hex of to_json()
+  // Appends every field's value to `key` (a compact cache key, no JSON on the launch path).
+  void append_key(std::string& key) const;
   std::string loop_nest() const;                     // human-readable pseudo loop nest
   bool operator==(const MappingPlan&) const = default;
 };
 
-// Fields a caller fixes; unset fields are chosen by the analytic policy.
+// Fields a caller fixes; unset fields are chosen by the analytic policy. A full plan given
+// back as a request (PlanRequest::exactly, or its JSON) reproduces it exactly.
 struct PlanRequest {
-  std::optional<int> programs_per_group;
-  std::optional<int> workers_per_program;
-  // Where a fixed width is recorded as coming from: exact unless the request says automatic, as
-  // a resolved plan given back does (its width was the policy's); the width is fixed either
-  // way, so a printed plan given back resolves to the identical plan and kernel.
-  std::optional<WidthMode> width_mode;
-  std::optional<int> vector_elems;
-  std::optional<int> stripes;
-  std::optional<int> stripe_unroll;
-  std::optional<InputCaching> caching;
-  std::optional<int> private_budget;
-  std::optional<BarrierScope> barrier_scope;
-  std::optional<TailHandling> tail;
-  std::optional<Alignment> alignment;
-  std::optional<CacheFormat> cache_format;
+#define TILE_PLAN_MEMBER(type, name, def, lo, hi, doc) std::optional<type> name;
+  TILE_PLAN_FIELDS(TILE_PLAN_MEMBER)
+#undef TILE_PLAN_MEMBER
 
-  // Every field of `plan` fixed, width_mode included: resolves to `plan` itself.
-  static PlanRequest exactly(const MappingPlan& plan);
-  // A subset of the plan's fields; a full plan's JSON is a request for exactly that plan.
-  static PlanRequest from_json(const std::string&);
+  static PlanRequest exactly(const MappingPlan& plan);  // every field fixed
+  static PlanRequest from_json(const std::string&);     // a subset of the plan's fields
+  std::string to_json() const;                          // the fixed fields only
+  bool operator==(const PlanRequest&) const = default;
 };
+
+// One plan field, for generic tools (documentation, the CLI's help, the fuzz).
+struct PlanFieldInfo {
+  std::string name;
+  bool is_enum;
+  int64_t lo, hi;                    // integers: the accepted range
+  std::vector<std::string> values;   // enums: the accepted names, in enum order
+  std::string doc;
+};
+const std::vector<PlanFieldInfo>& plan_fields();
 
 std::string to_string(WidthMode);
 std::string to_string(InputCaching);

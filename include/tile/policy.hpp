@@ -2,31 +2,50 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tile/dtype.hpp"
 #include "tile/plan.hpp"
-#include "tile/spec.hpp"
 
 namespace tile {
 
 struct DeviceLimits {
   int sm_count = 132;                 // H200
   int max_threads_per_group = 1024;
+  int max_threads_per_sm = 2048;
   int named_barriers = 16;            // id 0 is the group barrier, 1.. are per program
   int max_shared_bytes = 48 * 1024;   // static shared memory per group
   int64_t max_groups = 2147483647;    // groups in a grid (gridDim.x)
 };
 
-// What the policy may look at: the operator, dtypes, shape, strides and the alignment of the
-// operands' base addresses (the largest power of two dividing every base address, in bytes).
+// A row operand (input or output) of a call: its dtype and row stride in elements.
+struct RowOperandInfo {
+  DType dtype = DType::f32;
+  int64_t stride = 0;
+  bool input = true;
+};
+
+// What the policy may look at: the shape, every present row and column operand (dtype,
+// stride, the alignment of the base addresses: the largest power of two dividing every base
+// address, in bytes) and what the program's reductions need. Derived from a bound call
+// (src/bind/bind.cpp); for_rows() describes the one-input, one-output built-in operators.
 struct PlanInputs {
-  Op op = Op::softmax;
-  DType x_dtype = DType::f32, y_dtype = DType::f32, column_dtype = DType::f32;
-  bool has_columns = false;
-  int64_t rows = 0, cols = 0, x_stride = 0, y_stride = 0;
+  int64_t rows = 0, cols = 0;
+  std::vector<RowOperandInfo> row_operands;
+  std::vector<DType> column_dtypes;
   int64_t base_alignment = 16;
+  int merge_parts = 3;               // most reduction state parts merged across warps at once
+  int rows_reduction_parts = 0;      // per-element accumulators of reductions over the rows
+  bool reduces_rows = false;         // some reduction runs over the rows
+  std::string rows_operand = "x";    // the operand errors about the row count name
+
+  static PlanInputs for_rows(DType x, DType y, int64_t rows, int64_t cols, int64_t x_stride = 0,
+                             int64_t y_stride = 0, std::optional<DType> columns = std::nullopt);
+  int row_inputs() const;           // row operands read
+  int64_t input_bytes_per_col() const;  // bytes of every row input in one column
+  int widest_elem_bytes() const;    // over every row and column operand
 };
 
 // Fills every field the request leaves unset (see docs/source/internals/tile/policy.md).

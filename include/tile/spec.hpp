@@ -1,30 +1,131 @@
-// Operator specs: what one row computes, independent of how workers map onto it.
+// Operator specs: what a row program computes, independent of how workers map onto rows.
 //
-// A RowProgram is a small expression graph over the elements of one input row: element-wise
-// math on the input and on per-column operands (weight, bias), row reductions (sum, max) that
-// turn element expressions into row scalars, and one element expression stored as the output.
-// Softmax, log-softmax, RMSNorm and LayerNorm are each a few lines (src/spec/operators.cpp);
-// a fused row operator is written the same way and lowered by the same pass.
+// A RowProgram declares its operands once — each with a role, its axes and the dtypes it
+// accepts — and builds an expression graph over them: loads, element-wise math, a column index,
+// `select`, and reductions over an axis with a monoid (include/tile/monoid.hpp). Reductions
+// over the columns give one value per row; reductions over the rows give one value per column
+// (a weight gradient) or one value per call (a loss). Stores write expressions to outputs.
+//
+//   RowProgram p("softmax");
+//   Operand x = p.row_in("x"), y = p.row_out("y", {}, /*may_alias=*/x);
+//   RowExpr v = p.load(x);
+//   auto [m, s] = p.reduce2(Axis::cols, monoid::online_softmax(), v);
+//   p.store(y, exp(v - m) / s);
+//
+// Everything else — kernel signature, argument checks, aliasing, the C++/Python bindings and
+// the `tile` command — is derived from the declarations (src/bind/bind.cpp).
 #pragma once
 
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "tile/dtype.hpp"
+#include "tile/monoid.hpp"
 
 namespace tile {
 
-enum class Reduction : uint8_t { sum, max };
-enum class UnaryFn : uint8_t { neg, exp, log, rsqrt, sqrt };
-enum class BinaryFn : uint8_t { add, sub, mul, div, max, min };
+// What an operand is to the program, and so its axes.
+enum class Role : uint8_t {
+  row_in,          // (rows, cols) read; rows may be strided, each row contiguous
+  row_out,         // (rows, cols) written
+  row_scalar_in,   // (rows,) read: one value per row (a target, a saved statistic)
+  row_scalar_out,  // (rows,) written: one value per row (rstd, a per-row loss)
+  col_in,          // (cols,) read: one value per column (weight, bias)
+  col_out,         // (cols,) written: reduced across the rows (dweight, dbias)
+  scalar_in,       // one value passed by value (eps, ignore_index)
+  scalar_out,      // (1,) written: reduced across the rows (a mean loss)
+};
+std::string_view role_name(Role role);
+bool is_output(Role role);
+
+// The dtypes an operand accepts, as a set.
+class DTypeSet {
+ public:
+  constexpr DTypeSet() = default;
+  constexpr DTypeSet(std::initializer_list<DType> dtypes) {
+    for (DType t : dtypes) bits_ |= uint8_t(1u << int(t));
+  }
+  static constexpr DTypeSet floats() { return {DType::f32, DType::f16, DType::bf16}; }
+  static constexpr DTypeSet integers() { return {DType::i32, DType::i64}; }
+  constexpr bool contains(DType t) const { return bits_ & (1u << int(t)); }
+  constexpr bool empty() const { return bits_ == 0; }
+  std::string to_string() const;  // "f32, f16 or bf16"
+  bool operator==(const DTypeSet&) const = default;
+
+ private:
+  uint8_t bits_ = 0;
+};
+
+// The type of an expression's value. Memory dtypes exist only on operands: loads convert
+// floats to f32 and integers to i64.
+enum class ValueType : uint8_t { f32, i64, b1 };
+std::string_view value_type_name(ValueType t);
+
+// Axes an expression varies along. An element varies along both; a row scalar along rows;
+// a column value (a column operand, or a reduction over the rows) along cols; a uniform value
+// along neither.
+struct Shape {
+  bool rows = false, cols = false;
+  bool operator==(const Shape&) const = default;
+};
+std::string shape_name(Shape s);
+
+enum class Axis : uint8_t { cols, rows };
+
+struct Operand {
+  int id = -1;
+  explicit operator bool() const { return id >= 0; }
+};
+
+struct OperandDecl {
+  std::string name;
+  Role role;
+  DTypeSet dtypes;
+  bool optional = false;           // the caller may leave it out (weight, bias, dweight)
+  int may_alias = -1;              // outputs: the input this output may alias exactly (in place)
+  ValueType scalar_type = ValueType::f32;  // scalar_in: passed as f32 or i64
+  std::optional<double> default_value;     // scalar_in: the value when the caller gives none
+  double min_value = -1e300, max_value = 1e300;  // scalar_in: the accepted range
+  std::string doc;                 // one line for error messages and generated help
+};
 
 struct RowNode {
-  enum class Kind : uint8_t { input, column, scalar, constant, cols, reduce, unary, binary };
+  enum class Kind : uint8_t {
+    load,       // operand `operand`; an absent optional operand reads as `value`
+    constant,   // `value`
+    cols,       // the row length, f32
+    col_index,  // the column of the element, i64
+    unary,      // fn(a)
+    binary,     // a fn b
+    select,     // a ? b : c
+    result,     // part `part` of reduction `reduction`
+  };
   Kind kind;
-  int a = -1, b = -1;      // operand node ids
-  double value = 0.0;      // constant
-  std::string name;        // column or scalar name
-  Reduction reduction = Reduction::sum;
+  ValueType type = ValueType::f32;
+  Shape shape;
+  int a = -1, b = -1, c = -1;
+  int operand = -1;
+  double value = 0.0;
+  int reduction = -1, part = 0;
   UnaryFn unary = UnaryFn::neg;
   BinaryFn binary = BinaryFn::add;
+};
+
+// reduce(axis, monoid, inputs): folds the inputs over the axis; one result node per part.
+struct RowReduction {
+  Axis axis;
+  Monoid monoid;
+  std::vector<int> inputs;   // node ids, one per monoid input
+  std::vector<int> results;  // node ids of kind result, one per monoid part
+};
+
+struct RowStore {
+  int operand;
+  int value;
 };
 
 class RowProgram;
@@ -37,39 +138,73 @@ struct RowExpr {
 
 class RowProgram {
  public:
-  explicit RowProgram(std::string name) : name_(std::move(name)) {}
+  explicit RowProgram(std::string name);
   // RowExprs point at their program: copying one would leave them pointing at the original.
   RowProgram(const RowProgram&) = delete;
   RowProgram& operator=(const RowProgram&) = delete;
   RowProgram(RowProgram&&) = default;
 
-  RowExpr input();                           // element c of the input row, as fp32
-  RowExpr column(const std::string& name);   // element c of a per-column operand
-  RowExpr scalar(const std::string& name);   // a scalar launch argument (eps)
-  RowExpr constant(double value);
-  RowExpr cols();                            // the row length, as fp32
-  RowExpr reduce(Reduction kind, RowExpr element);
+  // ---- operands (declared once; the call binds them by name) ----
+  Operand row_in(std::string name, DTypeSet dtypes = DTypeSet::floats(), std::string doc = "");
+  Operand row_out(std::string name, DTypeSet dtypes = DTypeSet::floats(), Operand may_alias = {},
+                  std::string doc = "");
+  Operand row_scalar_in(std::string name, DTypeSet dtypes, std::string doc = "");
+  Operand row_scalar_out(std::string name, DTypeSet dtypes = {DType::f32}, bool optional = true,
+                         std::string doc = "");
+  Operand col_in(std::string name, DTypeSet dtypes = DTypeSet::floats(), bool optional = false,
+                 std::string doc = "");
+  Operand col_out(std::string name, DTypeSet dtypes = DTypeSet::floats(), bool optional = false,
+                  std::string doc = "");
+  Operand scalar_in(std::string name, ValueType type = ValueType::f32,
+                    std::optional<double> default_value = std::nullopt, std::string doc = "");
+  Operand scalar_out(std::string name, DTypeSet dtypes = {DType::f32}, bool optional = false,
+                     std::string doc = "");
+  // The values a scalar input accepts (inclusive); a call outside them is an error.
+  void scalar_range(Operand scalar, double lo, double hi);
+
+  // ---- expressions ----
+  RowExpr load(Operand operand);                     // an optional operand must use load_or
+  RowExpr load_or(Operand operand, double absent);  // `absent` when the caller leaves it out
+  RowExpr constant(double value);                   // f32
+  RowExpr integer(int64_t value);                   // i64
+  RowExpr cols();                                   // the row length, as f32
+  RowExpr col_index();                              // the element's column, as i64
   RowExpr unary(UnaryFn fn, RowExpr a);
   RowExpr binary(BinaryFn fn, RowExpr a, RowExpr b);
-  void output(RowExpr value);
+  RowExpr select(RowExpr cond, RowExpr a, RowExpr b);
+  // Folds `inputs` (one per monoid input) over `axis`; returns one expression per part.
+  std::vector<RowExpr> reduce(Axis axis, const Monoid& monoid, std::vector<RowExpr> inputs);
+  RowExpr reduce1(Axis axis, const Monoid& monoid, RowExpr input);  // a one-part monoid
+  std::pair<RowExpr, RowExpr> reduce2(Axis axis, const Monoid& monoid, RowExpr input);
+  void store(Operand operand, RowExpr value);
 
+  // ---- introspection ----
   const std::string& name() const { return name_; }
+  const std::vector<OperandDecl>& operands() const { return operands_; }
   const std::vector<RowNode>& nodes() const { return nodes_; }
-  int output_node() const { return output_; }
-  // Per-column operands and scalars in order of first use; they become kernel arguments.
-  const std::vector<std::string>& columns() const { return columns_; }
-  const std::vector<std::string>& scalars() const { return scalars_; }
-  // True when the node's value differs from element to element (it reads input or a column).
-  bool is_element(int id) const { return element_[id]; }
+  const std::vector<RowReduction>& reductions() const { return reductions_; }
+  const std::vector<RowStore>& stores() const { return stores_; }
+  int find_operand(const std::string& name) const;  // -1 when absent
+  // Identifies this program's exact content within the process: every change gives a new
+  // value, and no two programs share one (the kernel cache's key).
+  uint64_t serial() const { return serial_; }
+  // Throws tile::Error naming the program when it is incomplete: an output never stored,
+  // stored twice, or a store whose shape does not fit its operand.
+  void validate() const;
   std::string to_string() const;
 
  private:
-  int add(RowNode node, bool element);
+  Operand declare(OperandDecl decl);
+  int add(RowNode node);
+  const RowNode& node(RowExpr e) const;
+  [[noreturn]] void fail(const std::string& what) const;
+
   std::string name_;
+  std::vector<OperandDecl> operands_;
   std::vector<RowNode> nodes_;
-  std::vector<bool> element_;
-  std::vector<std::string> columns_, scalars_;
-  int output_ = -1;
+  std::vector<RowReduction> reductions_;
+  std::vector<RowStore> stores_;
+  uint64_t serial_ = 0;
 };
 
 RowExpr operator+(RowExpr a, RowExpr b);
@@ -77,15 +212,36 @@ RowExpr operator-(RowExpr a, RowExpr b);
 RowExpr operator*(RowExpr a, RowExpr b);
 RowExpr operator/(RowExpr a, RowExpr b);
 RowExpr operator-(RowExpr a);
+RowExpr operator+(RowExpr a, double b);
+RowExpr operator+(double a, RowExpr b);
+RowExpr operator-(RowExpr a, double b);
+RowExpr operator-(double a, RowExpr b);
+RowExpr operator*(RowExpr a, double b);
+RowExpr operator*(double a, RowExpr b);
+RowExpr operator/(RowExpr a, double b);
+RowExpr operator/(double a, RowExpr b);
 RowExpr exp(RowExpr a);
 RowExpr log(RowExpr a);
+RowExpr sqrt(RowExpr a);
 RowExpr rsqrt(RowExpr a);
-RowExpr max(RowExpr a, RowExpr b);
+RowExpr abs(RowExpr a);
+RowExpr tanh(RowExpr a);
+RowExpr max(RowExpr a, RowExpr b);  // NaN if either is NaN, as torch.maximum
+RowExpr min(RowExpr a, RowExpr b);
+RowExpr to_f32(RowExpr a);
+RowExpr eq(RowExpr a, RowExpr b);
+RowExpr ne(RowExpr a, RowExpr b);
+RowExpr lt(RowExpr a, RowExpr b);
+RowExpr le(RowExpr a, RowExpr b);
+RowExpr logical_and(RowExpr a, RowExpr b);
+RowExpr logical_or(RowExpr a, RowExpr b);
+RowExpr logical_not(RowExpr a);
 
-// The four forward operators of the library.
+// The built-in operators. Each is a row program (src/spec/operators.cpp); optional operands
+// (weight, bias) are part of it, so one program serves every combination of them.
 enum class Op : uint8_t { softmax, log_softmax, rms_norm, layer_norm };
 std::string op_name(Op op);
 Op parse_op(const std::string& name);  // throws tile::Error
-RowProgram make_program(Op op, bool has_weight, bool has_bias);
+const RowProgram& builtin_program(Op op);
 
 }  // namespace tile

@@ -15,11 +15,14 @@ struct TensorView {
   int64_t row_stride = 0;  // in elements, >= cols
 };
 
-// A view of a vector of `cols` elements (weight, bias). data == nullptr means absent.
+// A view of a vector: one value per column (weight, bias, dweight), one per row (a target,
+// rstd; `stride` elements apart) or a single value (a loss). data == nullptr means absent.
+// Vectors bound to outputs are written.
 struct VectorView {
   const void* data = nullptr;
   DType dtype = DType::f32;
   int64_t size = 0;
+  int64_t stride = 1;  // elements between consecutive values
 };
 
 inline TensorView matrix(void* data, DType dtype, int64_t rows, int64_t cols,

@@ -1,19 +1,25 @@
-// Tile: generated GPU kernels for row-wise reductions.
+// Tile: generated GPU kernels for row programs (softmax, RMSNorm, LayerNorm, and your own).
 //
-//   tile::softmax(x, y);                          // CUDA backend, analytic plan
-//   tile::rms_norm(x, y, w, 1e-6f, {.plan = req}); // fields of `req` fixed, the rest analytic
-//   tile::run(call, {.backend = tile::Backend::cpu});  // the same kernel on the CPU backend
+//   tile::softmax(x, y);                               // CUDA backend, analytic plan
+//   tile::rms_norm(x, y, w, 1e-6f, {.plan = req});      // fields of `req` fixed, the rest analytic
+//   tile::run(call, {.backend = tile::Backend::cpu});   // the same kernel on the CPU backend
+//
+//   tile::RowProgram p = ...;                           // a program of your own (spec.hpp)
+//   tile::run(p, tile::Args().set("x", x).set("y", y)); // bound by operand name
 //
 // Tensors are views: device pointers for the CUDA backend, host pointers for the CPU backend.
 // Rows may be strided (row_stride >= cols); the last dimension is contiguous.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "tile/dtype.hpp"
 #include "tile/error.hpp"
+#include "tile/monoid.hpp"
 #include "tile/plan.hpp"
 #include "tile/policy.hpp"
 #include "tile/spec.hpp"
@@ -26,14 +32,41 @@ enum class Backend : uint8_t { cuda, cpu };
 constexpr float kRmsNormEps = 1e-6f;
 constexpr float kLayerNormEps = 1e-5f;
 
-// One operator application. weight and bias are optional (data == nullptr) and only for the
-// norms; eps defaults to the operator's (kRmsNormEps, kLayerNormEps).
+// The operands of one call of a row program, by name. Row operands take a TensorView;
+// per-column, per-row and scalar outputs a VectorView; scalar inputs a number. Operands left
+// out are absent (optional ones) or take their declared default (scalars).
+class Args {
+ public:
+  using Value = std::variant<TensorView, VectorView, double>;
+  Args& set(const std::string& name, const TensorView& v) { return put(name, v); }
+  Args& set(const std::string& name, const VectorView& v) { return put(name, v); }
+  Args& set(const std::string& name, double v) { return put(name, v); }
+  const std::map<std::string, Value>& values() const { return values_; }
+
+ private:
+  Args& put(const std::string& name, Value v) {
+    values_[name] = std::move(v);
+    return *this;
+  }
+  std::map<std::string, Value> values_;
+};
+
+// One application of a built-in operator: x in, y out; weight and bias (optional, norms only);
+// eps defaults to the operator's (kRmsNormEps, kLayerNormEps).
 struct Call {
   Op op = Op::softmax;
   TensorView x, y;
   VectorView weight, bias;
   std::optional<float> eps;
 };
+// The same call as operands of builtin_program(call.op).
+Args to_args(const Call& call);
+
+// The fp32 eps for an eps given as a double (by Python or a command line): 0, or a finite
+// positive value that fp32 holds to within rounding (relative error at most 2^-24). Throws
+// tile::Error naming `op` for anything else: negative, NaN, infinite, beyond FLT_MAX, or so
+// small that it would round to 0 (1e-50) or to a coarse subnormal (1e-40).
+float checked_eps(Op op, double eps);
 
 // The fp32 eps for an eps given as a double (by Python or a command line): 0, or a finite
 // positive value that fp32 holds to within rounding (relative error at most 2^-24). Throws
@@ -52,12 +85,15 @@ struct CallOptions {
 struct LaunchRecord {
   MappingPlan plan;
   std::string kernel_name;
-  std::string source_sha256;
+  std::string ir_sha256;      // the raw IR the call ran (both backends), as ir_for prints it
+  std::string source_sha256;  // CUDA backend only: the generated source
   std::string cubin_sha256;   // empty on the CPU backend
   std::string arch;           // e.g. sm_90; empty on the CPU backend
   int64_t groups = 0;
   int threads_per_group = 0;
   int shared_bytes = 0;
+  int kernels = 1;            // launches: 2 when reductions over the rows need a second phase
+  int64_t workspace_bytes = 0;
   int64_t bytes_loaded = 0;   // CPU backend only: bytes its loads actually read
   // CUDA backend: how the kernel binary was obtained by this call ("compiled", "memory",
   // "disk"; "launch-cache" when the call reused an already loaded kernel), its NVRTC time and
@@ -67,6 +103,7 @@ struct LaunchRecord {
   std::vector<std::string> compile_options;
 };
 
+LaunchRecord run(const RowProgram& program, const Args& args, const CallOptions& options = {});
 LaunchRecord run(const Call& call, const CallOptions& options = {});
 
 void softmax(const TensorView& x, const TensorView& y, const CallOptions& options = {});
@@ -77,8 +114,11 @@ void layer_norm(const TensorView& x, const TensorView& y, const VectorView& weig
                 const VectorView& bias = {}, float eps = kLayerNormEps,
                 const CallOptions& options = {});
 
-// Introspection: the plan a call would launch, its raw IR and its CUDA source. They validate
-// the call's arguments like run() but need no GPU.
+// Introspection: the plan a call would launch, its raw IR and its CUDA source. They bind and
+// check the call's arguments like run() but need no GPU.
+MappingPlan plan_for(const RowProgram& program, const Args& args, const PlanRequest& request = {});
+std::string ir_for(const RowProgram& program, const Args& args, const PlanRequest& request = {});
+std::string source_for(const RowProgram& program, const Args& args, const PlanRequest& request = {});
 MappingPlan plan_for(const Call& call, const PlanRequest& request = {});
 std::string ir_for(const Call& call, const PlanRequest& request = {});
 std::string source_for(const Call& call, const PlanRequest& request = {});
@@ -89,8 +129,22 @@ std::string source_for(const Call& call, const PlanRequest& request = {});
 // kernels they hold); run() and the other entry points are thread-safe.
 void clear_kernel_caches();
 
-// The float64 reference: y_ref[r * cols + c] for a call whose pointers are host memory.
+// ---- references ----
+
+// The float64 reference of a built-in call: y_ref[r * cols + c] for host pointers. Written
+// independently of the row programs (src/api/oracle.cpp).
 std::vector<double> oracle(const Call& call);
+
+// The float64 evaluation of any row program over host operands (src/spec/evaluate.cpp): for
+// each present output, its values in row-major order (row scalars one per row, columns one
+// per column, scalars one value), and per value the magnitude its fp32 rounding error scales
+// with (the largest |value| of its row, or for sums over the rows the sum of |terms|).
+struct ReferenceOutput {
+  std::vector<double> values;
+  std::vector<double> scale;
+};
+using Reference = std::map<std::string, ReferenceOutput>;
+Reference reference(const RowProgram& program, const Args& args);
 
 struct OracleCheck {
   bool ok = true;
@@ -114,5 +168,10 @@ OracleCheck check_against(const Call& call, const std::vector<double>& reference
 // The longest chain of fp32 roundings a reduction's partial goes through under `plan` for rows
 // of `cols`: the elements a worker combines in sequence plus the butterfly levels.
 int merge_depth(const MappingPlan& plan, int64_t cols);
+// Every present output of a row program (host memory) against reference(program, args), with
+// the same rule; per-column and scalar outputs reduced over many rows get a tolerance that
+// grows with the square root of the row count.
+OracleCheck check_against_reference(const RowProgram& program, const Args& args);
+OracleCheck check_against_reference(const RowProgram& program, const Args& args, const Reference& reference);
 
 }  // namespace tile

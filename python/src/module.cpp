@@ -26,6 +26,7 @@
 #pragma GCC visibility push(default)
 #include "backend/cuda/driver.hpp"      // needs only <cuda.h>: DeviceInfo, ensure_context
 #include "backend/cuda/jit_module.hpp"  // needs only <cuda.h>: the NVRTC cache
+#include "backend/cuda/nvrtc.hpp"       // needs only <nvrtc.h>: where NVRTC is searched for
 #include "tile/tile.hpp"
 #pragma GCC visibility pop
 #include "tile_git_commit.h"  // generated on every build: TILE_GIT_COMMIT, TILE_GIT_DIRTY
@@ -389,6 +390,9 @@ nb::object execute(Bound& b, uintptr_t stream, bool record) {
   d["plan"] = json_loads(rec.plan.to_json());
   d["kernel_name"] = rec.kernel_name;
   d["source_sha256"] = rec.source_sha256;
+  d["ir_sha256"] = rec.ir_sha256;
+  d["kernels"] = rec.kernels;
+  d["workspace_bytes"] = rec.workspace_bytes;
   d["cubin_sha256"] = rec.cubin_sha256;
   d["arch"] = rec.arch;
   d["groups"] = rec.groups;
@@ -514,6 +518,11 @@ NB_MODULE(_tile, m) {
       nullptr);
   m.attr("InternalError") = nb::handle(internal_error_type);
   nb::register_exception_translator(translate);
+  // NVIDIA's NVRTC wheels are found through sys.path; NVRTC itself loads on the first compile.
+  std::vector<std::string> package_dirs;
+  for (nb::handle dir : nb::module_::import_("sys").attr("path"))
+    if (nb::isinstance<nb::str>(dir)) package_dirs.push_back(nb::cast<std::string>(dir));
+  tile::cuda::set_python_package_dirs(std::move(package_dirs));
   // Raises the C++ InternalError of a failed internal check, to test its translation.
   m.def("_raise_internal_error", [] { TILE_CHECK(false, "raised on request"); });
 
@@ -572,6 +581,7 @@ NB_MODULE(_tile, m) {
       "The kernel cache folder, or None when no folder is configured.");
   m.def("disk_cache_enabled", &tile::cuda::disk_cache_enabled);
   m.def("nvrtc_version", &tile::cuda::nvrtc_version, "The NVRTC version libtile.so uses, e.g. '13.0'.");
+  m.def("nvrtc_library", &tile::cuda::nvrtc_library, "The path of the libnvrtc libtile.so loaded.");
   m.def("driver_available", &tile::cuda::driver_available, "True when libcuda loads and a device exists.");
   m.def("device_info", &device_info, nb::arg("device") = 0, "Properties of a CUDA device (needs a driver).");
   m.def("build_info", &build_info, "Version, git commit and build of this extension and the libtile.so it loaded.");

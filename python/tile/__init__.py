@@ -20,7 +20,7 @@ from . import _tile
 
 __all__ = [
     "softmax", "log_softmax", "rms_norm", "layer_norm", "run", "plan", "ir", "source",
-    "clear_kernel_caches", "cache_dir", "nvrtc_version", "device_info", "build_info",
+    "clear_kernel_caches", "cache_dir", "nvrtc_version", "nvrtc_library", "device_info", "build_info",
     "driver_available", "InternalError",
 ]
 
@@ -406,8 +406,14 @@ def cache_dir():
 
 
 def nvrtc_version():
-    """The NVRTC version libtile.so compiles with, e.g. '13.0'."""
+    """The NVRTC version libtile.so compiles with, e.g. '13.0'; RuntimeError without NVRTC."""
     return _tile.nvrtc_version()
+
+
+def nvrtc_library():
+    """The path of the libnvrtc that libtile.so loaded (found at run time: TILE_NVRTC_LIBRARY, the
+    nvidia-cuda-nvrtc wheel, the CUDA toolkit, ...); RuntimeError "no NVRTC found" without one."""
+    return _tile.nvrtc_library()
 
 
 def driver_available():

@@ -1,5 +1,6 @@
 #include "cost/cost_model.hpp"
 
+#include <algorithm>
 #include <set>
 
 #include "lower/lower_row_program.hpp"
@@ -7,54 +8,86 @@
 namespace tile {
 
 namespace {
-// Columns an element expression reads.
-void columns_used(const RowProgram& p, int node, std::set<std::string>& out) {
+
+// Operands of `role` an element expression reads; stops at reduction results (earlier passes).
+void operands_read(const RowProgram& p, int node, Role role, std::set<int>& out) {
   const RowNode& n = p.nodes()[node];
-  if (n.kind == RowNode::Kind::column) out.insert(n.name);
-  if (n.kind == RowNode::Kind::reduce) return;  // a row scalar: computed in an earlier pass
-  if (n.a >= 0) columns_used(p, n.a, out);
-  if (n.b >= 0) columns_used(p, n.b, out);
+  if (n.kind == RowNode::Kind::result) return;
+  if (n.kind == RowNode::Kind::load && p.operands()[n.operand].role == role) out.insert(n.operand);
+  for (int o : {n.a, n.b, n.c})
+    if (o >= 0) operands_read(p, o, role, out);
 }
+
 }  // namespace
 
-CostEstimate estimate_cost(const RowProgram& program, const PlanInputs& in, const MappingPlan& plan) {
+CostEstimate estimate_cost(const RowProgram& program, const BoundCall& call, const MappingPlan& plan) {
   CostEstimate c;
+  const auto& decls = program.operands();
   const int64_t P = plan.programs_per_group, W = plan.workers_per_program, V = plan.vector_elems;
-  const int64_t xes = dtype_size(in.x_dtype), yes = dtype_size(in.y_dtype), wes = dtype_size(in.column_dtype);
-  const int64_t groups = (in.rows + P - 1) / P;
-  const int64_t programs = groups * P;  // including guard programs
-
-  // The element expression of every pass: one per reduction, then the output.
-  // Re-read plans compute softmax's max and sum, and LayerNorm's sum and squared deviations,
-  // in one pass each.
+  const int64_t rows = call.rows, cols = call.cols;
+  const int64_t groups = grid_groups(call, plan);
+  const bool loops = plan.grid_limit > 0;
+  // Programs that run, guard programs included: every row block's, whichever group owns it.
+  const int64_t programs = loops ? ((rows + P - 1) / P) * P : groups * P;
   const bool cached = plan.caching == InputCaching::registers;
-  std::vector<int> passes;
-  std::set<int> merged;
-  for (size_t n = 0; n < program.nodes().size(); ++n) {
-    if (program.nodes()[n].kind != RowNode::Kind::reduce || merged.count(int(n))) continue;
-    passes.push_back(program.nodes()[n].a);
-    for (int partner : {online_max_partner(program, int(n)), online_variance_partner(program, int(n))})
-      if (!cached && partner >= 0) merged.insert(partner);
-  }
-  passes.push_back(program.output_node());
-
-  c.input_passes = cached ? 1 : int(passes.size());
-  // Stripes each worker walks per pass (re-read loops round up to whole unrolled iterations).
   const int64_t step = W * V * plan.stripe_unroll;
-  const int64_t stripes = cached ? plan.stripes : ((in.cols + step - 1) / step) * plan.stripe_unroll;
-
-  auto pass_bytes = [&](int64_t es) {
-    if (plan.tail == TailHandling::clamp) return programs * W * stripes * V * es;  // every lane, every program
-    return in.rows * in.cols * es;  // only elements of real rows
+  const int64_t stripes = cached ? plan.stripes : ((cols + step - 1) / step) * plan.stripe_unroll;
+  auto present = [&](int o) { return call.operands[o].present; };
+  auto es = [&](int o) { return int64_t(dtype_size(call.operands[o].dtype)); };
+  auto pass_bytes = [&](int64_t e) {
+    if (plan.tail == TailHandling::clamp) return programs * W * stripes * V * e;  // every lane, every program
+    return rows * cols * e;  // only elements of real rows
   };
-  c.bytes_read = c.input_passes * pass_bytes(xes);
-  for (int element : passes) {
-    std::set<std::string> cols;
-    columns_used(program, element, cols);
-    c.bytes_read += int64_t(cols.size()) * pass_bytes(wes);
+
+  // The element expressions of each pass: one pass per level, then the output pass.
+  std::vector<std::vector<int>> passes;
+  for (const std::vector<int>& level : reduction_levels(program)) {
+    std::vector<int> exprs;
+    for (int red : level)
+      for (int in : program.reductions()[red].inputs) exprs.push_back(in);
+    passes.push_back(exprs);
   }
-  c.bytes_written = in.rows * in.cols * yes;
-  c.compulsory_bytes = in.rows * in.cols * (xes + yes) + int64_t(program.columns().size()) * in.cols * wes;
+  std::vector<int> output;
+  for (const RowStore& s : program.stores())
+    if (present(s.operand) && decls[s.operand].role == Role::row_out) output.push_back(s.value);
+  for (const RowReduction& r : program.reductions())
+    if (r.axis == Axis::rows)
+      for (int in : r.inputs)
+        if (program.nodes()[in].shape.cols) output.push_back(in);
+  if (!output.empty()) passes.push_back(output);
+
+  std::vector<int> reads(decls.size(), 0);
+  std::set<int> columns_any;
+  for (const std::vector<int>& pass : passes) {
+    std::set<int> row_ins, col_ins;
+    for (int e : pass) {
+      operands_read(program, e, Role::row_in, row_ins);
+      operands_read(program, e, Role::col_in, col_ins);
+    }
+    for (int o : row_ins) ++reads[o];
+    for (int o : col_ins)
+      if (present(o)) {
+        if (cached) columns_any.insert(o);
+        else c.bytes_read += pass_bytes(es(o));
+      }
+  }
+  for (int o : columns_any) c.bytes_read += pass_bytes(es(o));
+  for (size_t o = 0; o < decls.size(); ++o) {
+    const Role role = decls[o].role;
+    if (!present(int(o))) continue;
+    if (role == Role::row_in && reads[o] > 0) {
+      const int n = cached ? 1 : reads[o];
+      c.input_passes = std::max(c.input_passes, n);
+      c.bytes_read += n * pass_bytes(es(int(o)));
+    }
+    if (role == Role::row_scalar_in) c.bytes_read += (plan.tail == TailHandling::clamp ? programs : rows) * W * es(int(o));
+    if (role == Role::row_out) c.bytes_written += rows * cols * es(int(o));
+    if (role == Role::row_scalar_out) c.bytes_written += rows * es(int(o));
+    if (role == Role::row_in || role == Role::row_out) c.compulsory_bytes += rows * cols * es(int(o));
+    if (role == Role::row_scalar_in || role == Role::row_scalar_out) c.compulsory_bytes += rows * es(int(o));
+    if (role == Role::col_in || role == Role::col_out) c.compulsory_bytes += cols * es(int(o));
+    if (role == Role::scalar_out) c.compulsory_bytes += es(int(o));
+  }
   return c;
 }
 

@@ -21,12 +21,13 @@ const char* special_name(Special s) {
     case Special::worker_in_program: return "worker_in_program";
     case Special::warp_in_program: return "warp_in_program";
     case Special::lane: return "lane";
+    case Special::group_count: return "group_count";
   }
   return "?";
 }
 
 const char* unop_name(UnOp op) {
-  static const char* names[] = {"neg", "exp", "log", "rsqrt", "sqrt", "not", "exp2"};
+  static const char* names[] = {"neg", "exp", "log", "rsqrt", "sqrt", "not", "exp2", "abs", "tanh"};
   return names[int(op)];
 }
 
@@ -69,7 +70,7 @@ ExprPtr reg(int id, Type t) {
   return make(e);
 }
 ExprPtr special(Special s) {
-  Expr e{Expr::Kind::special, s == Special::group_index ? Type::i64 : Type::i32};
+  Expr e{Expr::Kind::special, s == Special::group_index || s == Special::group_count ? Type::i64 : Type::i32};
   e.id = int(s);
   return make(e);
 }

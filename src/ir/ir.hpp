@@ -31,10 +31,11 @@ enum class Special : uint8_t {
   worker_in_program,  // i32: 0 .. workers_per_program-1                     (varying)
   warp_in_program,    // i32: worker_in_program / 32                         (warp-uniform)
   lane,               // i32: threadIdx.x % 32                               (varying)
+  group_count,        // i64: groups in the grid                              (uniform)
 };
 const char* special_name(Special s);
 
-enum class UnOp : uint8_t { neg, exp, log, rsqrt, sqrt, not_, exp2 };
+enum class UnOp : uint8_t { neg, exp, log, rsqrt, sqrt, not_, exp2, abs, tanh };
 enum class BinOp : uint8_t { add, sub, mul, div, rem, min, max, lt, le, eq, ne, and_, or_ };
 const char* unop_name(UnOp op);
 const char* binop_name(BinOp op);
@@ -48,8 +49,9 @@ struct Expr {
     reg,          // register `id`
     special,      // Special(`id`)
     param,        // scalar kernel parameter `id`
-    unary,        // op(args[0]); not_ is b1 -> b1, the rest f32 -> f32
-    binary,       // args[0] op args[1]; both operands of `type` except comparisons (-> b1)
+    unary,        // op(args[0]); not_ is b1 -> b1, neg and abs keep the type, the rest f32 -> f32
+    binary,       // args[0] op args[1]; both operands of `type` except comparisons (-> b1);
+                  // f32 min and max are NaN if either operand is NaN
     select,       // args[0] (b1) ? args[1] : args[2]
     cast,         // convert args[0] to `type` (f32 <-> i32/i64, i32 <-> i64)
     row_aligned,  // b1: buffer `id` + element offset args[0] (i64) is aligned to `i` bytes
@@ -87,6 +89,7 @@ struct Stmt {
     assign,        // regs[dst] = value
     load,          // regs[dsts[j]] = buffer[index + j] for j < width (see below)
     store,         // buffer[index + j] = regs[srcs[j]] for j < min(width, valid)
+                   // (registers are f32 for float buffers, i64 for integer buffers)
     shfl_xor,      // regs[dst] = regs[src] of lane (lane ^ offset) within segments of `width`
     shared_store,  // shared[region][index] = value
     shared_load,   // regs[dst] = shared[region][index]
@@ -131,7 +134,10 @@ struct Buffer {
   std::string name;
   DType dtype;
   bool output;
+  bool noalias = true;  // no other buffer of the launch can alias it (C++ __restrict__)
 };
+// The register type a load of `dtype` fills and a store of it reads.
+inline Type value_type(DType dtype) { return is_float(dtype) ? Type::f32 : Type::i64; }
 
 struct ScalarParam {
   std::string name;
@@ -159,6 +165,7 @@ struct Kernel {
   int programs_per_group = 1;
   int workers_per_program = 32;
   int private_budget = 64;
+  int resident_groups = 1;  // groups per SM the kernel is compiled to fit (launch bounds)
   std::vector<Buffer> buffers;
   std::vector<ScalarParam> params;
   std::vector<Register> regs;

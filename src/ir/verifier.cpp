@@ -76,7 +76,8 @@ class Verifier {
 
   unsigned special_uniformity(Special s) const {
     switch (s) {
-      case Special::group_index: return kUniform;
+      case Special::group_index:
+      case Special::group_count: return kUniform;
       case Special::program_in_group: return program_;
       case Special::warp_in_program: return warp_;
       case Special::worker_in_program:
@@ -110,7 +111,9 @@ class Verifier {
           type_error("parameter " + k_.params[e.id].name + " is " + type_name(k_.params[e.id].type));
         return kUniform;
       case Expr::Kind::unary:
-        if (e.unop == UnOp::not_ ? e.args[0]->type != Type::b1 : e.args[0]->type != Type::f32 && e.unop != UnOp::neg)
+        if (e.unop == UnOp::not_ ? e.args[0]->type != Type::b1
+                                 : e.args[0]->type != Type::f32 && !((e.unop == UnOp::neg || e.unop == UnOp::abs) &&
+                                                                     e.args[0]->type != Type::b1))
           type_error(std::string(unop_name(e.unop)) + " of " + type_name(e.args[0]->type));
         if (e.type != e.args[0]->type) type_error("unary result type differs from its operand");
         return u;
@@ -154,6 +157,7 @@ class Verifier {
           case Special::warp_in_program: return Interval{0, std::max(0, k_.workers_per_program / 32 - 1)};
           case Special::program_in_group: return Interval{0, k_.programs_per_group - 1};
           case Special::group_index: return Interval{0, kInf};
+          case Special::group_count: return Interval{1, kInf};
         }
         return std::nullopt;
       case Expr::Kind::binary: {
@@ -239,8 +243,11 @@ class Verifier {
           // A whole access has no scalar path, so it must be known aligned when generated.
           if (check && s.whole && !(s.aligned->kind == Expr::Kind::constant && s.aligned->i))
             error("whole-vector access whose alignment condition is not the constant true");
+          const Type reg_type = s.raw ? Type::i32
+                                : s.buffer >= 0 && s.buffer < int(k_.buffers.size()) ? value_type(k_.buffers[s.buffer].dtype)
+                                                                                     : Type::f32;
           for (int r : s.dsts) {
-            expect_reg(check, r, s.raw ? Type::i32 : Type::f32, is_load ? "load destination" : "store source");
+            expect_reg(check, r, reg_type, is_load ? "load destination" : "store source");
             if (is_load) define(r, u);
           }
           break;

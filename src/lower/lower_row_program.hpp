@@ -1,16 +1,18 @@
-// lower_row_program: operator spec + mapping plan -> raw IR.
+// lower_row_program: row program + kernel signature + mapping plan -> raw IR.
 //
-// Each worker computes row = group_index * programs_per_group + program_in_group and covers
-// the row in stripes of workers_per_program * vector_elems elements. With register caching the
-// row slice is loaded once into `cached` registers and every reduction pass and the output
-// pass read those; with re-reading every pass loads the row again, except that softmax's max
-// and its sum of exp(x - max) share one pass (online_max_partner), as do LayerNorm's sum
-// and sum of squared deviations (online_variance_partner). Row reductions are a warp
-// shuffle butterfly, then (multi-warp programs) one shared slot per warp, one barrier and a
-// second butterfly that every warp runs, so no broadcast barrier is needed. Guard programs
-// (rows past the last) run every instruction with their loads and stores masked off (or
-// clamped), so they reach every barrier. Tested through the CPU backend by
-// tests/api/cpu_sweep_test.cpp and tests/cost/cost_model_test.cpp.
+// Each program (the workers that own one row) covers its row in stripes of
+// workers_per_program * vector_elems elements. Reductions over the columns are grouped in
+// levels (a reduction whose inputs use another's result comes a level later); each level is
+// one pass over the row: every worker folds its elements with the monoid's `chunk` graph (its
+// whole cached slice, or one re-read iteration at a time merged with `combine`), then the
+// states merge up the scope stack — lanes of a warp by shuffles, warps of a program through
+// shared memory and one barrier — with `combine` again. An output pass stores the row outputs.
+// Reductions over the rows fold each program's rows into per-slot partials (registers, or
+// the workspace for re-read plans) that a second kernel, lower_finish, combines in a fixed
+// order: bitwise identical from run to run. Guard programs (rows past the last) run every
+// instruction with loads and stores masked off (or clamped), so they reach every barrier.
+// Tested through the CPU backend by tests/lower/lower_row_program_test.cpp (random programs x
+// random plans against the float64 evaluation) and tests/api/cpu_sweep_test.cpp.
 #pragma once
 
 #include <optional>
@@ -22,40 +24,35 @@
 
 namespace tile {
 
-struct KernelSignature {
-  DType x = DType::f32, y = DType::f32;
-  std::vector<DType> columns;  // one per program.columns(), in that order
+struct KernelSignature;
+
+// What one kernel parameter carries, for the targets that fill in the arguments.
+struct ParamSource {
+  enum class Kind : uint8_t { rows, cols, stride, scalar, slots };
+  Kind kind;
+  int operand = -1;  // stride, scalar
 };
 
-// Kernel arguments: buffers x, y, then the program's columns; scalar params rows, cols,
-// x_stride, y_stride (i64), then the program's scalars (f32).
-ir::Kernel lower_row_program(const RowProgram& program, const KernelSignature& signature,
-                             const MappingPlan& plan);
-
-// RMSNorm's and LayerNorm's normalisation in a row program:
-//   inv = rsqrt(reduce_sum(C * C) / cols + s), used only by the product C * inv,
-// where C is an element expression E (RMSNorm), or E - reduce_sum(E) / cols used only by
-// C * C and C * inv (LayerNorm), and s is a row scalar no reduction feeds (eps). The lowering
-// computes these statistics as parts scaled by a power of two, merged pairwise, and the
-// product as (E / p - mean) * (p * inv): nothing overflows or underflows whatever the
-// magnitude of E (docs/source/numerics.md), and a constant row gives exactly 0.
-struct NormIdiom {
-  int element = -1;     // E
-  int centered = -1;    // C (E itself for RMSNorm)
-  int mean_sum = -1;    // reduce_sum(E), LayerNorm only
-  int square_sum = -1;  // reduce_sum(C * C)
-  int inv = -1;         // rsqrt(square_sum / cols + s)
-  int eps = -1;         // s
-  int product = -1;     // C * inv
-  bool centred() const { return mean_sum >= 0; }
+struct LoweredKernel {
+  ir::Kernel kernel;
+  std::vector<int> buffers;  // operand bound to each buffer; -1 is the workspace
+  std::vector<ParamSource> params;
 };
-std::optional<NormIdiom> norm_idiom(const RowProgram& program);
 
-// The sum reduction of exp(E - M), where M is the max reduction `max_node` of E (softmax's
-// normaliser), or -1. Re-read plans compute the two in one pass with a running rescale.
-int online_max_partner(const RowProgram& program, int max_node);
-// The sum reduction of (E - S / cols)^2, where S is the sum reduction `sum_node` of E
-// (LayerNorm's variance), or -1. Re-read plans compute the two in one pass (Chan's merge).
-int online_variance_partner(const RowProgram& program, int sum_node);
+struct LoweredProgram {
+  LoweredKernel main;
+  std::optional<LoweredKernel> finish;  // the second phase of reductions over the rows
+  // Workspace (f32) per slot (one slot per program of the grid): col_parts * cols + fixed_parts.
+  int col_parts = 0, fixed_parts = 0;
+  // Threads per group of the finish kernel: one column each.
+  static constexpr int kFinishThreads = 256;
+};
+
+LoweredProgram lower_row_program(const RowProgram& program, const KernelSignature& signature,
+                                 const MappingPlan& plan);
+
+// Reductions over the columns by level: a reduction whose inputs use the result of another
+// comes one level after it. Used by the lowering and the cost model.
+std::vector<std::vector<int>> reduction_levels(const RowProgram& program);
 
 }  // namespace tile

@@ -38,13 +38,42 @@ int pow2_at_least(int64_t v) {
   while (p < v) p *= 2;
   return p;
 }
-int widest_elem_bytes(const PlanInputs& in) {
-  int b = std::max(dtype_size(in.x_dtype), dtype_size(in.y_dtype));
-  return in.has_columns ? std::max(b, dtype_size(in.column_dtype)) : b;
+std::string strides(const PlanInputs& in) {
+  std::string s;
+  for (const RowOperandInfo& r : in.row_operands) s += (s.empty() ? "" : ", ") + std::to_string(r.stride);
+  return s;
 }
 bool valid_width(int w) { return (w >= 1 && w <= 16 && (w & (w - 1)) == 0) || (w >= 32 && w <= 1024 && w % 32 == 0); }
 
 }  // namespace
+
+PlanInputs PlanInputs::for_rows(DType x, DType y, int64_t rows, int64_t cols, int64_t x_stride, int64_t y_stride,
+                                std::optional<DType> columns) {
+  PlanInputs in;
+  in.rows = rows, in.cols = cols;
+  in.row_operands = {{x, x_stride ? x_stride : cols, true}, {y, y_stride ? y_stride : cols, false}};
+  if (columns) in.column_dtypes = {*columns};
+  return in;
+}
+
+int PlanInputs::row_inputs() const {
+  int n = 0;
+  for (const RowOperandInfo& r : row_operands) n += r.input;
+  return n;
+}
+
+int64_t PlanInputs::input_bytes_per_col() const {
+  int64_t b = 0;
+  for (const RowOperandInfo& r : row_operands) b += r.input ? dtype_size(r.dtype) : 0;
+  return std::max<int64_t>(b, 1);
+}
+
+int PlanInputs::widest_elem_bytes() const {
+  int b = 1;
+  for (const RowOperandInfo& r : row_operands) b = std::max(b, dtype_size(r.dtype));
+  for (DType t : column_dtypes) b = std::max(b, dtype_size(t));
+  return b;
+}
 
 bool whole_vectors(const PlanInputs& in, int v) { return rows_aligned(in, v) && in.cols % v == 0; }
 
@@ -52,8 +81,11 @@ bool rows_aligned(const PlanInputs& in, int v) {
   auto ok = [&](DType t, int64_t stride) {
     return in.base_alignment % (int64_t(v) * dtype_size(t)) == 0 && stride % v == 0;
   };
-  return ok(in.x_dtype, in.x_stride) && ok(in.y_dtype, in.y_stride) &&
-         (!in.has_columns || ok(in.column_dtype, 0));
+  for (const RowOperandInfo& r : in.row_operands)
+    if (!ok(r.dtype, r.stride)) return false;
+  for (DType t : in.column_dtypes)
+    if (!ok(t, 0)) return false;
+  return true;
 }
 
 MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const DeviceLimits& limits) {
@@ -74,7 +106,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   if (req.vector_elems) {
     p.vector_elems = *req.vector_elems;
   } else {
-    int v = 16 / widest_elem_bytes(in);
+    int v = 16 / in.widest_elem_bytes();
     while (v > 1 && (!rows_aligned(in, v) || v > cols)) v /= 2;
     p.vector_elems = v;
   }
@@ -82,7 +114,11 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
 
   // Cooperating width: one worker per vector up to a warp (sub-warp programs for short rows),
   // then whole warps, about kTargetStripes vectors per worker, at most one group.
-  const int xes = dtype_size(in.x_dtype);
+  // Bytes of every row input in one column: a register cache holds each input's slice.
+  const int64_t xes = in.input_bytes_per_col();
+  // Registers a cached column position costs a worker: one per row input, plus accumulators
+  // of reductions over the rows.
+  const int64_t per_elem = in.row_inputs() + in.rows_reduction_parts;
   const bool long_row = cols * xes > kRegisterRowBytes &&
                         req.caching.value_or(InputCaching::reread) == InputCaching::reread && !req.stripes;
   const int reread_unroll = req.stripe_unroll.value_or(kRereadUnroll);
@@ -110,7 +146,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
                   ? *req.stripes
                   : int(std::clamp<int64_t>(ceil_div(vectors, std::max(p.workers_per_program, 1)), 1, INT32_MAX));
   p.private_budget = req.private_budget.value_or(64);
-  p.caching = req.caching.value_or(!long_row && int64_t(p.stripes) * p.vector_elems <= p.private_budget
+  p.caching = req.caching.value_or(!long_row && int64_t(p.stripes) * p.vector_elems * per_elem <= p.private_budget
                                        ? InputCaching::registers
                                        : InputCaching::reread);
   if (long_row)
@@ -138,6 +174,14 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     if (p.barrier_scope == BarrierScope::program) n = std::min<int64_t>(n, limits.named_barriers - 1);
     p.programs_per_group = int(std::max<int64_t>(1, n));
   }
+  // Groups of 512 threads ask for two resident groups per SM (at most 64 registers a thread):
+  // at 68 registers bf16 LayerNorm x 16384 ran one group per SM (ncu: 25 % occupancy, 53 % of
+  // peak DRAM throughput); ptxas spills a few bytes instead, to L1.
+  p.resident_groups = req.resident_groups.value_or(p.threads_per_group() == 512 ? 2 : 1);
+  // Reductions over the rows keep one partial per program slot: about two groups per SM
+  // bound that extra memory (slots x cols x parts) while filling the device.
+  p.grid_limit = req.grid_limit.value_or(
+      in.reduces_rows ? int(std::max<int64_t>(1, ceil_div(2 * limits.sm_count, p.programs_per_group))) : 0);
   return p;
 }
 
@@ -159,14 +203,14 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("programs_per_group", "whole warps per group (programs_per_group x workers_per_program a multiple of 32)",
          str(P) + " x " + str(W) + " = " + str(int64_t(P) * W));
   if (V != 1 && V != 2 && V != 4 && V != 8) fail("vector_elems", "1, 2, 4 or 8", str(V));
-  if (V * widest_elem_bytes(in) > 16)
+  if (V * in.widest_elem_bytes() > 16)
     fail("vector_elems", "an access of at most 16 bytes on every operand",
-         str(V) + " elements of " + str(widest_elem_bytes(in)) + " bytes");
+         str(V) + " elements of " + str(in.widest_elem_bytes()) + " bytes");
   if (p.stripes < 1) fail("stripes", "at least 1", str(p.stripes));
   // The passes of all workers over a row are counted in 32 bits (the stripes field).
   if (ceil_div(in.cols, int64_t(W) * V) > INT32_MAX)
     throw_argument_error(
-        op, "x",
+        op, in.rows_operand,
         "cols at most 2147483647 passes of workers_per_program x vector_elems = " + str(int64_t(W) * V) + " elements",
         str(in.cols));
   if (p.stripe_unroll < 1 || p.stripe_unroll > 16) fail("stripe_unroll", "1 to 16", str(p.stripe_unroll));
@@ -176,15 +220,23 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     if (covered < in.cols)
       fail("stripes", "stripes x workers_per_program x vector_elems >= cols = " + str(in.cols),
            str(p.stripes) + " x " + str(W) + " x " + str(V) + " = " + str(covered));
-    if (int64_t(p.stripes) * V > p.private_budget)
+    const int64_t per_elem = in.row_inputs() + in.rows_reduction_parts;
+    if (int64_t(p.stripes) * V * per_elem > p.private_budget)
       fail("caching", "a cached row slice within private_budget = " + str(p.private_budget) +
                           " scalars (or caching \"reread\")",
-           "stripes x vector_elems = " + str(p.stripes * V) + " scalars per worker");
+           "stripes x vector_elems x " + str(per_elem) + " (row inputs and row-reduction accumulators) = " +
+               str(int64_t(p.stripes) * V * per_elem) + " scalars per worker");
   }
-  if (p.cache_format == CacheFormat::packed &&
-      (p.caching != InputCaching::registers || dtype_size(in.x_dtype) != 2 || V % 2 != 0))
-    fail("cache_format", "\"f32\" unless the row is cached in registers, the input is 16-bit and vector_elems is even",
-         "\"packed\" with caching \"" + to_string(p.caching) + "\", x " + std::string(dtype_name(in.x_dtype)) +
+  bool inputs_16bit = in.row_inputs() > 0;
+  std::string input_dtypes;
+  for (const RowOperandInfo& r : in.row_operands)
+    if (r.input) {
+      inputs_16bit &= dtype_size(r.dtype) == 2;
+      input_dtypes += (input_dtypes.empty() ? "" : ", ") + std::string(dtype_name(r.dtype));
+    }
+  if (p.cache_format == CacheFormat::packed && (p.caching != InputCaching::registers || !inputs_16bit || V % 2 != 0))
+    fail("cache_format", "\"f32\" unless the rows are cached in registers, every row input is 16-bit and vector_elems is even",
+         "\"packed\" with caching \"" + to_string(p.caching) + "\", row inputs " + input_dtypes +
              ", vector_elems " + str(V));
   if (p.barrier_scope == BarrierScope::program) {
     if (W % 32 != 0) fail("barrier_scope", "\"group\" for sub-warp programs (a named barrier counts whole warps)", "\"program\"");
@@ -196,13 +248,20 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
   if (p.alignment == Alignment::require && !whole_vectors(in, V))
     fail("alignment", "every row of every operand aligned to vector_elems = " + str(V) +
                           " elements and cols a multiple of it for \"require\"",
-         "base alignment " + str(in.base_alignment) + " bytes, x stride " + str(in.x_stride) +
-             ", y stride " + str(in.y_stride) + ", cols " + str(in.cols));
-  int reductions = 4;  // the most shared regions any operator uses (LayerNorm's scaled one-pass statistics)
-  if (int64_t(reductions) * P * std::max(1, W / 32) * 4 > limits.max_shared_bytes)
+         "base alignment " + str(in.base_alignment) + " bytes, row strides " + strides(in) + ", cols " + str(in.cols));
+  if (int64_t(std::max(1, in.merge_parts)) * P * std::max(1, W / 32) * 4 > limits.max_shared_bytes)
     fail("programs_per_group", "shared memory within " + str(limits.max_shared_bytes) + " bytes", str(P));
-  if (ceil_div(in.rows, P) > limits.max_groups)
-    throw_argument_error(op, "x",
+  if (int64_t(p.resident_groups) * P * W > limits.max_threads_per_sm)
+    fail("resident_groups", "resident_groups x threads per group <= " + str(limits.max_threads_per_sm) +
+                                " (threads an SM holds)",
+         str(p.resident_groups) + " x " + str(int64_t(P) * W));
+  if (in.reduces_rows && p.grid_limit < 1)
+    fail("grid_limit", "at least 1 for a program reducing over the rows (its partials are bounded by the grid)",
+         str(p.grid_limit));
+  const int64_t blocks = ceil_div(in.rows, P);
+  const int64_t groups = p.grid_limit > 0 ? std::min<int64_t>(blocks, p.grid_limit) : blocks;
+  if (groups > limits.max_groups)
+    throw_argument_error(op, in.rows_operand,
                          "at most " + str(limits.max_groups) + " groups of " + str(P) + " rows (the grid's limit)",
                          str(in.rows) + " rows");
 }

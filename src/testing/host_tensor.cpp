@@ -104,8 +104,8 @@ double dtype_max(DType t) {
     case DType::f32: return std::numeric_limits<float>::max();
     case DType::f16: return 65504.0;
     case DType::bf16: return 0x1.fep127;
+    default: return 0;
   }
-  return 0;
 }
 
 double dtype_min_subnormal(DType t) {
@@ -113,8 +113,8 @@ double dtype_min_subnormal(DType t) {
     case DType::f32: return 0x1p-149;
     case DType::f16: return 0x1p-24;
     case DType::bf16: return 0x1p-133;
+    default: return 0;
   }
-  return 0;
 }
 
 namespace {

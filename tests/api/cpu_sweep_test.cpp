@@ -104,6 +104,7 @@ TEST(CpuSweep, OneCaseOfEveryPlanFamily) {
     EXPECT_EQ(p.tail, *f.c.plan.tail);
     EXPECT_EQ(p.alignment, *f.c.plan.alignment);
     EXPECT_EQ(p.cache_format, *f.c.plan.cache_format);
+    EXPECT_EQ(p.grid_limit, *f.c.plan.grid_limit);
     EXPECT_TRUE(seen.insert(f.family).second) << "family listed twice";
     seen.insert("op " + op_name(f.c.op));
     seen.insert("x " + std::string(dtype_name(f.c.x)));
@@ -115,11 +116,28 @@ TEST(CpuSweep, OneCaseOfEveryPlanFamily) {
     EXPECT_TRUE(seen.count(std::string("y ") + dt)) << dt;
   }
   for (const char* family : {"registers w8 packed group predicate require packed-cache",
-                             "reread w96 packed program clamp scalar_fallback f32-cache",
+                             "reread w96 packed program clamp scalar_fallback f32-cache loop",
                              "registers w96 packed program predicate scalar_fallback packed-cache",
+                             "registers w96 single group clamp require f32-cache loop",
                              "reread w32 single group clamp require f32-cache"})
     EXPECT_TRUE(seen.count(family)) << family;
-  EXPECT_EQ(seen.size(), size_t(84 + 4 + 3 + 3));  // 56 register and 28 re-read families, ops, dtypes
+  EXPECT_EQ(seen.size(), size_t(168 + 4 + 3 + 3));  // 112 register and 56 re-read families, ops, dtypes
+}
+
+TEST(CpuSweep, GroupsLoopingOverRowBlocksReuseTheirPartialsSafely) {
+  // grid_limit: each group loops over row blocks and its warps reuse the shared partials; the
+  // next block's writes must wait for this block's reads (the CPU backend reports the race).
+  for (Op op : {Op::softmax, Op::log_softmax, Op::rms_norm, Op::layer_norm})
+    for (BarrierScope scope : {BarrierScope::group, BarrierScope::program}) {
+      Case c;
+      c.op = op, c.rows = 9, c.cols = 700, c.seed = 41;
+      c.plan.workers_per_program = 96, c.plan.programs_per_group = 2, c.plan.grid_limit = 2, c.plan.barrier_scope = scope;
+      SCOPED_TRACE(c.name() + " " + to_string(scope));
+      CaseResult r = run_case(c, Backend::cpu);
+      EXPECT_TRUE(r.check.ok) << r.check.first_mismatch;
+      EXPECT_TRUE(r.outside_untouched);
+      EXPECT_EQ(r.record.groups, 2);
+    }
 }
 
 TEST(CpuSemantics, NanAndAllNegativeInfinityRowsFollowPyTorch) {

@@ -11,7 +11,8 @@
 #include <sstream>
 #include <type_traits>
 
-#include "api/call.hpp"
+#include "api/pipeline.hpp"
+#include "bind/bind.hpp"
 #include "backend/cpu/executor.hpp"
 #include "backend/cuda/driver.hpp"
 #include "tile/tile.hpp"
@@ -52,16 +53,16 @@ TEST(ArgumentErrors, NamesOperatorArgumentExpectedAndGiven) {
   expect_error(c, {}, {"softmax", "'y'", "shape (64, 100)", "(63, 100)"});
   c = b.call(Op::softmax);
   c.weight = {b.w.data(), DType::f32, 100};
-  expect_error(c, {}, {"softmax", "'weight'", "no weight"});
+  expect_error(c, {}, {"softmax", "'weight'", "one of the operands x, y", "unknown operand"});
   c = b.call(Op::rms_norm);
   c.weight = {b.w.data(), DType::f32, 99};
   expect_error(c, {}, {"rms_norm", "'weight'", "100 elements", "99"});
   c = b.call(Op::rms_norm);
   c.eps = -1e-3f;
-  expect_error(c, {}, {"rms_norm", "'eps'", ">= 0", "-0.001"});
+  expect_error(c, {}, {"rms_norm", "'eps'", "a finite value >= 0", "-0.001"});
   c = b.call(Op::layer_norm);
   c.y.data = b.x.data() + 50;  // partial overlap
-  expect_error(c, {}, {"layer_norm", "'y'", "does not overlap x", "partially overlapping"});
+  expect_error(c, {}, {"layer_norm", "'y'", "does not overlap x", "overlapping view"});
   c = b.call(Op::softmax);
   c.y.dtype = DType::bf16, c.y.data = b.x.data();
   expect_error(c, {}, {"softmax", "'y'", "overlap"});
@@ -94,13 +95,13 @@ TEST(ArgumentErrors, InvalidPlansNameTheField) {
   expect_error(b.call(Op::softmax), p, {"plan.vector_elems", "16 bytes", "8 elements of 4 bytes"});
   p = {};
   p.cache_format = CacheFormat::packed;
-  expect_error(b.call(Op::softmax), p, {"softmax", "plan.cache_format", "16-bit", "x f32"});
+  expect_error(b.call(Op::softmax), p, {"softmax", "plan.cache_format", "16-bit", "row inputs f32"});
   p = {};
   p.vector_elems = 4, p.alignment = Alignment::require;
   Call odd = b.call(Op::softmax);
   odd.x.cols = odd.y.cols = 99;
   odd.x.row_stride = odd.y.row_stride = 99;
-  expect_error(odd, p, {"plan.alignment", "aligned", "x stride 99"});
+  expect_error(odd, p, {"plan.alignment", "aligned", "row strides 99, 99"});
 }
 
 TEST(ArgumentErrors, GridBeyondItsLimitIsRefused) {
@@ -125,7 +126,7 @@ TEST(ArgumentErrors, GridBeyondItsLimitIsRefused) {
   }
   // The mapping family offers no plan beyond the grid either.
   for (const MappingPlan& m :
-       mapping_family(PlanInputs{Op::softmax, DType::f32, DType::f32, DType::f32, false, rows, 1, 1, 1, 16}))
+       mapping_family(PlanInputs::for_rows(DType::f32, DType::f32, rows, 1)))
     EXPECT_LE((rows + m.programs_per_group - 1) / m.programs_per_group, int64_t(INT32_MAX)) << m.to_json();
 }
 
@@ -178,7 +179,8 @@ TEST(InternalErrors, ExecutorErrorsAreLibraryBugs) {
   static_assert(!std::is_base_of_v<Error, cpu::ExecutionError>);
   Buffers b;
   const Call call = b.call(Op::softmax);
-  const ir::Kernel& k = prepare(call, {})->kernel;
+  const ir::Kernel& k = prepare(builtin_program(Op::softmax), bind(builtin_program(Op::softmax), to_args(call)), {}, {})
+                           ->lowered.main.kernel;
   cpu::LaunchArgs args;
   args.groups = 64;
   args.buffers = {{b.x.data(), 0, 10}, {b.y.data(), 0, 64 * 100}};  // x's bounds too small: a bug's out-of-bounds read

@@ -2,7 +2,7 @@
 // whose tails and guard programs issue reads (clamp) and plans that mask them (predicate).
 #include "cost/cost_model.hpp"
 
-#include "api/call.hpp"
+#include "bind/bind.hpp"
 #include "support/cases.hpp"
 
 namespace tile::testing {
@@ -21,10 +21,12 @@ TEST(CostModel, CountsInactiveTailAndGuardProgramReadsExactly) {
           SCOPED_TRACE(c.name() + " " + to_string(tail) + " " + to_string(caching));
           CaseResult r = run_case(c, Backend::cpu);
           ASSERT_TRUE(r.check.ok) << r.check.first_mismatch;
-          PlanInputs in;
-          in.op = op, in.rows = rows, in.cols = cols, in.x_stride = in.y_stride = cols;
-          RowProgram program = make_program(op, true, true);
-          CostEstimate cost = estimate_cost(program, in, r.record.plan);
+          HostMatrix x(c.x, rows, cols, cols), y(c.y, rows, cols, cols);
+          HostVector w(c.w, cols), b(c.w, cols);
+          Call call{op, x.view(), y.view()};
+          if (op == Op::rms_norm || op == Op::layer_norm) call.weight = w.view();
+          if (op == Op::layer_norm) call.bias = b.view();
+          CostEstimate cost = estimate_cost(builtin_program(op), bind(builtin_program(op), to_args(call)), r.record.plan);
           EXPECT_EQ(cost.bytes_read, r.record.bytes_loaded);
           if (tail == TailHandling::clamp) {
             EXPECT_GT(cost.bytes_read, cost.input_passes * rows * cols * 4);
@@ -35,18 +37,21 @@ TEST(CostModel, CountsInactiveTailAndGuardProgramReadsExactly) {
 }
 
 TEST(CostModel, RereadPlansReadEveryRowTwice) {
-  // Softmax's max and sum, and LayerNorm's mean and variance, share one pass; RMSNorm has one
-  // reduction: every operator reads a re-read row once for its statistics, once for its output.
-  PlanInputs in;
-  in.rows = 4, in.cols = 100000, in.x_stride = in.y_stride = in.cols;
+  // Softmax's max and sum, and LayerNorm's mean and variance, are one reduction each; RMSNorm
+  // has one: every operator reads a re-read row once for its statistics, once for its output.
+  HostMatrix x(DType::f32, 4, 100000, 100000), y(DType::f32, 4, 100000, 100000);
+  HostVector w(DType::f32, 100000), b(DType::f32, 100000);
   MappingPlan plan;
   plan.caching = InputCaching::reread, plan.workers_per_program = 256, plan.vector_elems = 4;
   for (Op op : {Op::softmax, Op::log_softmax, Op::rms_norm, Op::layer_norm}) {
-    in.op = op;
-    EXPECT_EQ(estimate_cost(make_program(op, true, true), in, plan).input_passes, 2) << op_name(op);
+    Call call{op, x.view(), y.view()};
+    if (op == Op::rms_norm || op == Op::layer_norm) call.weight = w.view();
+    if (op == Op::layer_norm) call.bias = b.view();
+    EXPECT_EQ(estimate_cost(builtin_program(op), bind(builtin_program(op), to_args(call)), plan).input_passes, 2) << op_name(op);
   }
   plan.caching = InputCaching::registers;
-  EXPECT_EQ(estimate_cost(make_program(Op::layer_norm, true, true), in, plan).input_passes, 1);
+  Call ln{Op::layer_norm, x.view(), y.view(), w.view(), b.view()};
+  EXPECT_EQ(estimate_cost(builtin_program(Op::layer_norm), bind(builtin_program(Op::layer_norm), to_args(ln)), plan).input_passes, 1);
 }
 
 }  // namespace

@@ -18,7 +18,7 @@
 #include <string>
 #include <thread>
 
-#include "api/call.hpp"
+#include "bind/bind.hpp"
 #include "backend/cpu/executor.hpp"
 #include "backend/cuda/jit_module.hpp"
 #include "support/cases.hpp"
@@ -72,14 +72,17 @@ double executor_cost(const Case& c, const MappingPlan& p) {
 // The plan inputs of the case's call: host buffers start 16-byte aligned (operator new), so
 // only the pointer offsets matter; no memory is touched.
 PlanInputs inputs_of(const Case& c) {
-  auto at = [](int64_t offset, DType t) { return reinterpret_cast<void*>(uintptr_t(0x10000) + uintptr_t(offset * dtype_size(t))); };
+  // Disjoint 16-byte aligned bases 1 GiB apart (no case spans more), plus the offsets.
+  auto at = [](int buffer, int64_t offset, DType t) {
+    return reinterpret_cast<void*>((uintptr_t(buffer) << 30) + uintptr_t(offset * dtype_size(t)));
+  };
   Call call;
   call.op = c.op;
-  call.x = matrix(at(c.offset, c.x), c.x, c.rows, c.cols, c.x_stride_or_cols());
-  call.y = matrix(at(c.y_offset_or_x(), c.y), c.y, c.rows, c.cols, c.y_stride_or_x());
-  if (c.norm() && c.weight) call.weight = {at(0, c.w), c.w, c.cols};
-  if (c.op == Op::layer_norm && c.bias) call.bias = {at(0, c.w), c.w, c.cols};
-  return plan_inputs(call);
+  call.x = matrix(at(1, c.offset, c.x), c.x, c.rows, c.cols, c.x_stride_or_cols());
+  call.y = matrix(at(2, c.y_offset_or_x(), c.y), c.y, c.rows, c.cols, c.y_stride_or_x());
+  if (c.norm() && c.weight) call.weight = {at(3, 0, c.w), c.w, c.cols};
+  if (c.op == Op::layer_norm && c.bias) call.bias = {at(4, 0, c.w), c.w, c.cols};
+  return bind(builtin_program(c.op), to_args(call)).plan_inputs();
 }
 
 bool valid(const MappingPlan& p, const PlanInputs& in) {
@@ -106,7 +109,9 @@ MappingPlan perturb(MappingPlan p, const PlanInputs& in, Rng& rng) {
     attempt([&](MappingPlan& q) { q.stripes += 1 + rng.below(3); });
   if (p.caching == InputCaching::reread && rng.chance(0.3))
     attempt([&](MappingPlan& q) { q.stripe_unroll = 1 + rng.below(16); });
-  if (rng.chance(0.2)) attempt([&](MappingPlan& q) { q.private_budget = q.cached_scalars() + rng.below(64); });
+  if (rng.chance(0.2)) attempt([&](MappingPlan& q) { q.private_budget = q.stripes * q.vector_elems + rng.below(64); });
+  if (rng.chance(0.3)) attempt([&](MappingPlan& q) { q.resident_groups = 1 + rng.below(4); });
+  if (rng.chance(0.3)) attempt([&](MappingPlan& q) { q.grid_limit = 1 + rng.below(8); });  // groups loop over rows
   return p;
 }
 
@@ -124,6 +129,8 @@ std::optional<MappingPlan> random_plan(const PlanInputs& in, Rng& rng) {
   if (rng.chance(0.4)) r.tail = rng.chance(0.5) ? TailHandling::clamp : TailHandling::predicate;
   if (rng.chance(0.4)) r.alignment = rng.chance(0.5) ? Alignment::require : Alignment::scalar_fallback;
   if (rng.chance(0.3)) r.cache_format = rng.chance(0.5) ? CacheFormat::packed : CacheFormat::f32;
+  if (rng.chance(0.2)) r.resident_groups = 1 + rng.below(4);
+  if (rng.chance(0.2)) r.grid_limit = rng.below(8);
   MappingPlan p = choose_plan(in, r);
   if (!valid(p, in)) return std::nullopt;
   return p;

@@ -16,8 +16,12 @@ TEST(MappingPlan, JsonRoundTripsEveryField) {
   p.programs_per_group = 3, p.workers_per_program = 96, p.width_mode = WidthMode::exact, p.vector_elems = 2;
   p.stripes = 5, p.stripe_unroll = 2, p.caching = InputCaching::reread, p.private_budget = 40;
   p.barrier_scope = BarrierScope::program, p.tail = TailHandling::clamp, p.alignment = Alignment::require;
-  p.cache_format = CacheFormat::packed;
+  p.cache_format = CacheFormat::packed, p.resident_groups = 2, p.grid_limit = 264;
   EXPECT_EQ(MappingPlan::from_json(p.to_json()), p);
+  // Given back as a request, the plan is reproduced field for field.
+  PlanRequest r = PlanRequest::from_json(p.to_json());
+  EXPECT_EQ(r, PlanRequest::exactly(p));
+  EXPECT_EQ(PlanRequest::from_json(r.to_json()), r);
   EXPECT_EQ(MappingPlan::from_json(MappingPlan{}.to_json()), MappingPlan{});
 }
 
@@ -29,9 +33,9 @@ TEST(MappingPlan, HashIsTheSha256OfTheCanonicalJson) {
   EXPECT_NE(a.hash(), b.hash());
   // The canonical text has sorted keys and no spaces, so the hash is stable across builds.
   EXPECT_EQ(a.to_json(),
-            R"({"alignment":"scalar_fallback","barrier_scope":"group","cache_format":"f32","caching":"registers","private_budget":64,)"
-            R"("programs_per_group":1,"stripe_unroll":1,"stripes":1,"tail":"predicate","vector_elems":4,)"
-            R"("width_mode":"automatic","workers_per_program":256})");
+            R"({"alignment":"scalar_fallback","barrier_scope":"group","cache_format":"f32","caching":"registers","grid_limit":0,)"
+            R"("private_budget":64,"programs_per_group":1,"resident_groups":1,"stripe_unroll":1,"stripes":1,"tail":"predicate",)"
+            R"("vector_elems":4,"width_mode":"automatic","workers_per_program":256})");
 }
 
 TEST(MappingPlan, FullPlanJsonNeedsEveryField) {
@@ -43,7 +47,27 @@ TEST(MappingPlan, RequestFromPartialJson) {
   EXPECT_EQ(*r.programs_per_group, 2);
   EXPECT_EQ(*r.workers_per_program, 256);
   EXPECT_FALSE(r.stripes.has_value());
+  // "exact" records a width the caller fixed: without one it is a contradiction. "automatic"
+  // with a width is what a printed plan says of a width the policy chose; it is accepted so the
+  // plan round-trips.
   EXPECT_THROW(PlanRequest::from_json(R"({"width_mode":"exact"})"), Error);
+  EXPECT_EQ(*PlanRequest::from_json(R"({"width_mode":"automatic","workers_per_program":64})").width_mode, WidthMode::automatic);
+}
+
+TEST(MappingPlan, EveryFieldIsInTheTable) {
+  // The field table drives JSON, the key and the range checks: each field's range is enforced.
+  for (const PlanFieldInfo& f : plan_fields()) {
+    if (f.is_enum) {
+      EXPECT_THROW(PlanRequest::from_json("{\"" + f.name + "\":\"bogus\"}"), Error) << f.name;
+      for (const std::string& v : f.values)
+        EXPECT_NO_THROW(PlanRequest::from_json("{\"workers_per_program\":64,\"" + f.name + "\":\"" + v + "\"}")) << f.name;
+    } else {
+      EXPECT_THROW(PlanRequest::from_json("{\"" + f.name + "\":" + std::to_string(f.hi + 1) + "}"), Error) << f.name;
+      EXPECT_THROW(PlanRequest::from_json("{\"" + f.name + "\":" + std::to_string(f.lo - 1) + "}"), Error) << f.name;
+      EXPECT_NO_THROW(PlanRequest::from_json("{\"" + f.name + "\":" + std::to_string(f.lo) + "}")) << f.name;
+    }
+  }
+  EXPECT_EQ(plan_fields().size(), 14u);
 }
 
 // The message of the tile::Error `f` throws, or "" when it throws none.
@@ -56,10 +80,10 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-PlanInputs inputs(Op op, DType dt, int64_t rows, int64_t cols, int64_t stride, int64_t alignment, bool columns) {
-  PlanInputs in;
-  in.op = op, in.x_dtype = in.y_dtype = dt, in.column_dtype = DType::f32, in.has_columns = columns;
-  in.rows = rows, in.cols = cols, in.x_stride = in.y_stride = stride, in.base_alignment = alignment;
+PlanInputs inputs(DType dt, int64_t rows, int64_t cols, int64_t stride, int64_t alignment, bool columns) {
+  PlanInputs in = PlanInputs::for_rows(dt, dt, rows, cols, stride, stride);
+  if (columns) in.column_dtypes = {DType::f32};
+  in.base_alignment = alignment;
   return in;
 }
 
@@ -67,13 +91,13 @@ PlanInputs inputs(Op op, DType dt, int64_t rows, int64_t cols, int64_t stride, i
 // family) given back as a request resolves to itself: the same plan, the same JSON.
 TEST(MappingPlan, EveryResolvedPlanGivenBackResolvesToItself) {
   int checked = 0;
-  for (Op op : {Op::softmax, Op::log_softmax, Op::rms_norm, Op::layer_norm})
+  for (bool columns : {false, true})
     for (DType dt : {DType::f32, DType::bf16})
       for (int64_t rows : {1, 7, 300, 100000})
         for (int64_t cols : {1, 3, 8, 31, 100, 1537, 4096, 8192, 10000, 40000, 262144})
           for (int64_t pad : {0, 1, 8})
             for (int64_t alignment : {16, 2}) {
-              const PlanInputs in = inputs(op, dt, rows, cols, cols + pad, alignment, op == Op::layer_norm);
+              const PlanInputs in = inputs(dt, rows, cols, cols + pad, alignment, columns);
               std::vector<MappingPlan> plans = {choose_plan(in, {})};
               if (rows != 300 && cols <= 10000 && pad == 0) plans = mapping_family(in);
               for (const MappingPlan& p : plans) {
@@ -84,11 +108,11 @@ TEST(MappingPlan, EveryResolvedPlanGivenBackResolvesToItself) {
                 ++checked;
               }
             }
-  EXPECT_GT(checked, 10000);
+  EXPECT_GT(checked, 5000);
 }
 
 TEST(MappingPlan, WidthModeRecordsWhereTheWidthCameFrom) {
-  const PlanInputs in = inputs(Op::softmax, DType::f32, 64, 1000, 1000, 16, false);
+  const PlanInputs in = inputs(DType::f32, 64, 1000, 1000, 16, false);
   PlanRequest r = PlanRequest::from_json(R"({"workers_per_program":64})");
   EXPECT_EQ(choose_plan(in, r).width_mode, WidthMode::exact);
   r = PlanRequest::from_json(R"({"workers_per_program":64,"width_mode":"automatic"})");  // a plan given back
@@ -134,7 +158,7 @@ TEST(MappingPlanErrors, IntegerFieldsAreInOneToIntMax) {
 }
 
 TEST(MappingPlanErrors, RequestsOutOfRangeAreRefusedBeforeThePolicyDividesByThem) {
-  const PlanInputs in = inputs(Op::softmax, DType::f32, 64, 1000, 1000, 16, false);
+  const PlanInputs in = inputs(DType::f32, 64, 1000, 1000, 16, false);
   for (int v : {0, -4}) {
     PlanRequest r;
     r.vector_elems = v;

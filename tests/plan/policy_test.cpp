@@ -5,12 +5,7 @@
 namespace tile {
 namespace {
 
-PlanInputs inputs(int64_t rows, int64_t cols, DType dt = DType::f32) {
-  PlanInputs in;
-  in.x_dtype = in.y_dtype = dt;
-  in.rows = rows, in.cols = cols, in.x_stride = in.y_stride = cols;
-  return in;
-}
+PlanInputs inputs(int64_t rows, int64_t cols, DType dt = DType::f32) { return PlanInputs::for_rows(dt, dt, rows, cols); }
 
 TEST(Policy, ShortRowsGetPackedSubWarpPrograms) {
   MappingPlan p = choose_plan(inputs(100000, 32), {});
@@ -28,7 +23,7 @@ TEST(Policy, LongRowsGetMultiWarpProgramsWithCachedRows) {
   EXPECT_EQ(p.programs_per_group, 1);
   p = choose_plan(inputs(64, 8192), {});
   EXPECT_EQ(p.workers_per_program, 512);  // 32 KiB rows: the last length cached in registers
-  EXPECT_EQ(p.cached_scalars(), 16);
+  EXPECT_EQ(p.stripes * p.vector_elems, 16);
   EXPECT_EQ(p.caching, InputCaching::registers);
   p = choose_plan(inputs(64, 16384), {});
   EXPECT_EQ(p.caching, InputCaching::reread);  // 64 KiB rows are re-read, half a row per iteration
@@ -43,7 +38,7 @@ TEST(Policy, LongRowsGetMultiWarpProgramsWithCachedRows) {
   cached.caching = InputCaching::registers;  // a caller may still cache a long row
   p = choose_plan(inputs(64, 32768), cached);
   EXPECT_EQ(p.workers_per_program, 512);  // the automatic width stops at 512
-  EXPECT_EQ(p.cached_scalars(), 64);
+  EXPECT_EQ(p.stripes * p.vector_elems, 64);
 }
 
 TEST(Policy, VectorWidthFollowsRowAlignment) {

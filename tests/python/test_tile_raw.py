@@ -50,7 +50,7 @@ def error_of(fn):
 
 
 @pytest.mark.parametrize("case", ["strided_last", "not_flattening", "overlapping", "out_shape", "weight_shape",
-                                  "bias_stride", "zero_d", "weight_bias_dtypes", "bad_eps", "bad_op"])
+                                  "bias_stride", "zero_d", "bias_on_rms_norm", "bad_eps", "bad_op"])
 def test_same_errors_as_launch(case):
     x, out, weight, bias, op, eps = make((4, 64)), np.empty((4, 64), np.float32), None, None, "rms_norm", None
     if case == "strided_last":
@@ -69,8 +69,8 @@ def test_same_errors_as_launch(case):
         op, weight, bias = "layer_norm", np.ones(64, np.float32), np.ones(128, np.float32)[::2]
     elif case == "zero_d":
         x, out = np.ones((), np.float32), np.ones((), np.float32)
-    elif case == "weight_bias_dtypes":
-        op, weight, bias = "layer_norm", np.ones(64, np.float32), np.ones(64, np.float16)
+    elif case == "bias_on_rms_norm":
+        op, bias = "rms_norm", np.ones(64, np.float32)
     elif case == "bad_eps":
         eps = -1.0
     elif case == "bad_op":

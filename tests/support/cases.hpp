@@ -210,8 +210,8 @@ inline std::vector<Case> packing_sweep() {
 }
 
 // The structural classes of the mapping family: caching, width (sub-warp, one warp, several),
-// packing (one program, or several with a guard program), barrier scope, tail, alignment and
-// cache format. One case per valid combination, with the operator and the dtype rotating so
+// packing (one program, or several with a guard program), barrier scope, tail, alignment, cache
+// format, and groups that loop over row blocks. One case per valid combination, with the operator and the dtype rotating so
 // every operator and every dtype appears; used by the sanitizer set and its CPU twin.
 struct FamilyCase {
   Case c;
@@ -229,7 +229,8 @@ inline std::vector<FamilyCase> plan_family_cases() {
         for (BarrierScope scope : {BarrierScope::group, BarrierScope::program})
           for (TailHandling tail : {TailHandling::predicate, TailHandling::clamp})
             for (Alignment alignment : {Alignment::scalar_fallback, Alignment::require})
-              for (CacheFormat format : {CacheFormat::f32, CacheFormat::packed}) {
+              for (CacheFormat format : {CacheFormat::f32, CacheFormat::packed})
+               for (bool loop : {false, true}) {  // groups that loop over row blocks (grid_limit)
                 if (scope == BarrierScope::program && width <= 32) continue;  // no barrier to scope
                 if (format == CacheFormat::packed && caching != InputCaching::registers) continue;
                 if (width < 32 && !packed) continue;  // sub-warp programs always fill a warp
@@ -250,9 +251,11 @@ inline std::vector<FamilyCase> plan_family_cases() {
                 p.programs_per_group = packed ? (width < 32 ? 64 / width : 2) : 1;
                 p.barrier_scope = scope, p.tail = tail, p.alignment = alignment, p.cache_format = format;
                 p.stripe_unroll = caching == InputCaching::reread ? 2 : 1;
+                p.grid_limit = loop ? 2 : 0;  // 7 or 3 rows: two groups, each looping
+                p.resident_groups = 1 + index % 2;
                 std::string family = to_string(caching) + " w" + std::to_string(width) + (packed ? " packed " : " single ") +
                                      to_string(scope) + " " + to_string(tail) + " " + to_string(alignment) + " " +
-                                     to_string(format) + "-cache";
+                                     to_string(format) + "-cache" + (loop ? " loop" : "");
                 out.push_back({c, family});
                 ++index;
               }

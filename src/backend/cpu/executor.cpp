@@ -26,9 +26,9 @@ union Slot {
 // clang-format off
 enum class Op : uint8_t {
   mov,
-  fneg, fexp, fexp2, flog, frsqrt, fsqrt, fadd, fsub, fmul, fdiv, frem, fmin, fmax, flt, fle, feq, fne,
+  fneg, fexp, fexp2, flog, frsqrt, fsqrt, fabs, ftanh, fadd, fsub, fmul, fdiv, frem, fmin, fmax, flt, fle, feq, fne,
   neg32, add32, sub32, mul32, div32, rem32,
-  neg64, add64, sub64, mul64, div64, rem64,
+  neg64, add64, sub64, mul64, div64, rem64, iabs,
   imin, imax, ilt, ile, ieq, ine, band, bor, bnot,  // i32, i64 and b1 alike
   select,
   f_to_i32, f_to_i64, f_to_b1, i_to_f, i_to_i32, i_to_b1,
@@ -73,7 +73,7 @@ struct Code {
   int32_t special_base = 0, param_base = 0, num_slots = 0;
 };
 
-constexpr int kSpecials = 5;
+constexpr int kSpecials = 6;
 
 std::string ranges(const std::vector<int>& ids) {  // sorted ids -> "1-31, 33"
   std::ostringstream os;
@@ -182,12 +182,14 @@ class Compiler {
   Op unop_code(UnOp op, Type t) const {
     if (op == UnOp::not_) return need(t == Type::b1, "not on a non-b1 value"), Op::bnot;
     if (op == UnOp::neg) return t == Type::f32 ? Op::fneg : t == Type::i32 ? Op::neg32 : Op::neg64;
+    if (op == UnOp::abs) return need(t != Type::b1, "abs of b1"), t == Type::f32 ? Op::fabs : Op::iabs;
     need(t == Type::f32, ir::unop_name(op), " on a non-f32 value");
     switch (op) {
       case UnOp::exp: return Op::fexp;
       case UnOp::exp2: return Op::fexp2;
       case UnOp::log: return Op::flog;
       case UnOp::rsqrt: return Op::frsqrt;
+      case UnOp::tanh: return Op::ftanh;
       default: return Op::fsqrt;
     }
   }
@@ -274,7 +276,8 @@ class Compiler {
          "raw access that is not a 16-bit load of at most 16 elements");
     MemOp m{s.buffer, s.width, s.clamp, s.raw, s.whole, s.fill, 0, 0, 0, int32_t(code_.lists.size())};
     for (int r : s.dsts)
-      code_.lists.push_back(reg_slot(r, s.raw ? Type::i32 : Type::f32, is_load ? "a load" : "a store"));
+      code_.lists.push_back(reg_slot(r, s.raw ? Type::i32 : ir::value_type(k_.buffers[s.buffer].dtype),
+                                     is_load ? "a load" : "a store"));
     need(s.index && s.valid && s.aligned, "load/store without index, valid or aligned");
     need(is_int(s.index->type) && is_int(s.valid->type) && s.aligned->type == Type::b1,
          "load/store index and valid must be integers and aligned b1");
@@ -458,6 +461,7 @@ class Runner {
       sp[int(ir::Special::worker_in_program)].i = t % W_;
       sp[int(ir::Special::warp_in_program)].i = (t % W_) / 32;
       sp[int(ir::Special::lane)].i = t % 32;
+      sp[int(ir::Special::group_count)].i = args_.groups;
     }
   }
 
@@ -485,13 +489,16 @@ class Runner {
         case Op::flog: d.f = std::log(A.f); break;
         case Op::frsqrt: d.f = 1.0f / std::sqrt(A.f); break;
         case Op::fsqrt: d.f = std::sqrt(A.f); break;
+        case Op::fabs: d.f = std::fabs(A.f); break;
+        case Op::ftanh: d.f = std::tanh(A.f); break;
         case Op::fadd: d.f = A.f + B.f; break;
         case Op::fsub: d.f = A.f - B.f; break;
         case Op::fmul: d.f = A.f * B.f; break;
         case Op::fdiv: d.f = A.f / B.f; break;
         case Op::frem: d.f = std::fmod(A.f, B.f); break;
-        case Op::fmin: d.f = std::fmin(A.f, B.f); break;
-        case Op::fmax: d.f = std::fmax(A.f, B.f); break;
+        // NaN-propagating, as the IR defines f32 min and max (PTX min.NaN / max.NaN).
+        case Op::fmin: d.f = std::isnan(A.f) || std::isnan(B.f) ? std::numeric_limits<float>::quiet_NaN() : std::fmin(A.f, B.f); break;
+        case Op::fmax: d.f = std::isnan(A.f) || std::isnan(B.f) ? std::numeric_limits<float>::quiet_NaN() : std::fmax(A.f, B.f); break;
         case Op::flt: d.i = A.f < B.f; break;
         case Op::fle: d.i = A.f <= B.f; break;
         case Op::feq: d.i = A.f == B.f; break;
@@ -520,6 +527,7 @@ class Runner {
           if (B.i == 0) fail(t, "integer division by zero (i64 rem)");
           d.i = B.i == -1 ? 0 : A.i % B.i;
           break;
+        case Op::iabs: d.i = A.i < 0 ? int64_t(0ull - uint64_t(A.i)) : A.i; break;
         case Op::imin: d.i = std::min(A.i, B.i); break;
         case Op::imax: d.i = std::max(A.i, B.i); break;
         case Op::ilt: d.i = A.i < B.i; break;
@@ -640,28 +648,37 @@ class Runner {
       whole_miss(t, r, m, "load");
       for (int j = 0; j < (m.raw ? m.width / 2 : m.width); ++j) {
         if (m.raw) r[dst[j]].i = 0;
+        else if (!is_float(dt)) r[dst[j]].i = int64_t(m.fill);
         else r[dst[j]].f = m.fill;
       }
       return;
     }
     if (m.raw) return load_raw(t, r, m, static_cast<const uint16_t*>(data), dst, index, valid);
+    const bool ints = !is_float(dt);
     if (vector_path(t, r, m, "load")) {
-      for (int j = 0; j < m.width; ++j) r[dst[j]].f = load_as_float(data, index + j, dt);
+      for (int j = 0; j < m.width; ++j) {
+        if (ints) r[dst[j]].i = load_as_int(data, index + j, dt);
+        else r[dst[j]].f = load_as_float(data, index + j, dt);
+      }
       ++(m.width > 1 ? stats_.vector_accesses : stats_.scalar_accesses);
       stats_.bytes_loaded += int64_t(m.width) * dtype_size(dt);
       return;
     }
     for (int j = 0; j < m.width; ++j) {
-      float v = m.fill;
+      Slot v{};
+      if (ints) v.i = int64_t(m.fill);
+      else v.f = m.fill;
       if (m.clamp || j < valid) {
         int64_t e = int64_t(uint64_t(index) + (j < valid ? uint64_t(j) : uint64_t(valid) - 1));
         check_element(t, m, e, "load");
-        float x = load_as_float(data, e, dt);
+        Slot x{};
+        if (ints) x.i = load_as_int(data, e, dt);
+        else x.f = load_as_float(data, e, dt);
         if (j < valid) v = x;
         ++stats_.scalar_accesses;
         stats_.bytes_loaded += dtype_size(dt);
       }
-      r[dst[j]].f = v;
+      r[dst[j]] = v;
     }
   }
 
@@ -692,15 +709,20 @@ class Runner {
     const int32_t* src = &code_.lists[m.regs];
     const int64_t index = r[m.index].i, valid = r[m.valid].i;
     if (m.whole && valid < m.width) return whole_miss(t, r, m, "store");
+    const bool ints = !is_float(dt);
     if (vector_path(t, r, m, "store")) {
-      for (int j = 0; j < m.width; ++j) store_from_float(data, index + j, dt, r[src[j]].f);
+      for (int j = 0; j < m.width; ++j) {
+        if (ints) store_from_int(data, index + j, dt, r[src[j]].i);
+        else store_from_float(data, index + j, dt, r[src[j]].f);
+      }
       ++(m.width > 1 ? stats_.vector_accesses : stats_.scalar_accesses);
       stats_.bytes_stored += int64_t(m.width) * dtype_size(dt);
       return;
     }
     for (int j = 0; j < m.width && j < valid; ++j) {
       check_element(t, m, index + j, "store");
-      store_from_float(data, index + j, dt, r[src[j]].f);
+      if (ints) store_from_int(data, index + j, dt, r[src[j]].i);
+      else store_from_float(data, index + j, dt, r[src[j]].f);
       ++stats_.scalar_accesses;
       stats_.bytes_stored += dtype_size(dt);
     }

@@ -25,6 +25,17 @@ const char* word_type(int bytes) {
   return "";
 }
 
+const char* element_type(DType t) {
+  switch (t) {
+    case DType::f32: return "float";
+    case DType::f16:
+    case DType::bf16: return "unsigned short";
+    case DType::i32: return "int";
+    case DType::i64: return "long long";
+  }
+  return "?";
+}
+
 // Component c (32-bit) of a loaded word of `bytes` bytes.
 std::string component(const std::string& w, int bytes, int c) {
   if (bytes <= 4) return w;
@@ -46,23 +57,16 @@ class CudaEmitter : public IRPrinter {
   void print_kernel() override {
     os_ << device_source() << "\n";
     std::string sig;
-    // An in-place call passes one buffer as x and y, so neither is __restrict__; the column
-    // operands (weight, bias) never overlap an output (check_call) and are.
-    TILE_CHECK(k_.buffers.size() >= 2 && !k_.buffers[0].output && k_.buffers[1].output, "kernel '", k_.name,
-               "': expected buffers x (input) and y (output) first");
-    for (size_t i = 0; i < k_.buffers.size(); ++i) {
-      const Buffer& b = k_.buffers[i];
-      const bool may_alias = i < 2 || b.output;
-      std::string t = b.dtype == DType::f32 ? "float" : "unsigned short";
-      sig += std::string(sig.empty() ? "" : ", ") + (b.output ? "" : "const ") + t +
-             (may_alias ? "* " : "* __restrict__ ") + b.name + "  /* " + std::string(dtype_name(b.dtype)) + " */";
+    for (const Buffer& b : k_.buffers) {
+      // __restrict__ only where no other buffer of the launch may alias this one (an in-place
+      // call passes the same pointer as input and output).
+      sig += std::string(sig.empty() ? "" : ", ") + (b.output ? "" : "const ") + element_type(b.dtype) +
+             (b.noalias ? "* __restrict__ " : "* ") + b.name + "  /* " + std::string(dtype_name(b.dtype)) + " */";
     }
     for (const ScalarParam& p : k_.params) sig += ", " + type_spelling(p.type) + " " + p.name;
-    // Groups of 512 threads ask for two resident groups per SM (at most 64 registers a thread):
-    // at 68 registers bf16 LayerNorm x 16384 ran one group per SM (ncu: 25 % occupancy, 53 %
-    // of peak DRAM throughput). ptxas spills a few bytes instead, to L1.
+    // The plan's resident groups per SM bound the registers ptxas may use (launch bounds).
     const int threads = k_.threads_per_group();
-    const std::string min_groups = threads == 512 ? ", 2" : "";
+    const std::string min_groups = k_.resident_groups > 1 ? ", " + std::to_string(k_.resident_groups) : "";
     os_ << "extern \"C\" __global__ void __launch_bounds__(" << threads << min_groups << ")\n"
         << k_.name << "(" << sig << ") {\n";
     indent_ = 1;
@@ -71,11 +75,12 @@ class CudaEmitter : public IRPrinter {
     const int W = k_.workers_per_program;
     line("const int tile_tid = threadIdx.x;");
     line("const long long group_index = blockIdx.x;");
+    line("const long long group_count = gridDim.x;");
     line("const int program_in_group = tile_tid / " + std::to_string(W) + ";");
     line("const int worker_in_program = tile_tid % " + std::to_string(W) + ";");
     line("const int warp_in_program = worker_in_program >> 5;");
     line("const int lane = tile_tid & 31;");
-    line("(void)program_in_group; (void)warp_in_program; (void)lane;");
+    line("(void)program_in_group; (void)warp_in_program; (void)lane; (void)group_count;");
     for (size_t i = 0; i < k_.regs.size(); ++i)
       line(type_spelling(k_.regs[i].type) + " " + names_[i] + ";" +
            (k_.regs[i].cached ? "  // cached input" : ""));
@@ -112,7 +117,7 @@ class CudaEmitter : public IRPrinter {
     return std::to_string(e.i);
   }
 
-  std::string unary_expr(UnOp op, const std::string& a, Type) override {
+  std::string unary_expr(UnOp op, const std::string& a, Type t) override {
     switch (op) {
       case UnOp::neg: return "(-" + a + ")";
       case UnOp::exp: return "expf(" + a + ")";
@@ -121,13 +126,15 @@ class CudaEmitter : public IRPrinter {
       case UnOp::rsqrt: return "rsqrtf(" + a + ")";
       case UnOp::sqrt: return "sqrtf(" + a + ")";
       case UnOp::not_: return "(!" + a + ")";
+      case UnOp::tanh: return "tanhf(" + a + ")";
+      case UnOp::abs: return t == Type::f32 ? "fabsf(" + a + ")" : "(" + a + " < 0 ? -" + a + " : " + a + ")";
     }
     return "?";
   }
 
   std::string binary_expr(BinOp op, const std::string& a, const std::string& b, Type t) override {
     if (op == BinOp::min || op == BinOp::max) {
-      if (t == Type::f32) return std::string(op == BinOp::min ? "fminf(" : "fmaxf(") + a + ", " + b + ")";
+      if (t == Type::f32) return std::string(op == BinOp::min ? "tile_min(" : "tile_max(") + a + ", " + b + ")";
       return "(" + a + (op == BinOp::min ? " < " : " > ") + b + " ? " + a + " : " + b + ")";
     }
     return IRPrinter::binary_expr(op, a, b, t);
@@ -209,8 +216,39 @@ class CudaEmitter : public IRPrinter {
     close_access();
   }
 
+  // Integer buffers: element by element (their operands are per-row scalars or short rows).
+  void print_int_load(const Stmt& s) {
+    const Buffer& b = k_.buffers[s.buffer];
+    const std::string fill = std::to_string(int64_t(s.fill)) + "LL";
+    line("{  // " + std::string(s.clamp ? "clamped " : "") + "load " + b.name + ", " + std::to_string(s.width) + " elements");
+    ++indent_;
+    line("const long long tile_i = " + expr(*s.index) + ";");
+    line("const long long tile_n = " + expr(*s.valid) + ";");
+    for (int j = 0; j < s.width; ++j) {
+      std::string jj = std::to_string(j);
+      std::string at = s.clamp ? b.name + "[tile_i + (" + jj + " < tile_n - 1 ? " + jj + " : tile_n - 1)]" : b.name + "[tile_i + " + jj + "]";
+      if (s.clamp) line("if (tile_n > 0) " + reg_name(s.dsts[j]) + " = (long long)" + at + ";");
+      line(reg_name(s.dsts[j]) + " = " + jj + " < tile_n ? " + (s.clamp ? reg_name(s.dsts[j]) : "(long long)" + at) + " : " + fill + ";");
+    }
+    --indent_;
+    line("}");
+  }
+  void print_int_store(const Stmt& s) {
+    const Buffer& b = k_.buffers[s.buffer];
+    line("{  // store " + b.name + ", " + std::to_string(s.width) + " elements");
+    ++indent_;
+    line("const long long tile_i = " + expr(*s.index) + ";");
+    line("const long long tile_n = " + expr(*s.valid) + ";");
+    for (int j = 0; j < s.width; ++j)
+      line("if (" + std::to_string(j) + " < tile_n) " + b.name + "[tile_i + " + std::to_string(j) + "] = (" +
+           element_type(b.dtype) + ")" + reg_name(s.dsts[j]) + ";");
+    --indent_;
+    line("}");
+  }
+
   void print_load(const Stmt& s) override {
     if (s.raw) return print_raw_load(s);
+    if (!is_float(k_.buffers[s.buffer].dtype)) return print_int_load(s);
     const Buffer& b = k_.buffers[s.buffer];
     const std::string dt(dtype_name(b.dtype));
     const int es = dtype_size(b.dtype), bytes = s.width * es;
@@ -246,6 +284,7 @@ class CudaEmitter : public IRPrinter {
   }
 
   void print_store(const Stmt& s) override {
+    if (!is_float(k_.buffers[s.buffer].dtype)) return print_int_store(s);
     const Buffer& b = k_.buffers[s.buffer];
     const std::string dt(dtype_name(b.dtype));
     const int es = dtype_size(b.dtype), bytes = s.width * es;

@@ -1,7 +1,6 @@
 #include "backend/cuda/jit_module.hpp"
 
 #include <fcntl.h>
-#include <nvrtc.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,6 +20,7 @@
 #include <unordered_map>
 
 #include "backend/cuda/driver.hpp"
+#include "backend/cuda/nvrtc.hpp"
 #include "core/sha256.hpp"
 
 namespace tile::cuda {
@@ -38,14 +38,6 @@ std::string getenv_str(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
 }
-
-#define TILE_NVRTC_CHECK(call)                                    \
-  do {                                                            \
-    const nvrtcResult tile_nvrtc_result_ = (call);                \
-    if (tile_nvrtc_result_ != NVRTC_SUCCESS)                      \
-      throw Error(std::string("NVRTC call failed: " #call ": ") + \
-                  nvrtcGetErrorString(tile_nvrtc_result_));       \
-  } while (0)
 
 std::string join(const std::vector<std::string>& parts, const char* sep) {
   std::string out;
@@ -69,25 +61,25 @@ std::string numbered(const std::string& source) {
 void run_nvrtc(const std::string& source, CompileResult& r) {
   const auto start = std::chrono::steady_clock::now();
   nvrtcProgram prog = nullptr;
-  TILE_NVRTC_CHECK(nvrtcCreateProgram(&prog, source.c_str(), kProgramName, 0, nullptr, nullptr));
+  TILE_NVRTC_CHECK(nvrtc().nvrtcCreateProgram(&prog, source.c_str(), kProgramName, 0, nullptr, nullptr));
   struct Destroy {
     nvrtcProgram* p;
-    ~Destroy() { nvrtcDestroyProgram(p); }
+    ~Destroy() { nvrtc().nvrtcDestroyProgram(p); }
   } destroy{&prog};
 
   std::vector<const char*> argv;
   for (const std::string& o : r.options) argv.push_back(o.c_str());
   const nvrtcResult compiled =
-      nvrtcCompileProgram(prog, static_cast<int>(argv.size()), argv.data());
+      nvrtc().nvrtcCompileProgram(prog, static_cast<int>(argv.size()), argv.data());
 
   size_t log_size = 0;
-  TILE_NVRTC_CHECK(nvrtcGetProgramLogSize(prog, &log_size));
+  TILE_NVRTC_CHECK(nvrtc().nvrtcGetProgramLogSize(prog, &log_size));
   std::string log(log_size, '\0');
-  if (log_size > 0) TILE_NVRTC_CHECK(nvrtcGetProgramLog(prog, log.data()));
+  if (log_size > 0) TILE_NVRTC_CHECK(nvrtc().nvrtcGetProgramLog(prog, log.data()));
   while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
 
   if (compiled != NVRTC_SUCCESS) {
-    std::string msg = std::string("NVRTC compilation failed (") + nvrtcGetErrorString(compiled) +
+    std::string msg = std::string("NVRTC compilation failed (") + nvrtc().nvrtcGetErrorString(compiled) +
                       ") for " + r.arch + ", source sha256 " + r.source_sha256 +
                       "\noptions: " + join(r.options, " ") + "\nlog:\n" + log;
     if (getenv_str("TILE_SHOW_SOURCE") == "1")
@@ -98,9 +90,9 @@ void run_nvrtc(const std::string& source, CompileResult& r) {
   }
 
   size_t cubin_size = 0;
-  TILE_NVRTC_CHECK(nvrtcGetCUBINSize(prog, &cubin_size));
+  TILE_NVRTC_CHECK(nvrtc().nvrtcGetCUBINSize(prog, &cubin_size));
   r.cubin.assign(cubin_size, '\0');
-  TILE_NVRTC_CHECK(nvrtcGetCUBIN(prog, r.cubin.data()));
+  TILE_NVRTC_CHECK(nvrtc().nvrtcGetCUBIN(prog, r.cubin.data()));
   r.log = std::move(log);
   r.cubin_sha256 = sha256_hex(r.cubin);
   r.compile_ms =
@@ -279,7 +271,7 @@ std::string make_key(const std::string& source_sha256, const std::string& arch,
 std::string nvrtc_version() {
   static const std::string version = [] {
     int major = 0, minor = 0;
-    TILE_NVRTC_CHECK(nvrtcVersion(&major, &minor));
+    TILE_NVRTC_CHECK(nvrtc().nvrtcVersion(&major, &minor));
     return std::to_string(major) + "." + std::to_string(minor);
   }();
   return version;

@@ -543,8 +543,6 @@ TEST(JitModuleEnv, CacheDirDefaultsAndVersion) {
     else
       ::unsetenv(name);
   }
-  EXPECT_EQ(nvrtc_version(),
-            std::to_string(CUDA_VERSION / 1000) + "." + std::to_string(CUDA_VERSION % 1000 / 10));
 }
 
 }  // namespace

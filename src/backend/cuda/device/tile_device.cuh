@@ -34,6 +34,26 @@ TILE_DEVICE float tile_exp2(float a) {
   return r;
 }
 
+// f32 min and max that are NaN when either operand is (the IR's semantics, torch.maximum's).
+TILE_DEVICE float tile_max(float a, float b) {
+#if __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+#endif
+}
+TILE_DEVICE float tile_min(float a, float b) {
+#if __CUDA_ARCH__ >= 800
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || b != b) ? __int_as_float(0x7fffffff) : fminf(a, b);
+#endif
+}
+
 TILE_DEVICE bool tile_aligned(const void* p, unsigned long long bytes) {
   return (reinterpret_cast<unsigned long long>(p) & (bytes - 1)) == 0;
 }

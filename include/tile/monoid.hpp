@@ -1,0 +1,114 @@
+// Monoids: what a reduction folds, as data.
+//
+// A monoid has a state of one or more f32 parts, an identity, and two small expression graphs:
+// `combine` merges two states (this side's and the other side's), and `chunk` gives the state
+// of a chunk of elements directly (a worker's cached slice, or one iteration of a re-read
+// loop), using sums and maxima over the chunk. The lowering instantiates `chunk` per worker and
+// `combine` at every scope a reduction crosses (warp shuffles, shared memory, across groups);
+// the CPU executor and the float64 reference evaluate the same graphs. So NaN and ±inf
+// semantics are properties of the monoid, written and tested once (tests/spec/monoid_test.cpp).
+//
+//   sum             x                  -> (s)
+//   max             x                  -> (m)             NaN if any element is NaN
+//   online_softmax  x                  -> (m, Σ exp(x - m))  one pass; all -inf rows give s = 0
+//   mean_m2         x                  -> (n, mean, Σ (x - mean)^2)  Chan et al.'s merge
+//   scaled_sum_squares x               -> (p, s) with Σ x^2 = s p^2, p an exact power of two
+//                                         near max |x|: no overflow or underflow for any finite
+//                                         x; +inf gives s = +inf, NaN gives NaN
+//   scaled_mean_m2  x                  -> (n, p, mean, m2) of x / p, Chan's merge at the larger
+//                                         scale; a constant row has its exact mean and m2 = 0
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tile {
+
+enum class UnaryFn : uint8_t { neg, exp, log, sqrt, rsqrt, abs, tanh, logical_not, to_f32 };
+enum class BinaryFn : uint8_t { add, sub, mul, div, max, min, lt, le, eq, ne, logical_and, logical_or };
+const char* unary_fn_name(UnaryFn fn);
+const char* binary_fn_name(BinaryFn fn);
+inline bool is_comparison(BinaryFn fn) {
+  return fn == BinaryFn::lt || fn == BinaryFn::le || fn == BinaryFn::eq || fn == BinaryFn::ne;
+}
+inline bool is_logical(BinaryFn fn) { return fn == BinaryFn::logical_and || fn == BinaryFn::logical_or; }
+
+struct MonoidNode {
+  enum class Kind : uint8_t {
+    mine,       // combine: part `index` of this side's state
+    other,      // combine: part `index` of the other side's state
+    element,    // chunk: monoid input `index` at one element of the chunk (varies per element)
+    count,      // chunk: the number of elements in the chunk, f32
+    chunk_sum,  // chunk: sum over the chunk's elements of element node `a`
+    chunk_max,  // chunk: maximum (NaN if any is NaN) over the chunk's elements of node `a`
+    constant,   // f32 `value`
+    unary,
+    binary,
+    select,     // a ? b : c
+  };
+  Kind kind;
+  bool boolean = false;  // the value is b1 (a comparison or logical op), else f32
+  bool element = false;  // chunk graphs: varies per element (reads `element`)
+  int index = -1, a = -1, b = -1, c = -1;
+  double value = 0.0;
+  UnaryFn unary = UnaryFn::neg;
+  BinaryFn binary = BinaryFn::add;
+};
+
+struct Monoid {
+  std::string name;
+  std::vector<std::string> parts;  // names of the state's parts
+  std::vector<double> identity;    // one per part
+  int inputs = 1;                  // element expressions folded together
+  std::vector<MonoidNode> nodes;
+  std::vector<int> combine;  // one node per part: the merged state
+  std::vector<int> chunk;    // one node per part: the state of a chunk of elements
+  // Throws tile::InternalError when the graphs are malformed (wrong kinds in a graph, types).
+  void check() const;
+  bool operator==(const Monoid& o) const { return name == o.name; }
+};
+
+// Builds a monoid's graphs; see src/spec/monoid.cpp for the built-in ones.
+class MonoidBuilder;
+struct MonoidExpr {
+  MonoidBuilder* builder = nullptr;
+  int id = -1;
+};
+
+class MonoidBuilder {
+ public:
+  MonoidBuilder(std::string name, std::vector<std::string> parts, std::vector<double> identity,
+                int inputs = 1);
+  MonoidExpr mine(int part);
+  MonoidExpr other(int part);
+  MonoidExpr element(int input = 0);
+  MonoidExpr count();
+  MonoidExpr chunk_sum(MonoidExpr element_expr);
+  MonoidExpr chunk_max(MonoidExpr element_expr);
+  MonoidExpr constant(double value);
+  MonoidExpr unary(UnaryFn fn, MonoidExpr a);
+  MonoidExpr binary(BinaryFn fn, MonoidExpr a, MonoidExpr b);
+  MonoidExpr select(MonoidExpr cond, MonoidExpr a, MonoidExpr b);
+  Monoid build(std::vector<MonoidExpr> combine, std::vector<MonoidExpr> chunk);
+
+ private:
+  int add(MonoidNode n);
+  Monoid m_;
+};
+
+MonoidExpr operator+(MonoidExpr a, MonoidExpr b);
+MonoidExpr operator-(MonoidExpr a, MonoidExpr b);
+MonoidExpr operator*(MonoidExpr a, MonoidExpr b);
+MonoidExpr operator/(MonoidExpr a, MonoidExpr b);
+
+namespace monoid {
+Monoid sum();
+Monoid max();
+Monoid online_softmax();
+Monoid mean_m2();
+Monoid scaled_sum_squares();
+Monoid scaled_mean_m2();
+}  // namespace monoid
+
+}  // namespace tile

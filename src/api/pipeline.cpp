@@ -1,0 +1,93 @@
+#include "api/pipeline.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <unordered_map>
+
+#include "ir/printer.hpp"
+#include "core/sha256.hpp"
+#include "ir/verifier.hpp"
+
+namespace tile {
+
+namespace {
+
+std::mutex& prepared_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::unordered_map<std::string, std::shared_ptr<const PreparedKernel>>& prepared_cache() {
+  static std::unordered_map<std::string, std::shared_ptr<const PreparedKernel>> cache;
+  return cache;
+}
+
+std::string describe(const BoundCall& call) {
+  std::ostringstream os;
+  os << "bind " << call.program->name() << ": rows " << call.rows << ", cols " << call.cols << "\n";
+  const auto& decls = call.program->operands();
+  for (size_t i = 0; i < decls.size(); ++i) {
+    const BoundOperand& b = call.operands[i];
+    os << "  " << decls[i].name << " (" << role_name(decls[i].role) << "): ";
+    if (!b.present)
+      os << "absent\n";
+    else if (decls[i].role == Role::scalar_in)
+      os << b.value << "\n";
+    else
+      os << dtype_name(b.dtype) << ", stride " << b.stride << ", " << b.extent << " elements\n";
+  }
+  return os.str();
+}
+
+}  // namespace
+
+bool dump_requested(const char* pass) {
+  const char* env = std::getenv("TILE_DUMP");
+  if (!env || !*env) return false;
+  const std::string list = std::string(",") + env + ",";
+  return list.find(",all,") != std::string::npos || list.find("," + std::string(pass) + ",") != std::string::npos;
+}
+
+std::shared_ptr<const PreparedKernel> prepare(const RowProgram& program, const BoundCall& call,
+                                              const PlanRequest& request, const DeviceLimits& limits) {
+  const PlanInputs in = call.plan_inputs();
+  MappingPlan plan = choose_plan(in, request, limits);
+  validate_plan(plan, in, limits, program.name());
+  grid_groups(call, plan);  // the one grid check: run, plan_for and source_for alike
+
+  const KernelSignature signature = call.signature();
+  std::string key = std::to_string(program.serial()) + ':';
+  signature.append_key(key);
+  plan.append_key(key);
+  {
+    std::lock_guard<std::mutex> lock(prepared_mutex());
+    auto& cache = prepared_cache();
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+
+  auto prepared = std::make_shared<PreparedKernel>();
+  prepared->plan = plan;
+  prepared->signature = signature;
+  prepared->program_text = program.to_string();
+  if (dump_requested("bind")) std::fprintf(stderr, "%s", describe(call).c_str());
+  if (dump_requested("plan")) std::fprintf(stderr, "plan %s\n%s", plan.to_json().c_str(), plan.loop_nest().c_str());
+  prepared->lowered = lower_row_program(program, signature, plan);
+  prepared->ir_text = ir::to_string(prepared->lowered.main.kernel);
+  if (prepared->lowered.finish) prepared->ir_text += ir::to_string(prepared->lowered.finish->kernel);
+  prepared->ir_sha256 = sha256_hex(prepared->ir_text);
+  if (dump_requested("lower")) std::fprintf(stderr, "%s%s", prepared->program_text.c_str(), prepared->ir_text.c_str());
+  ir::verify_or_throw(prepared->lowered.main.kernel);
+  if (prepared->lowered.finish) ir::verify_or_throw(prepared->lowered.finish->kernel);
+  if (dump_requested("verify")) std::fprintf(stderr, "verify: %s passed\n", prepared->lowered.main.kernel.name.c_str());
+
+  std::lock_guard<std::mutex> lock(prepared_mutex());
+  // Two threads missing on one key both lower it; the first to finish fills the map.
+  return prepared_cache().emplace(key, std::move(prepared)).first->second;
+}
+
+void clear_prepared_kernels() {
+  std::lock_guard<std::mutex> lock(prepared_mutex());
+  prepared_cache().clear();
+}
+
+}  // namespace tile

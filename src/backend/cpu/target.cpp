@@ -1,0 +1,68 @@
+// The CPU target: runs the lowered IR on the host with the reference executor. It generates
+// no source; the IR is what it runs.
+#include <algorithm>
+
+#include "backend/cpu/executor.hpp"
+#include "target/target.hpp"
+
+namespace tile {
+
+namespace {
+
+cpu::LaunchArgs launch_args(const LoweredKernel& lk, const ArgumentValues& a, int64_t groups) {
+  cpu::LaunchArgs args;
+  args.groups = groups;
+  for (size_t b = 0; b < a.buffers.size(); ++b) args.buffers.push_back({a.buffers[b], 0, a.extents[b]});
+  for (size_t p = 0; p < a.params.size(); ++p) {
+    const bool f = lk.kernel.params[p].type == ir::Type::f32;
+    args.params.push_back({f ? double(a.params[p].f) : 0.0, a.params[p].i});
+  }
+  return args;
+}
+
+class CpuTarget final : public Target {
+ public:
+  const char* name() const override { return "cpu"; }
+  DeviceLimits limits(const CallOptions&) const override { return DeviceLimits{}; }
+  std::string source(const PreparedKernel&) const override { return ""; }
+
+  LaunchRecord launch(const PreparedKernel& pk, const BoundCall& call, const CallOptions&) const override {
+    const LoweredProgram& lp = pk.lowered;
+    LaunchRecord rec;
+    rec.plan = pk.plan;
+    rec.kernel_name = lp.main.kernel.name;
+    rec.groups = grid_groups(call, pk.plan);
+    rec.threads_per_group = lp.main.kernel.threads_per_group();
+    rec.shared_bytes = lp.main.kernel.shared_elems() * 4;
+    const int64_t slots = rec.groups * pk.plan.programs_per_group;
+    std::vector<float> workspace;
+    if (lp.finish) {
+      workspace.resize(size_t(slots * (lp.col_parts * call.cols + lp.fixed_parts)));
+      rec.workspace_bytes = int64_t(workspace.size()) * 4;
+      rec.kernels = 2;
+    }
+    const int64_t ws_elems = int64_t(workspace.size());
+    if (rec.groups > 0) {
+      ArgumentValues a = argument_values(lp.main, call, workspace.data(), ws_elems, slots);
+      rec.bytes_loaded = cpu::execute(lp.main.kernel, launch_args(lp.main, a, rec.groups)).bytes_loaded;
+    }
+    if (lp.finish) {
+      ArgumentValues a = argument_values(*lp.finish, call, workspace.data(), ws_elems, slots);
+      cpu::execute(lp.finish->kernel, launch_args(*lp.finish, a, finish_groups(call)));
+    }
+    return rec;
+  }
+
+  static int64_t finish_groups(const BoundCall& call) {
+    return std::max<int64_t>(1, (call.cols + LoweredProgram::kFinishThreads - 1) / LoweredProgram::kFinishThreads);
+  }
+};
+
+}  // namespace
+
+const Target& cpu_target() {
+  static const CpuTarget target;
+  return target;
+}
+
+}  // namespace tile

@@ -1,0 +1,284 @@
+#include "bind/bind.hpp"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "bind/overlap.hpp"
+#include "lower/lower_row_program.hpp"
+#include "tile/error.hpp"
+
+namespace tile {
+
+namespace {
+
+bool is_row(Role r) { return r == Role::row_in || r == Role::row_out; }
+bool is_row_scalar(Role r) { return r == Role::row_scalar_in || r == Role::row_scalar_out; }
+bool is_col(Role r) { return r == Role::col_in || r == Role::col_out; }
+
+std::string shape_text(int64_t rows, int64_t cols, int64_t stride) {
+  return "(" + std::to_string(rows) + ", " + std::to_string(cols) + ") with row stride " + std::to_string(stride);
+}
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+const char* kind_of(const Args::Value& v) {
+  switch (v.index()) {
+    case 0: return "a matrix (TensorView)";
+    case 1: return "a vector (VectorView)";
+    default: return "a number";
+  }
+}
+
+// Largest element offset + 1 a view may span: byte offsets of every dtype stay below 2^63 and
+// leave room for the kernels' 64-bit index arithmetic.
+constexpr int64_t kMaxExtent = (int64_t(1) << 61) - 1;
+
+}  // namespace
+
+void check_f32_scalar(const std::string& op, const std::string& name, double value) {
+  // The kernel reads scalars as fp32. fp32 rounding to nearest errs by at most 2^-24 relative
+  // in the normal range; a value that rounds to 0 or inf, or loses more as a subnormal, is not
+  // the value the caller asked for.
+  const float f = float(value);
+  const bool held = value == 0 || (std::isfinite(f) && std::abs(double(f) - value) <= 0x1p-24 * std::abs(value));
+  if (!held)
+    throw_argument_error(op, name,
+                         "a value that float32 holds within rounding (relative error at most 2^-24: magnitudes in "
+                         "[1.17549435e-38, 3.40282347e+38], 0, and the subnormals float32 holds exactly)",
+                         number(value));
+}
+
+void KernelSignature::append_key(std::string& key) const {
+  for (size_t i = 0; i < present.size(); ++i) key += present[i] ? char('a' + int(dtypes[i])) : '-';
+  key += ';';
+}
+
+KernelSignature BoundCall::signature() const {
+  KernelSignature s;
+  for (const BoundOperand& o : operands) {
+    s.present.push_back(o.present);
+    s.dtypes.push_back(o.dtype);
+  }
+  return s;
+}
+
+const BoundOperand& BoundCall::operand(const std::string& name) const {
+  int i = program->find_operand(name);
+  TILE_CHECK(i >= 0, "no operand ", name);
+  return operands[i];
+}
+
+PlanInputs BoundCall::plan_inputs() const {
+  PlanInputs in;
+  in.rows = rows, in.cols = cols;
+  for (const OperandDecl& d : program->operands())
+    if (is_row(d.role)) {
+      in.rows_operand = d.name;
+      break;
+    }
+  uintptr_t bits = 0;
+  const auto& decls = program->operands();
+  for (size_t i = 0; i < decls.size(); ++i) {
+    const BoundOperand& o = operands[i];
+    if (!o.present) continue;
+    if (is_row(decls[i].role)) {
+      in.row_operands.push_back({o.dtype, o.stride, decls[i].role == Role::row_in});
+      bits |= reinterpret_cast<uintptr_t>(o.data);
+    } else if (decls[i].role == Role::col_in) {
+      in.column_dtypes.push_back(o.dtype);
+      bits |= reinterpret_cast<uintptr_t>(o.data);
+    }
+  }
+  in.base_alignment = 16;
+  while (in.base_alignment > 1 && bits % in.base_alignment != 0) in.base_alignment /= 2;
+  in.merge_parts = 1;
+  for (const std::vector<int>& level : reduction_levels(*program)) {
+    int parts = 0;
+    for (int red : level) parts += int(program->reductions()[red].monoid.parts.size());
+    in.merge_parts = std::max(in.merge_parts, parts);
+  }
+  for (const RowReduction& r : program->reductions()) {
+    if (r.axis != Axis::rows) continue;
+    in.reduces_rows = true;
+    if (program->nodes()[r.inputs[0]].shape.cols) in.rows_reduction_parts += int(r.monoid.parts.size());
+  }
+  return in;
+}
+
+BoundCall bind(const RowProgram& program, const Args& args) {
+  program.validate();
+  const std::string& op = program.name();
+  const auto& decls = program.operands();
+  for (const auto& [name, value] : args.values()) {
+    if (program.find_operand(name) >= 0) continue;
+    std::string names;
+    for (const OperandDecl& d : decls) names += (names.empty() ? "" : ", ") + d.name;
+    throw_argument_error(op, name, "one of the operands " + names, "an unknown operand");
+  }
+  BoundCall call;
+  call.program = &program;
+  call.operands.resize(decls.size());
+  auto find = [&](const std::string& name) -> const Args::Value* {
+    auto it = args.values().find(name);
+    return it == args.values().end() ? nullptr : &it->second;
+  };
+
+  // rows and cols come from the first row operand; every other operand must agree.
+  int first = -1;
+  for (size_t i = 0; i < decls.size() && first < 0; ++i)
+    if (is_row(decls[i].role)) first = int(i);
+  if (first < 0) throw Error("row program '" + op + "': expected at least one row input or output operand");
+
+  for (size_t i = 0; i < decls.size(); ++i) {
+    const OperandDecl& d = decls[i];
+    BoundOperand& b = call.operands[i];
+    const Args::Value* v = find(d.name);
+    const std::string& name = d.name;
+    if (d.role == Role::scalar_in) {
+      b.present = true;
+      b.dtype = d.scalar_type == ValueType::i64 ? DType::i64 : DType::f32;
+      if (!v) {
+        if (!d.default_value) throw_argument_error(op, name, "a number (the scalar has no default)", "nothing");
+        b.value = *d.default_value;
+      } else if (v->index() != 2) {
+        throw_argument_error(op, name, "a number", kind_of(*v));
+      } else {
+        b.value = std::get<double>(*v);
+      }
+      // Declared ranges use +-1e300 for "unbounded".
+      const bool lo = d.min_value > -1e300, hi = d.max_value < 1e300;
+      const std::string range = lo && hi ? "a value in [" + number(d.min_value) + ", " + number(d.max_value) + "]"
+                                : lo   ? "a finite value >= " + number(d.min_value)
+                                : hi   ? "a finite value <= " + number(d.max_value)
+                                       : "a finite value";
+      if (std::isnan(b.value) || b.value < d.min_value || b.value > d.max_value)
+        throw_argument_error(op, name, range, number(b.value));
+      if (d.scalar_type == ValueType::i64) {
+        if (b.value != std::trunc(b.value) || std::abs(b.value) > 9007199254740992.0)
+          throw_argument_error(op, name, "an integer of magnitude at most 2^53", number(b.value));
+      } else {
+        check_f32_scalar(op, name, b.value);
+      }
+      continue;
+    }
+    if (!v) {
+      if (d.optional) continue;
+      throw_argument_error(op, name, std::string(is_row(d.role) ? "a matrix" : "a vector") + " (" +
+                                         std::string(role_name(d.role)) + ")", "nothing");
+    }
+    // A null vector means absent, as for weight and bias in the built-in operators.
+    if (v->index() == 1 && std::get<VectorView>(*v).data == nullptr && d.optional) continue;
+    if (is_row(d.role)) {
+      if (v->index() != 0) throw_argument_error(op, name, "a matrix (TensorView)", kind_of(*v));
+      const TensorView& t = std::get<TensorView>(*v);
+      if (int(i) == first) {
+        if (t.rows < 0) throw_argument_error(op, name, "rows >= 0", std::to_string(t.rows));
+        if (t.cols < 1) throw_argument_error(op, name, "cols >= 1", std::to_string(t.cols));
+        call.rows = t.rows, call.cols = t.cols;
+      } else if (t.rows != call.rows || t.cols != call.cols) {
+        throw_argument_error(op, name,
+                             "shape (" + std::to_string(call.rows) + ", " + std::to_string(call.cols) + ") like " + decls[first].name,
+                             "(" + std::to_string(t.rows) + ", " + std::to_string(t.cols) + ")");
+      }
+      if (t.cols > kMaxExtent) throw_argument_error(op, name, "cols at most 2^61 - 1", std::to_string(t.cols));
+      if (t.row_stride < t.cols)
+        throw_argument_error(op, name, "row_stride >= cols = " + std::to_string(t.cols), std::to_string(t.row_stride));
+      if (t.rows > 1 && t.rows - 1 > (kMaxExtent - t.cols) / t.row_stride)
+        throw_argument_error(op, name, "(rows - 1) * row_stride + cols at most 2^61 - 1 elements",
+                             shape_text(t.rows, t.cols, t.row_stride));
+      b.data = t.data, b.dtype = t.dtype, b.stride = t.row_stride;
+      b.extent = t.rows == 0 ? 0 : (t.rows - 1) * t.row_stride + t.cols;
+    } else if (is_row_scalar(d.role)) {
+      if (v->index() == 0) {
+        const TensorView& t = std::get<TensorView>(*v);
+        if (t.cols != 1 || t.rows != call.rows)
+          throw_argument_error(op, name, "one value per row: shape (" + std::to_string(call.rows) + ", 1)",
+                               "(" + std::to_string(t.rows) + ", " + std::to_string(t.cols) + ")");
+        b.data = t.data, b.dtype = t.dtype, b.stride = t.row_stride;
+      } else if (v->index() == 1) {
+        const VectorView& w = std::get<VectorView>(*v);
+        if (w.size != call.rows)
+          throw_argument_error(op, name, std::to_string(call.rows) + " elements (one per row)", std::to_string(w.size));
+        b.data = const_cast<void*>(w.data), b.dtype = w.dtype, b.stride = w.stride;
+      } else {
+        throw_argument_error(op, name, "a vector with one value per row", kind_of(*v));
+      }
+      if (b.stride < 1) throw_argument_error(op, name, "a stride >= 1", std::to_string(b.stride));
+      if (call.rows > 1 && call.rows - 1 > (kMaxExtent - 1) / b.stride)
+        throw_argument_error(op, name, "(rows - 1) * stride + 1 at most 2^61 - 1 elements", std::to_string(b.stride));
+      b.extent = call.rows == 0 ? 0 : (call.rows - 1) * b.stride + 1;
+    } else {  // per-column operands and scalar outputs
+      if (v->index() != 1) throw_argument_error(op, name, "a vector (VectorView)", kind_of(*v));
+      const VectorView& w = std::get<VectorView>(*v);
+      const int64_t want = is_col(d.role) ? call.cols : 1;
+      if (w.size != want)
+        throw_argument_error(op, name, std::to_string(want) + (is_col(d.role) ? " elements (one per column)" : " element"),
+                             std::to_string(w.size));
+      if (w.stride != 1) throw_argument_error(op, name, "a contiguous vector (stride 1)", "stride " + std::to_string(w.stride));
+      b.data = const_cast<void*>(w.data), b.dtype = w.dtype, b.stride = 1, b.extent = w.size;
+    }
+    b.present = true;
+    if (!d.dtypes.contains(b.dtype))
+      throw_argument_error(op, name, "dtype " + d.dtypes.to_string(), std::string(dtype_name(b.dtype)));
+    if (b.extent > 0 && b.data == nullptr) throw_argument_error(op, name, "a non-null data pointer", "null");
+    const uintptr_t base = reinterpret_cast<uintptr_t>(b.data);
+    if (base % dtype_size(b.dtype) != 0)
+      throw_argument_error(op, name,
+                           "a pointer aligned to its element size (" + std::to_string(dtype_size(b.dtype)) + " bytes)",
+                           "a misaligned pointer");
+    if (uintptr_t(b.extent) * dtype_size(b.dtype) > UINTPTR_MAX - base)
+      throw_argument_error(op, name, is_row(d.role) ? "a view that ends inside the address space" : "a vector that ends inside the address space",
+                           (is_row(d.role) ? shape_text(call.rows, call.cols, b.stride) : std::to_string(b.extent) + " elements") +
+                               " at address " + std::to_string(base));
+  }
+
+  // Outputs overlap nothing else, except the one input each may alias exactly (in place: same
+  // pointer, stride and dtype; each worker reads its elements before it writes them).
+  auto view_of = [&](size_t i) {
+    const BoundOperand& b = call.operands[i];
+    const Role role = decls[i].role;
+    const int64_t es = dtype_size(b.dtype);
+    if (is_row(role)) return StridedBytes{reinterpret_cast<uintptr_t>(b.data), b.stride * es, call.cols * es, call.rows};
+    if (is_row_scalar(role)) return StridedBytes{reinterpret_cast<uintptr_t>(b.data), b.stride * es, es, call.rows};
+    return StridedBytes{reinterpret_cast<uintptr_t>(b.data), b.extent * es, b.extent * es, 1};
+  };
+  for (size_t o = 0; o < decls.size(); ++o) {
+    if (!is_output(decls[o].role) || !call.operands[o].present || call.operands[o].extent == 0) continue;
+    for (size_t a = 0; a < decls.size(); ++a) {
+      if (a == o || !call.operands[a].present || call.operands[a].extent == 0 || decls[a].role == Role::scalar_in) continue;
+      const BoundOperand &bo = call.operands[o], &ba = call.operands[a];
+      const bool allowed = decls[o].may_alias == int(a);
+      if (allowed && bo.data == ba.data && bo.stride == ba.stride && bo.dtype == ba.dtype) continue;
+      if (!overlaps(view_of(o), view_of(a))) continue;
+      throw_argument_error(op, decls[o].name,
+                           "memory that does not overlap " + decls[a].name +
+                               (allowed ? ", or exactly " + decls[a].name + " (same pointer, stride and dtype)" : ""),
+                           "an overlapping view");
+    }
+  }
+  return call;
+}
+
+int64_t grid_groups(const BoundCall& call, const MappingPlan& plan) {
+  const int64_t P = plan.programs_per_group;
+  int64_t groups = (call.rows + P - 1) / P;
+  if (plan.grid_limit > 0) groups = std::min<int64_t>(groups, plan.grid_limit);
+  if (groups > std::numeric_limits<int32_t>::max()) {
+    const auto& decls = call.program->operands();
+    size_t first = 0;
+    while (decls[first].role != Role::row_in && decls[first].role != Role::row_out) ++first;
+    throw_argument_error(call.program->name(), decls[first].name,
+                         "at most 2^31 - 1 groups of " + std::to_string(P) + " rows (the grid's limit)",
+                         std::to_string(call.rows) + " rows");
+  }
+  return groups;
+}
+
+}  // namespace tile

@@ -1,0 +1,56 @@
+// bind: a row program's declared operands + a call's arguments -> checked, ordered operands.
+//
+// The one place where a call's arguments are checked: names, presence, dtypes, shapes,
+// strides, sizes, pointer alignment and aliasing, each error naming the program, the operand,
+// what was expected and what was given. The C++ entry points, both backends, the Python
+// package and the `tile` command all go through it; the kernel signature and arguments are
+// derived from its result. Tested by tests/bind/bind_test.cpp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tile/policy.hpp"
+#include "tile/spec.hpp"
+#include "tile/tile.hpp"
+
+namespace tile {
+
+struct BoundOperand {
+  bool present = false;
+  DType dtype = DType::f32;
+  void* data = nullptr;
+  int64_t stride = 0;  // row operands: elements between rows; per-row operands: between values
+  int64_t extent = 0;  // elements the kernel may touch from data
+  double value = 0;    // scalar inputs
+};
+
+// What a kernel depends on besides its plan: which operands are present and their dtypes.
+struct KernelSignature {
+  std::vector<bool> present;
+  std::vector<DType> dtypes;
+  bool operator==(const KernelSignature&) const = default;
+  void append_key(std::string& key) const;
+};
+
+struct BoundCall {
+  const RowProgram* program = nullptr;
+  std::vector<BoundOperand> operands;  // in declaration order
+  int64_t rows = 0, cols = 0;
+
+  KernelSignature signature() const;
+  PlanInputs plan_inputs() const;
+  const BoundOperand& operand(const std::string& name) const;
+};
+
+BoundCall bind(const RowProgram& program, const Args& args);
+
+// Throws tile::Error naming `op` and `name` unless fp32 holds `value` within rounding.
+void check_f32_scalar(const std::string& op, const std::string& name, double value);
+
+// The grid a plan launches for a bound call: groups of programs_per_group rows, capped for
+// programs that loop over rows. Throws tile::Error when it exceeds what a launch can address.
+int64_t grid_groups(const BoundCall& call, const MappingPlan& plan);
+
+}  // namespace tile

@@ -1,0 +1,273 @@
+// The built-in monoids and the monoid builder. The semantics of each (NaN, ±inf, empty parts)
+// are written here once; tests/spec/monoid_test.cpp checks them against float64 folds.
+#include "tile/monoid.hpp"
+
+#include <limits>
+
+#include "tile/error.hpp"
+
+namespace tile {
+
+const char* unary_fn_name(UnaryFn fn) {
+  static const char* names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "not", "to_f32"};
+  return names[int(fn)];
+}
+const char* binary_fn_name(BinaryFn fn) {
+  static const char* names[] = {"add", "sub", "mul", "div", "max", "min", "lt", "le", "eq", "ne", "and", "or"};
+  return names[int(fn)];
+}
+
+MonoidBuilder::MonoidBuilder(std::string name, std::vector<std::string> parts, std::vector<double> identity,
+                             int inputs) {
+  TILE_CHECK(parts.size() == identity.size() && !parts.empty() && inputs >= 1, "monoid ", name,
+             ": parts and identity differ in length");
+  m_.name = std::move(name);
+  m_.parts = std::move(parts);
+  m_.identity = std::move(identity);
+  m_.inputs = inputs;
+}
+
+int MonoidBuilder::add(MonoidNode n) {
+  m_.nodes.push_back(n);
+  return int(m_.nodes.size()) - 1;
+}
+
+MonoidExpr MonoidBuilder::mine(int part) { return {this, add({MonoidNode::Kind::mine, false, false, part})}; }
+MonoidExpr MonoidBuilder::other(int part) { return {this, add({MonoidNode::Kind::other, false, false, part})}; }
+MonoidExpr MonoidBuilder::element(int input) {
+  return {this, add({MonoidNode::Kind::element, false, true, input})};
+}
+MonoidExpr MonoidBuilder::count() { return {this, add({MonoidNode::Kind::count})}; }
+MonoidExpr MonoidBuilder::chunk_sum(MonoidExpr e) {
+  MonoidNode n{MonoidNode::Kind::chunk_sum};
+  n.a = e.id;
+  return {this, add(n)};
+}
+MonoidExpr MonoidBuilder::chunk_max(MonoidExpr e) {
+  MonoidNode n{MonoidNode::Kind::chunk_max};
+  n.a = e.id;
+  return {this, add(n)};
+}
+MonoidExpr MonoidBuilder::constant(double value) {
+  MonoidNode n{MonoidNode::Kind::constant};
+  n.value = value;
+  return {this, add(n)};
+}
+MonoidExpr MonoidBuilder::unary(UnaryFn fn, MonoidExpr a) {
+  MonoidNode n{MonoidNode::Kind::unary};
+  n.unary = fn, n.a = a.id;
+  n.boolean = fn == UnaryFn::logical_not;
+  n.element = m_.nodes[a.id].element;
+  return {this, add(n)};
+}
+MonoidExpr MonoidBuilder::binary(BinaryFn fn, MonoidExpr a, MonoidExpr b) {
+  MonoidNode n{MonoidNode::Kind::binary};
+  n.binary = fn, n.a = a.id, n.b = b.id;
+  n.boolean = is_comparison(fn) || is_logical(fn);
+  n.element = m_.nodes[a.id].element || m_.nodes[b.id].element;
+  return {this, add(n)};
+}
+MonoidExpr MonoidBuilder::select(MonoidExpr c, MonoidExpr a, MonoidExpr b) {
+  MonoidNode n{MonoidNode::Kind::select};
+  n.a = c.id, n.b = a.id, n.c = b.id;
+  n.element = m_.nodes[c.id].element || m_.nodes[a.id].element || m_.nodes[b.id].element;
+  return {this, add(n)};
+}
+
+Monoid MonoidBuilder::build(std::vector<MonoidExpr> combine, std::vector<MonoidExpr> chunk) {
+  for (MonoidExpr e : combine) m_.combine.push_back(e.id);
+  for (MonoidExpr e : chunk) m_.chunk.push_back(e.id);
+  m_.check();
+  return m_;
+}
+
+MonoidExpr operator+(MonoidExpr a, MonoidExpr b) { return a.builder->binary(BinaryFn::add, a, b); }
+MonoidExpr operator-(MonoidExpr a, MonoidExpr b) { return a.builder->binary(BinaryFn::sub, a, b); }
+MonoidExpr operator*(MonoidExpr a, MonoidExpr b) { return a.builder->binary(BinaryFn::mul, a, b); }
+MonoidExpr operator/(MonoidExpr a, MonoidExpr b) { return a.builder->binary(BinaryFn::div, a, b); }
+
+void Monoid::check() const {
+  const size_t k = parts.size();
+  TILE_CHECK(combine.size() == k && chunk.size() == k && identity.size() == k, "monoid ", name,
+             ": one combine and one chunk node per part");
+  // Which kinds each graph may read: combine reads states, chunk reads elements.
+  auto walk = [&](auto&& self, int id, bool in_combine, bool in_chunk_reduction) -> void {
+    TILE_CHECK(id >= 0 && id < int(nodes.size()), "monoid ", name, ": node ", id, " does not exist");
+    const MonoidNode& n = nodes[id];
+    using K = MonoidNode::Kind;
+    switch (n.kind) {
+      case K::mine:
+      case K::other:
+        TILE_CHECK(in_combine && n.index >= 0 && n.index < int(k), "monoid ", name, ": state read outside combine");
+        break;
+      case K::element:
+        TILE_CHECK(!in_combine && in_chunk_reduction && n.index >= 0 && n.index < inputs, "monoid ", name,
+                   ": element read outside a chunk reduction");
+        break;
+      case K::count: TILE_CHECK(!in_combine, "monoid ", name, ": count in combine"); break;
+      case K::chunk_sum:
+      case K::chunk_max:
+        // A chunk reduction inside another one's element expression is a finished chunk value.
+        TILE_CHECK(!in_combine, "monoid ", name, ": chunk reduction in combine");
+        self(self, n.a, false, true);
+        break;
+      case K::constant: break;
+      case K::unary: self(self, n.a, in_combine, in_chunk_reduction); break;
+      case K::binary:
+        self(self, n.a, in_combine, in_chunk_reduction);
+        self(self, n.b, in_combine, in_chunk_reduction);
+        break;
+      case K::select:
+        TILE_CHECK(nodes[n.a].boolean && nodes[n.b].boolean == nodes[n.c].boolean, "monoid ", name, ": ill-typed select");
+        self(self, n.a, in_combine, in_chunk_reduction);
+        self(self, n.b, in_combine, in_chunk_reduction);
+        self(self, n.c, in_combine, in_chunk_reduction);
+        break;
+    }
+  };
+  for (int id : combine) {
+    walk(walk, id, true, false);
+    TILE_CHECK(!nodes[id].boolean, "monoid ", name, ": a part is boolean");
+  }
+  for (int id : chunk) {
+    walk(walk, id, false, false);
+    TILE_CHECK(!nodes[id].boolean && !nodes[id].element, "monoid ", name, ": a chunk part varies per element");
+  }
+}
+
+namespace monoid {
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+}
+
+Monoid sum() {
+  MonoidBuilder b("sum", {"sum"}, {0.0});
+  return b.build({b.mine(0) + b.other(0)}, {b.chunk_sum(b.element())});
+}
+
+Monoid max() {
+  MonoidBuilder b("max", {"max"}, {-kInf});
+  return b.build({b.binary(BinaryFn::max, b.mine(0), b.other(0))}, {b.chunk_max(b.element())});
+}
+
+// (m, s) with s = Σ exp(x - m). Exponents are taken against a base that is 0 while m is -inf
+// (nothing finite seen yet), so -inf elements add 0 instead of exp(-inf + inf) = NaN; a NaN or
+// +inf element still makes s NaN through the arithmetic, as PyTorch's softmax does.
+Monoid online_softmax() {
+  MonoidBuilder b("online_softmax", {"max", "sum_exp"}, {-kInf, 0.0});
+  auto base_of = [&](MonoidExpr m) {
+    return b.select(b.binary(BinaryFn::eq, m, b.constant(-kInf)), b.constant(0.0), m);
+  };
+  MonoidExpr merged = b.binary(BinaryFn::max, b.mine(0), b.other(0));
+  MonoidExpr base = base_of(merged);
+  MonoidExpr sum = b.mine(1) * b.unary(UnaryFn::exp, b.mine(0) - base) +
+                   b.other(1) * b.unary(UnaryFn::exp, b.other(0) - base);
+  MonoidExpr chunk_m = b.chunk_max(b.element());
+  MonoidExpr chunk_s = b.chunk_sum(b.unary(UnaryFn::exp, b.element() - base_of(chunk_m)));
+  return b.build({merged, sum}, {chunk_m, chunk_s});
+}
+
+// (n, mean, m2): the count, mean and sum of squared deviations (Chan et al.). An empty side
+// contributes nothing and is never used in arithmetic, so extreme values on the other side
+// cannot meet 0 * inf.
+Monoid mean_m2() {
+  MonoidBuilder b("mean_m2", {"count", "mean", "m2"}, {0.0, 0.0, 0.0});
+  MonoidExpr n = b.mine(0), on = b.other(0);
+  MonoidExpr total = n + on;
+  MonoidExpr share = on / total;
+  MonoidExpr delta = b.other(1) - b.mine(1);
+  MonoidExpr other_empty = b.binary(BinaryFn::eq, on, b.constant(0.0));
+  MonoidExpr mine_empty = b.binary(BinaryFn::eq, n, b.constant(0.0));
+  auto pick = [&](MonoidExpr merged, MonoidExpr mine, MonoidExpr other) {
+    return b.select(other_empty, mine, b.select(mine_empty, other, merged));
+  };
+  MonoidExpr mean = pick(b.mine(1) + delta * share, b.mine(1), b.other(1));
+  MonoidExpr m2 = pick(b.mine(2) + b.other(2) + delta * delta * (n * share), b.mine(2), b.other(2));
+
+  // A chunk: its mean from the sum of x / k (no overflow of the sum for |x| near the dtype's
+  // max), then squared deviations from that mean; an empty chunk is (0, 0, 0).
+  MonoidExpr k = b.count();
+  MonoidExpr any = b.binary(BinaryFn::lt, b.constant(0.0), k);
+  MonoidExpr inv_k = b.select(any, b.constant(1.0) / k, b.constant(0.0));
+  MonoidExpr chunk_mean = b.chunk_sum(b.element() * inv_k);
+  MonoidExpr d = b.element() - chunk_mean;
+  MonoidExpr chunk_m2 = b.chunk_sum(d * d);
+  return b.build({total, mean, m2}, {k, chunk_mean, chunk_m2});
+}
+
+// Scaled statistics (RMSNorm's sum of squares, LayerNorm's mean and squared deviations) carry
+// an exact power of two p near the part's largest |x| and statistics of x / p, which lies in
+// [-8, 8]: no square or sum overflows or underflows for any finite x, and dividing by p only
+// moves the exponent. Merging brings both sides to the larger scale P by p / P, also an exact
+// power of two (0 when a side is negligible). docs/source/numerics.md gives the bounds.
+namespace {
+
+constexpr double kScaleLo = 0x1p-103, kScaleHi = 0x1p125;
+
+// 2^floor(log2 c) or twice that, for c = amax clamped to [2^-103, 2^125]: c + c 2^-23 rounds to
+// c plus one or two units in its last place, and their difference times 2^23 is that power of
+// two, exactly. The clamp keeps c 2^-23, p and 1 / p normal; NaN stays NaN.
+MonoidExpr power_of_two_scale(MonoidBuilder& b, MonoidExpr amax) {
+  MonoidExpr c = b.binary(BinaryFn::min, b.binary(BinaryFn::max, amax, b.constant(kScaleLo)), b.constant(kScaleHi));
+  return ((c + c * b.constant(0x1p-23)) - c) * b.constant(0x1p23);
+}
+
+// max |x| over the chunk, 0 for an empty chunk (whose max is -inf).
+MonoidExpr chunk_amax(MonoidBuilder& b) {
+  return b.binary(BinaryFn::max, b.constant(0.0), b.chunk_max(b.unary(UnaryFn::abs, b.element())));
+}
+
+}  // namespace
+
+// (p, s) with Σ x^2 = s p^2: a sum of squares that neither overflows nor underflows. +inf makes
+// s +inf (x / p is), NaN makes both NaN.
+Monoid scaled_sum_squares() {
+  MonoidBuilder b("scaled_sum_squares", {"scale", "sum"}, {kScaleLo, 0.0});
+  MonoidExpr merged = b.binary(BinaryFn::max, b.mine(0), b.other(0));
+  MonoidExpr rm = b.mine(0) / merged, ro = b.other(0) / merged;
+  MonoidExpr sum = b.mine(1) * (rm * rm) + b.other(1) * (ro * ro);
+  MonoidExpr p = power_of_two_scale(b, chunk_amax(b));
+  MonoidExpr scaled = b.element() * (b.constant(1.0) / p);
+  return b.build({merged, sum}, {p, b.chunk_sum(scaled * scaled)});
+}
+
+// (n, p, mean, m2) with the mean and sum of squared deviations of x / p, merged by Chan et al.'s
+// formulas at the larger scale. A chunk's mean is clamped into [min x, max x] / p, so a constant
+// chunk has its exact mean and m2 = 0, and Chan's merge of equal means is exact: a constant row
+// normalises to exactly 0. An empty side contributes nothing and is never used in arithmetic.
+Monoid scaled_mean_m2() {
+  MonoidBuilder b("scaled_mean_m2", {"count", "scale", "mean", "m2"}, {0.0, kScaleLo, 0.0, 0.0});
+  MonoidExpr n = b.mine(0), on = b.other(0);
+  MonoidExpr merged = b.binary(BinaryFn::max, b.mine(1), b.other(1));
+  MonoidExpr rm = b.mine(1) / merged, ro = b.other(1) / merged;
+  MonoidExpr mm = b.mine(2) * rm, om = b.other(2) * ro;
+  MonoidExpr total = n + on;
+  MonoidExpr share = on / b.binary(BinaryFn::max, total, b.constant(1.0));
+  MonoidExpr delta = om - mm;
+  MonoidExpr other_empty = b.binary(BinaryFn::eq, on, b.constant(0.0));
+  MonoidExpr mine_empty = b.binary(BinaryFn::eq, n, b.constant(0.0));
+  auto pick = [&](MonoidExpr both, MonoidExpr mine, MonoidExpr other) {
+    return b.select(other_empty, mine, b.select(mine_empty, other, both));
+  };
+  MonoidExpr mean = pick(mm + delta * share, b.mine(2), b.other(2));
+  MonoidExpr m2 = pick(b.mine(3) * (rm * rm) + b.other(3) * (ro * ro) + delta * delta * (n * share), b.mine(3), b.other(3));
+
+  // A chunk: the sum of x / p over the count, clamped into the chunk's range; the squared
+  // deviations at half scale (x p^-1 / 2 - mean / 2, m2 = 4 Σ d^2: the same values, but no
+  // product x / p for the compiler to share with the sum and keep live beside a cached row).
+  MonoidExpr k = b.count();
+  MonoidExpr hi = b.chunk_max(b.element()), lo = b.unary(UnaryFn::neg, b.chunk_max(b.unary(UnaryFn::neg, b.element())));
+  MonoidExpr p = power_of_two_scale(b, b.binary(BinaryFn::max, b.constant(0.0), b.binary(BinaryFn::max, hi, b.unary(UnaryFn::neg, lo))));
+  MonoidExpr inv = b.constant(1.0) / p;
+  MonoidExpr raw_mean = b.chunk_sum(b.element() * inv) / b.binary(BinaryFn::max, k, b.constant(1.0));
+  MonoidExpr clamped = b.binary(BinaryFn::min, b.binary(BinaryFn::max, raw_mean, lo * inv), hi * inv);
+  MonoidExpr any = b.binary(BinaryFn::lt, b.constant(0.0), k);
+  MonoidExpr chunk_mean = b.select(any, clamped, b.constant(0.0));
+  MonoidExpr d = b.element() * (inv * b.constant(0.5)) - chunk_mean * b.constant(0.5);
+  MonoidExpr chunk_m2 = b.chunk_sum(d * d) * b.constant(4.0);
+  return b.build({total, merged, mean, m2}, {k, p, chunk_mean, chunk_m2});
+}
+
+}  // namespace monoid
+}  // namespace tile

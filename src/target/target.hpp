@@ -1,0 +1,45 @@
+// Targets: where a prepared kernel runs. Each target declares what it can do (the limits the
+// policy and the plan validation respect) and implements codegen and launch. The CPU
+// executor, CUDA and the stub of a build without CUDA are targets.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "api/pipeline.hpp"
+#include "tile/policy.hpp"
+#include "tile/tile.hpp"
+
+namespace tile {
+
+class Target {
+ public:
+  virtual ~Target() = default;
+  virtual const char* name() const = 0;
+  // The device limits plans must respect on this target (may query the device).
+  virtual DeviceLimits limits(const CallOptions& options) const = 0;
+  // The generated source of a prepared kernel's row kernel ("" when the target has none).
+  virtual std::string source(const PreparedKernel& kernel) const = 0;
+  virtual LaunchRecord launch(const PreparedKernel& kernel, const BoundCall& call,
+                              const CallOptions& options) const = 0;
+};
+
+const Target& cpu_target();
+const Target& cuda_target();  // the stub in a build without CUDA
+const Target& target_for(Backend backend);
+
+// The kernel arguments of one lowered kernel, as values: buffers' base pointers (the
+// workspace given separately) and scalar parameters (integers in `i`, floats in `f`).
+struct ArgumentValues {
+  std::vector<void*> buffers;
+  std::vector<int64_t> extents;  // elements each buffer may touch
+  struct Scalar {
+    int64_t i = 0;
+    float f = 0;
+  };
+  std::vector<Scalar> params;
+};
+ArgumentValues argument_values(const LoweredKernel& kernel, const BoundCall& call, void* workspace,
+                               int64_t workspace_elems, int64_t slots);
+
+}  // namespace tile

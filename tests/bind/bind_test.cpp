@@ -1,0 +1,135 @@
+// bind (src/bind/bind.cpp): one check of a call's operands for every entry point, derived from
+// the program's declarations; each error names the program, the operand, what was expected and
+// what was given.
+#include "bind/bind.hpp"
+
+#include <gtest/gtest.h>
+
+#include "tile/tile.hpp"
+
+namespace tile {
+namespace {
+
+std::string error_of(const RowProgram& p, const Args& a) {
+  try {
+    bind(p, a);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// cross-entropy-like: logits in, an integer target per row, a per-row loss, a mean loss.
+struct Program {
+  RowProgram p{"xent"};
+  Program() {
+    Operand logits = p.row_in("logits");
+    Operand target = p.row_scalar_in("target", DTypeSet::integers());
+    Operand grad = p.row_out("dlogits", DTypeSet::floats(), logits);
+    Operand loss = p.row_scalar_out("loss", {DType::f32}, true);
+    Operand mean = p.scalar_out("mean", {DType::f32}, true);
+    Operand w = p.col_in("w", DTypeSet::floats(), true);
+    Operand s = p.scalar_in("smoothing", ValueType::f32, 0.0);
+    p.scalar_range(s, 0.0, 1.0);
+    RowExpr x = p.load(logits) * p.load_or(w, 1.0);
+    auto [m, e] = p.reduce2(Axis::cols, monoid::online_softmax(), x);
+    RowExpr lse = m + log(e);
+    RowExpr hit = eq(p.col_index(), p.load(target));
+    RowExpr picked = p.reduce1(Axis::cols, monoid::sum(), p.select(hit, x, p.constant(0.0)));
+    RowExpr l = lse - picked * (1.0 - p.load(s));
+    p.store(loss, l);
+    p.store(mean, p.reduce1(Axis::rows, monoid::sum(), l) / p.reduce1(Axis::rows, monoid::sum(), p.constant(1.0) + l * 0.0));
+    p.store(grad, exp(x - lse) - p.select(hit, p.constant(1.0), p.constant(0.0)));
+  }
+};
+
+TEST(Bind, OperandsAreCheckedByRole) {
+  Program prog;
+  std::vector<float> x(6 * 10), g(6 * 10), loss(6), mean(1), w(10);
+  std::vector<int64_t> t(6, 3);
+  std::vector<int32_t> t32(6, 3);
+  Args ok;
+  ok.set("logits", matrix(x.data(), DType::f32, 6, 10))
+      .set("dlogits", matrix(g.data(), DType::f32, 6, 10))
+      .set("target", VectorView{t.data(), DType::i64, 6});
+  const BoundCall call = bind(prog.p, ok);
+  EXPECT_EQ(call.rows, 6);
+  EXPECT_EQ(call.cols, 10);
+  EXPECT_FALSE(call.operand("loss").present);
+  EXPECT_EQ(call.operand("smoothing").value, 0.0);  // the default
+  EXPECT_EQ(error_of(prog.p, Args(ok).set("tgt", 1.0)),
+            "xent: argument 'tgt': expected one of the operands logits, target, dlogits, loss, mean, w, smoothing, got an "
+            "unknown operand");
+  Args no_target;
+  no_target.set("logits", matrix(x.data(), DType::f32, 6, 10)).set("dlogits", matrix(g.data(), DType::f32, 6, 10));
+  EXPECT_EQ(error_of(prog.p, no_target), "xent: argument 'target': expected a vector (per-row input), got nothing");
+  EXPECT_EQ(error_of(prog.p, Args(ok).set("target", VectorView{t.data(), DType::i64, 5})),
+            "xent: argument 'target': expected 6 elements (one per row), got 5");
+  EXPECT_EQ(error_of(prog.p, Args(ok).set("target", VectorView{x.data(), DType::f32, 6})),
+            "xent: argument 'target': expected dtype i32 or i64, got f32");
+  EXPECT_NO_THROW(bind(prog.p, Args(ok).set("target", VectorView{t32.data(), DType::i32, 6})));
+  // A strided column of a matrix is one value per row.
+  EXPECT_NO_THROW(bind(prog.p, Args(ok).set("target", matrix(t.data(), DType::i64, 6, 1, 1))));
+  EXPECT_EQ(error_of(prog.p, Args(ok).set("dlogits", matrix(g.data(), DType::f32, 6, 9))),
+            "xent: argument 'dlogits': expected shape (6, 10) like logits, got (6, 9)");
+  EXPECT_EQ(error_of(prog.p, Args(ok).set("w", VectorView{w.data(), DType::f32, 9})),
+            "xent: argument 'w': expected 10 elements (one per column), got 9");
+  EXPECT_EQ(error_of(prog.p, Args(ok).set("mean", VectorView{mean.data(), DType::f32, 2})),
+            "xent: argument 'mean': expected 1 element, got 2");
+  EXPECT_EQ(error_of(prog.p, Args(ok).set("smoothing", 1.5)),
+            "xent: argument 'smoothing': expected a value in [0, 1], got 1.5");
+  EXPECT_EQ(error_of(prog.p, Args(ok).set("smoothing", VectorView{w.data(), DType::f32, 1})),
+            "xent: argument 'smoothing': expected a number, got a vector (VectorView)");
+  EXPECT_EQ(error_of(prog.p, Args(ok).set("logits", VectorView{x.data(), DType::f32, 10})),
+            "xent: argument 'logits': expected a matrix (TensorView), got a vector (VectorView)");
+}
+
+TEST(Bind, AliasingFollowsTheDeclarations) {
+  Program prog;
+  std::vector<float> x(6 * 10), loss(6);
+  std::vector<int64_t> t(6, 3);
+  Args a;
+  a.set("logits", matrix(x.data(), DType::f32, 6, 10)).set("target", VectorView{t.data(), DType::i64, 6});
+  // dlogits may be logits itself (the fused in-place form), but not a shifted view of it.
+  EXPECT_NO_THROW(bind(prog.p, Args(a).set("dlogits", matrix(x.data(), DType::f32, 6, 10))));
+  EXPECT_EQ(error_of(prog.p, Args(a).set("dlogits", matrix(x.data() + 1, DType::f32, 6, 10, 10))),
+            "xent: argument 'dlogits': expected memory that does not overlap logits, or exactly logits (same pointer, "
+            "stride and dtype), got an overlapping view");
+  // The per-row loss may not live inside the logits.
+  std::vector<float> g(6 * 10);
+  EXPECT_EQ(error_of(prog.p, Args(a).set("dlogits", matrix(g.data(), DType::f32, 6, 10))
+                                 .set("loss", VectorView{x.data() + 5, DType::f32, 6})),
+            "xent: argument 'loss': expected memory that does not overlap logits, got an overlapping view");
+  // Interleaved but disjoint: the loss in a spare column of the gradient's rows.
+  std::vector<float> wide(6 * 11);
+  EXPECT_NO_THROW(bind(prog.p, Args(a).set("dlogits", matrix(wide.data(), DType::f32, 6, 10, 11))
+                                   .set("loss", VectorView{wide.data() + 10, DType::f32, 6, 11})));
+}
+
+TEST(Bind, AProgramRunsEndToEndAgainstItsReference) {
+  Program prog;
+  const int64_t rows = 9, cols = 37;
+  std::vector<float> x(rows * cols), g(rows * cols), loss(rows), mean(1);
+  std::vector<int64_t> t(rows);
+  for (int64_t i = 0; i < rows * cols; ++i) x[i] = float((i * 37) % 23) / 7.0f - 1.5f;
+  for (int64_t r = 0; r < rows; ++r) t[r] = (r * 5) % cols;
+  Args a;
+  a.set("logits", matrix(x.data(), DType::f32, rows, cols))
+      .set("target", VectorView{t.data(), DType::i64, rows})
+      .set("dlogits", matrix(g.data(), DType::f32, rows, cols))
+      .set("loss", VectorView{loss.data(), DType::f32, rows})
+      .set("mean", VectorView{mean.data(), DType::f32, 1})
+      .set("smoothing", 0.1);
+  for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
+    PlanRequest req;
+    req.caching = caching;
+    const Reference want = reference(prog.p, a);
+    run(prog.p, a, {req, nullptr, Backend::cpu});
+    const OracleCheck check = check_against_reference(prog.p, a, want);
+    EXPECT_TRUE(check.ok) << check.first_mismatch;
+    EXPECT_EQ(check.checked, rows * cols + rows + 1);
+  }
+}
+
+}  // namespace
+}  // namespace tile

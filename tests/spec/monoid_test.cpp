@@ -1,0 +1,207 @@
+// The built-in monoids (src/spec/monoid.cpp): their chunk and combine graphs agree with a
+// float64 fold over the same elements, however the elements are split into chunks; an empty
+// chunk is the identity; NaN and infinity behave as PyTorch's reductions do. Evaluated through
+// the CPU executor by running one-reduction programs on chosen rows (the graphs are data, and
+// the lowering instantiates them at every merge).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "tile/tile.hpp"
+
+namespace tile {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// One row program per monoid: every part of reduce(cols, monoid, x) stored as a per-row output.
+struct PartsProgram {
+  RowProgram p{"parts"};
+  std::vector<std::string> names;
+  explicit PartsProgram(const Monoid& m) {
+    Operand x = p.row_in("x");
+    Operand y = p.row_out("y");
+    std::vector<RowExpr> parts = p.reduce(Axis::cols, m, {p.load(x)});
+    for (size_t k = 0; k < parts.size(); ++k) {
+      names.push_back("part" + std::to_string(k));
+      p.store(p.row_scalar_out(names.back(), {DType::f32}, false), parts[k]);
+    }
+    p.store(y, p.load(x));
+  }
+};
+
+// Runs the monoid over each row on the CPU backend with `plan`; returns parts per row.
+std::vector<std::vector<float>> run_parts(const Monoid& m, const std::vector<std::vector<float>>& rows, const PlanRequest& plan) {
+  PartsProgram prog(m);
+  const int64_t cols = int64_t(rows[0].size()), n = int64_t(rows.size());
+  std::vector<float> x, y(size_t(n * cols));
+  for (const auto& r : rows) x.insert(x.end(), r.begin(), r.end());
+  std::vector<std::vector<float>> parts(prog.names.size(), std::vector<float>(size_t(n)));
+  Args args;
+  args.set("x", matrix(x.data(), DType::f32, n, cols)).set("y", matrix(y.data(), DType::f32, n, cols));
+  for (size_t k = 0; k < parts.size(); ++k) args.set(prog.names[k], VectorView{parts[k].data(), DType::f32, n});
+  run(prog.p, args, {plan, nullptr, Backend::cpu});
+  std::vector<std::vector<float>> out(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r)
+    for (auto& part : parts) out[size_t(r)].push_back(part[size_t(r)]);
+  return out;
+}
+
+// The plans that split a row differently: one worker (one chunk), many workers (a chunk each,
+// then shuffles and shared memory), re-read iterations of one vector (chunks merged in a loop).
+std::vector<PlanRequest> splits() {
+  std::vector<PlanRequest> plans(4);
+  plans[0].workers_per_program = 1, plans[0].vector_elems = 1, plans[0].caching = InputCaching::registers,
+  plans[0].private_budget = 255, plans[0].stripes = 200;
+  plans[1].workers_per_program = 64, plans[1].vector_elems = 1;
+  plans[2].workers_per_program = 32, plans[2].vector_elems = 1, plans[2].caching = InputCaching::reread;
+  plans[3].workers_per_program = 128, plans[3].vector_elems = 2, plans[3].caching = InputCaching::reread, plans[3].stripe_unroll = 3;
+  return plans;
+}
+
+void expect_same(float got, double want, const std::string& what) {
+  if (std::isnan(want)) {
+    EXPECT_TRUE(std::isnan(got)) << what << ": got " << got << ", want NaN";
+  } else if (std::isinf(want)) {
+    EXPECT_EQ(got, float(want)) << what;
+  } else {
+    EXPECT_NEAR(got, want, 1e-5 * std::max(1.0, std::abs(want))) << what;
+  }
+}
+
+TEST(Monoid, EveryBuiltInAgreesWithAFloat64FoldUnderEverySplit) {
+  std::mt19937_64 rng(4);
+  std::normal_distribution<double> normal;
+  std::vector<std::vector<float>> rows(6, std::vector<float>(150));
+  for (auto& r : rows)
+    for (float& v : r) v = float(3 * normal(rng));
+  for (float& v : rows[1]) v = 100 + v;  // far from zero (mean_m2's reason to exist)
+  for (int c = 100; c < 150; ++c) rows[2][c] = -kInf;  // a run of -inf
+  for (float& v : rows[3]) v *= 1e36f;   // beyond sqrt(FLT_MAX): sums of squares overflow
+  for (float& v : rows[4]) v *= 1e-35f;  // tiny
+  std::fill(rows[5].begin(), rows[5].end(), 0.0f);
+  for (const PlanRequest& plan : splits()) {
+    const std::string tag = plan.to_json();
+    auto sum = run_parts(monoid::sum(), rows, plan);
+    auto mx = run_parts(monoid::max(), rows, plan);
+    auto soft = run_parts(monoid::online_softmax(), rows, plan);
+    auto stats = run_parts(monoid::mean_m2(), rows, plan);
+    auto sq = run_parts(monoid::scaled_sum_squares(), rows, plan);
+    auto scaled = run_parts(monoid::scaled_mean_m2(), rows, plan);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      double s = 0, m = -INFINITY, mean = 0, m2 = 0, amax = 0, ss = 0, e = 0;
+      for (float v : rows[r]) s += v, m = std::max(m, double(v)), amax = std::max(amax, std::abs(double(v)));
+      for (float v : rows[r]) e += std::exp(double(v) - m);
+      mean = s / double(rows[r].size());
+      for (float v : rows[r]) m2 += (v - mean) * (v - mean), ss += amax > 0 ? (v / amax) * (v / amax) : 0;
+      const std::string at = tag + " row " + std::to_string(r);
+      if (r != 2 && r != 3) expect_same(sum[r][0], s, "sum " + at);
+      expect_same(mx[r][0], m, "max " + at);
+      expect_same(soft[r][0], m, "online_softmax max " + at);
+      expect_same(soft[r][1], e, "online_softmax sum " + at);
+      if (r != 2 && r != 3) {
+        expect_same(stats[r][0], double(rows[r].size()), "mean_m2 count " + at);
+        EXPECT_NEAR(stats[r][1], mean, 1e-5 * std::max(1.0, std::abs(mean))) << "mean_m2 mean " << at;
+        EXPECT_NEAR(stats[r][2], m2, 1e-4 * std::max(1.0, m2)) << "mean_m2 m2 " << at;
+      }
+      if (r != 2) {
+        // The scale: an exact power of two within a factor of two of max |x|, or 2^-103 for rows
+        // below that (it clamps to [2^-103, 2^125]).
+        const double p = sq[r][0];
+        EXPECT_EQ(p, std::exp2(std::round(std::log2(p)))) << "scaled_sum_squares scale " << at;
+        EXPECT_TRUE((amax <= 0x1p-103 && p == 0x1p-103) || (amax / p > 0.5 && amax / p <= 2))
+            << "scaled_sum_squares scale " << p << " " << at;
+        expect_same(sq[r][1], ss * (amax / p) * (amax / p), "scaled_sum_squares sum " + at);
+        expect_same(scaled[r][0], double(rows[r].size()), "scaled_mean_m2 count " + at);
+        EXPECT_EQ(scaled[r][1], p) << "scaled_mean_m2 scale " << at;
+        EXPECT_NEAR(scaled[r][2] * p, mean, 1e-5 * std::max(1.0, std::abs(mean))) << "scaled_mean_m2 mean " << at;
+        EXPECT_NEAR(double(scaled[r][3]) * p * p, m2, 1e-4 * std::max(1.0, m2)) << "scaled_mean_m2 m2 " << at;
+      }
+    }
+  }
+}
+
+TEST(Monoid, SpecialValuesFollowPyTorch) {
+  // A NaN anywhere makes max, the softmax statistics and the sums NaN; +inf makes the softmax
+  // sum NaN (exp(inf - inf)) and the scaled sum of squares +inf; an all -inf row has max -inf and
+  // sum of exp 0 (softmax then divides 0 by 0: NaN, as PyTorch).
+  const int64_t cols = 70;
+  std::vector<std::vector<float>> rows(4, std::vector<float>(cols, 1.0f));
+  rows[0][37] = kNaN;
+  rows[1][5] = kInf;
+  std::fill(rows[2].begin(), rows[2].end(), -kInf);
+  rows[3][69] = -kInf;
+  for (const PlanRequest& plan : splits()) {
+    const std::string tag = plan.to_json();
+    auto mx = run_parts(monoid::max(), rows, plan);
+    auto soft = run_parts(monoid::online_softmax(), rows, plan);
+    auto sq = run_parts(monoid::scaled_sum_squares(), rows, plan);
+    auto stats = run_parts(monoid::mean_m2(), rows, plan);
+    auto scaled = run_parts(monoid::scaled_mean_m2(), rows, plan);
+    EXPECT_TRUE(std::isnan(mx[0][0]) && std::isnan(soft[0][0]) && std::isnan(soft[0][1]) && std::isnan(sq[0][1]) &&
+                std::isnan(stats[0][1]) && std::isnan(scaled[0][3]))
+        << tag;
+    EXPECT_TRUE(std::isnan(scaled[1][3])) << tag << ": a row with +inf has no finite deviations";
+    EXPECT_EQ(mx[1][0], kInf) << tag;
+    EXPECT_TRUE(std::isnan(soft[1][1])) << tag;
+    EXPECT_EQ(sq[1][1], kInf) << tag;
+    EXPECT_EQ(mx[2][0], -kInf) << tag;
+    EXPECT_EQ(soft[2][1], 0.0f) << tag;
+    EXPECT_NEAR(soft[3][1], 69.0f, 1e-4) << tag;  // exp(-inf - 1) adds 0
+  }
+}
+
+TEST(Monoid, ScaledStatisticsAtEveryMagnitude) {
+  // Rows whose squares, sums or deviations overflow fp32, subnormal rows, and constant rows of
+  // any magnitude: scaled_sum_squares and scaled_mean_m2 stay finite, and a constant row has its
+  // exact mean and m2 = 0 however it is split.
+  const float max = std::numeric_limits<float>::max(), tiny = 0x1p-149f;
+  std::vector<std::vector<float>> rows(6, std::vector<float>(150));
+  for (int c = 0; c < 150; ++c) {
+    rows[0][c] = c % 2 ? max : -max;                   // deviations of 2 max
+    rows[1][c] = float(c % 7 + 1) * tiny;              // subnormal only
+    rows[2][c] = c % 3 ? 3e38f : 1e-44f;               // both ends
+    rows[3][c] = 2e19f;                                 // constant, squares overflow
+    rows[4][c] = -tiny;                                 // constant, subnormal
+    rows[5][c] = 0.1f;                                  // constant, inexact in binary
+  }
+  for (const PlanRequest& plan : splits()) {
+    const std::string tag = plan.to_json();
+    auto sq = run_parts(monoid::scaled_sum_squares(), rows, plan);
+    auto st = run_parts(monoid::scaled_mean_m2(), rows, plan);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      double mean = 0, m2 = 0, ss = 0;
+      for (float v : rows[r]) mean += v, ss += double(v) * v;
+      mean /= 150;
+      for (float v : rows[r]) m2 += (v - mean) * (v - mean);
+      const double p = sq[r][0];
+      const std::string at = tag + " row " + std::to_string(r);
+      EXPECT_TRUE(std::isfinite(sq[r][1]) && std::isfinite(st[r][2]) && std::isfinite(st[r][3])) << at;
+      EXPECT_NEAR(double(sq[r][1]) * p * p / ss, 1.0, 1e-5) << at;
+      EXPECT_NEAR(double(st[r][2]) * st[r][1], mean, 1e-5 * std::abs(mean) + 1e-45) << at;
+      if (r >= 3) {
+        EXPECT_EQ(double(st[r][2]) * st[r][1], double(rows[r][0])) << "constant row, exact mean " << at;
+        EXPECT_EQ(st[r][3], 0.0f) << "constant row, m2 " << at;
+      } else {
+        EXPECT_NEAR(double(st[r][3]) * st[r][1] * st[r][1] / m2, 1.0, 1e-4) << at;
+      }
+    }
+  }
+}
+
+TEST(Monoid, GraphsAreWellFormed) {
+  for (const Monoid& m : {monoid::sum(), monoid::max(), monoid::online_softmax(), monoid::mean_m2(),
+                          monoid::scaled_sum_squares(), monoid::scaled_mean_m2()}) {
+    EXPECT_NO_THROW(m.check()) << m.name;
+    EXPECT_EQ(m.parts.size(), m.identity.size()) << m.name;
+  }
+  // A chunk graph that reads a state, or a combine graph that reads elements, is malformed.
+  MonoidBuilder b("broken", {"s"}, {0.0});
+  EXPECT_THROW(b.build({b.element()}, {b.chunk_sum(b.element())}), InternalError);
+}
+
+}  // namespace
+}  // namespace tile

@@ -1,0 +1,108 @@
+// RowProgram (src/spec/spec.cpp): declarations, types, shapes and stores are checked when a
+// program is built, each error naming the program and what was wrong.
+#include <gtest/gtest.h>
+
+#include "tile/tile.hpp"
+
+namespace tile {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_ERROR(stmt, text) EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << error_of([&] { stmt; })
+
+TEST(RowProgram, DeclarationsAreCheckedOnce) {
+  RowProgram p("demo");
+  Operand x = p.row_in("x");
+  EXPECT_ERROR(p.row_in("x"), "row program 'demo': operand 'x' is declared twice");
+  EXPECT_ERROR(p.row_in("rows"), "expected an identifier that is not rows, cols or tile_*");
+  EXPECT_ERROR(p.row_in("tile_a"), "not rows, cols or tile_*");
+  EXPECT_ERROR(p.row_in("2x"), "operand name '2x'");
+  EXPECT_ERROR(p.row_in("mixed", {DType::f32, DType::i32}), "expected float dtypes or integer dtypes");
+  Operand t = p.row_scalar_in("target", DTypeSet::integers());
+  EXPECT_ERROR(p.row_out("y", DTypeSet::floats(), t), "may alias only a row input");
+  EXPECT_ERROR(RowProgram("bad name"), "expected an identifier");
+  (void)x;
+}
+
+TEST(RowProgram, ExpressionsAreTypedAndShaped) {
+  RowProgram p("demo");
+  Operand x = p.row_in("x"), w = p.col_in("w", DTypeSet::floats(), true), t = p.row_scalar_in("t", DTypeSet::integers());
+  Operand y = p.row_out("y"), dw = p.col_out("dw"), total = p.scalar_out("total"), per_row = p.row_scalar_out("r");
+  RowExpr v = p.load(x);
+  EXPECT_ERROR(p.load(w), "load of optional operand 'w': use load_or");
+  EXPECT_ERROR(p.load(y), "load of 'y', which is an output");
+  RowExpr target = p.load(t);  // i64, one per row
+  EXPECT_ERROR(v + target, "add of f32 and i64: convert with to_f32 first");
+  EXPECT_ERROR(exp(target), "exp of a i64 value: expected f32");
+  EXPECT_ERROR(p.select(v, v, v), "select condition of type f32: expected b1");
+  RowExpr hit = eq(p.col_index(), target);  // the element at the target column
+  EXPECT_EQ(p.nodes()[hit.id].type, ValueType::b1);
+  EXPECT_TRUE(p.nodes()[hit.id].shape.rows && p.nodes()[hit.id].shape.cols);
+  RowExpr logit = p.reduce1(Axis::cols, monoid::sum(), p.select(hit, v, p.constant(0.0)));
+  EXPECT_ERROR(p.reduce1(Axis::cols, monoid::sum(), logit), "reduce over the columns of a per-row value");
+  EXPECT_ERROR(p.reduce1(Axis::rows, monoid::sum(), p.load_or(w, 1.0)), "reduce over the rows of a per-column value");
+  EXPECT_ERROR(p.reduce1(Axis::cols, monoid::online_softmax(), v), "reduce1 with online_softmax, which has 2 parts");
+  RowExpr grad = p.reduce1(Axis::rows, monoid::sum(), v);
+  EXPECT_ERROR(grad + v, "a reduction over the rows is combined with a value that varies along the rows");
+  EXPECT_ERROR(p.store(y, grad), "store of a reduction over the rows to row output 'y'");
+  EXPECT_ERROR(p.store(per_row, v), "store of a element value to per-row output 'r'");
+  EXPECT_ERROR(p.store(dw, v), "not reduced over the rows");
+  EXPECT_ERROR(p.store(total, grad), "not a reduction over the rows to one value");
+  EXPECT_ERROR(p.store(x, v), "store to 'x', which is an input");
+  EXPECT_ERROR(p.store(y, hit), "store of a b1 value");
+  p.store(y, v - logit);
+  EXPECT_ERROR(p.store(y, v), "'y' is stored twice");
+  EXPECT_ERROR(p.validate(), "output 'dw' is never stored");
+  p.store(dw, grad * 2.0);
+  p.store(total, p.reduce1(Axis::rows, monoid::sum(), logit));
+  p.store(per_row, logit);
+  EXPECT_NO_THROW(p.validate());
+  // The printed program names every operand and node.
+  const std::string text = p.to_string();
+  for (const char* part : {"row input x", "per-column input w: f32, f16 or bf16 (optional)", "per-row input t: i32 or i64",
+                           "col_index", "reduce_cols sum", "reduce_rows sum", "store dw"})
+    EXPECT_NE(text.find(part), std::string::npos) << part << "\n" << text;
+}
+
+TEST(RowProgram, EveryChangeGivesANewSerial) {
+  RowProgram p("demo");
+  const uint64_t a = p.serial();
+  Operand x = p.row_in("x");
+  const uint64_t b = p.serial();
+  p.store(p.row_out("y"), p.load(x));
+  EXPECT_NE(a, b);
+  EXPECT_NE(b, p.serial());
+  EXPECT_NE(RowProgram("demo").serial(), RowProgram("demo").serial());
+}
+
+TEST(RowProgram, ScalarsHaveDefaultsAndRanges) {
+  RowProgram p("demo");
+  Operand x = p.row_in("x"), y = p.row_out("y");
+  Operand s = p.scalar_in("s", ValueType::f32, 2.0);
+  Operand k = p.scalar_in("k", ValueType::i64);
+  p.scalar_range(s, 0.0, 10.0);
+  EXPECT_ERROR(p.scalar_range(x, 0, 1), "scalar_range of an operand that is not a scalar input");
+  EXPECT_ERROR(p.scalar_in("b", ValueType::b1), "expected type f32 or i64");
+  p.store(y, p.load(x) * p.load(s) + to_f32(p.load(k)));
+  std::vector<float> in(8, 1.0f), out(8);
+  Args args;
+  args.set("x", matrix(in.data(), DType::f32, 2, 4)).set("y", matrix(out.data(), DType::f32, 2, 4)).set("k", 3.0);
+  run(p, args, {{}, nullptr, Backend::cpu});
+  EXPECT_EQ(out[0], 5.0f);
+  EXPECT_ERROR(run(p, Args(args).set("s", 11.0), {{}, nullptr, Backend::cpu}), "demo: argument 's': expected a value in [0, 10], got 11");
+  EXPECT_ERROR(run(p, Args(args).set("k", 1.5), {{}, nullptr, Backend::cpu}), "demo: argument 'k': expected an integer");
+  Args missing;
+  missing.set("x", matrix(in.data(), DType::f32, 2, 4)).set("y", matrix(out.data(), DType::f32, 2, 4));
+  EXPECT_ERROR(run(p, missing, {{}, nullptr, Backend::cpu}), "demo: argument 'k': expected a number (the scalar has no default), got nothing");
+}
+
+}  // namespace
+}  // namespace tile
