@@ -143,7 +143,12 @@ PlanRequest PlanRequest::exactly(const MappingPlan& p) {
 std::string MappingPlan::hash() const { return sha256_hex(to_json()); }
 
 void MappingPlan::append_key(std::string& key) const {
-#define TILE_PLAN_KEY(type, name, def, lo, hi, doc) key += std::to_string(int64_t(name)), key += ',';
+  // Every field as 4 raw bytes: no formatting on the launch path.
+#define TILE_PLAN_KEY(type, name, def, lo, hi, doc)                 \
+  {                                                                 \
+    const int32_t v = int32_t(name);                                \
+    key.append(reinterpret_cast<const char*>(&v), sizeof v);        \
+  }
   TILE_PLAN_FIELDS(TILE_PLAN_KEY)
 #undef TILE_PLAN_KEY
 }
