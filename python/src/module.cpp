@@ -24,9 +24,11 @@
 // The module is compiled with hidden visibility, libtile.so with default visibility; the
 // library's types keep default visibility here so its exceptions are caught by type.
 #pragma GCC visibility push(default)
+#if TILE_WITH_CUDA
 #include "backend/cuda/driver.hpp"      // needs only <cuda.h>: DeviceInfo, ensure_context
 #include "backend/cuda/jit_module.hpp"  // needs only <cuda.h>: the NVRTC cache
 #include "backend/cuda/nvrtc.hpp"       // needs only <nvrtc.h>: where NVRTC is searched for
+#endif
 #include "tile/tile.hpp"
 #pragma GCC visibility pop
 #include "tile_git_commit.h"  // generated on every build: TILE_GIT_COMMIT, TILE_GIT_DIRTY
@@ -373,6 +375,7 @@ nb::object execute(Bound& b, uintptr_t stream, bool record) {
   tile::LaunchRecord rec;
   {
     nb::gil_scoped_release release;
+#if TILE_WITH_CUDA  // without CUDA, tile::run refuses the CUDA backend itself
     if (b.options.backend == tile::Backend::cuda) {
       // The library launches into the current context; it must be the arrays' device.
       tile::cuda::ensure_context(b.options.device);
@@ -383,6 +386,7 @@ nb::object execute(Bound& b, uintptr_t stream, bool record) {
                                  " but the current CUDA context is on cuda:" + std::to_string(current) +
                                  " (make that device current first)");
     }
+#endif
     rec = tile::run(b.call, b.options);
   }
   if (!record) return nb::none();
@@ -440,6 +444,7 @@ std::string introspect(Introspect what, const std::string& op, nb::handle x, nb:
   return {};
 }
 
+#if TILE_WITH_CUDA
 nb::dict device_info(int device) {
   const tile::cuda::DeviceInfo info = tile::cuda::device_info(device);
   nb::dict d;
@@ -460,11 +465,18 @@ nb::dict device_info(int device) {
   d["driver_version"] = info.driver_version;
   return d;
 }
+#else
+// What the CUDA-only functions raise in a build without CUDA (a RuntimeError).
+[[noreturn]] void no_cuda(const char* function) {
+  throw tile::NoDriverError(std::string(function) +
+                            ": no CUDA backend: Tile was built without CUDA (TILE_WITH_CUDA=OFF)");
+}
+#endif
 
 // The file libtile.so was loaded from, for run records.
 std::string library_path() {
   Dl_info info{};
-  auto fn = &tile::cuda::nvrtc_version;
+  auto fn = &tile::clear_kernel_caches;
   if (dladdr(reinterpret_cast<void*>(fn), &info) && info.dli_fname) return info.dli_fname;
   return {};
 }
@@ -478,6 +490,7 @@ nb::dict build_info() {
   d["nanobind"] = std::to_string(NB_VERSION_MAJOR) + "." + std::to_string(NB_VERSION_MINOR) + "." +
                   std::to_string(NB_VERSION_PATCH);
   d["compiler"] = __VERSION__;
+  d["cuda"] = bool(TILE_WITH_CUDA);
   return d;
 }
 
@@ -492,8 +505,10 @@ void translate(const std::exception_ptr& p, void*) {
     std::rethrow_exception(p);
   } catch (const tile::NoDriverError& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
+#if TILE_WITH_CUDA
   } catch (const tile::cuda::CompileError& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
+#endif
   } catch (const tile::Error& e) {
     // Driver, NVRTC and module-loading failures are plain tile::Errors (driver.cpp,
     // jit_module.cpp), not the caller's arguments; told apart by prefix.
@@ -522,7 +537,9 @@ NB_MODULE(_tile, m) {
   std::vector<std::string> package_dirs;
   for (nb::handle dir : nb::module_::import_("sys").attr("path"))
     if (nb::isinstance<nb::str>(dir)) package_dirs.push_back(nb::cast<std::string>(dir));
+#if TILE_WITH_CUDA
   tile::cuda::set_python_package_dirs(std::move(package_dirs));
+#endif
   // Raises the C++ InternalError of a failed internal check, to test its translation.
   m.def("_raise_internal_error", [] { TILE_CHECK(false, "raised on request"); });
 
@@ -571,6 +588,7 @@ NB_MODULE(_tile, m) {
 
   m.def("clear_kernel_caches", &tile::clear_kernel_caches,
         "Forgets every lowered, compiled and loaded kernel of the process (the disk cache stays).");
+#if TILE_WITH_CUDA
   m.def(
       "cache_dir",
       []() -> std::optional<std::string> {
@@ -584,5 +602,13 @@ NB_MODULE(_tile, m) {
   m.def("nvrtc_library", &tile::cuda::nvrtc_library, "The path of the libnvrtc libtile.so loaded.");
   m.def("driver_available", &tile::cuda::driver_available, "True when libcuda loads and a device exists.");
   m.def("device_info", &device_info, nb::arg("device") = 0, "Properties of a CUDA device (needs a driver).");
+#else
+  m.def("cache_dir", []() -> std::optional<std::string> { return std::nullopt; });
+  m.def("disk_cache_enabled", [] { return false; });
+  m.def("nvrtc_version", []() -> std::string { no_cuda("nvrtc_version"); });
+  m.def("nvrtc_library", []() -> std::string { no_cuda("nvrtc_library"); });
+  m.def("driver_available", [] { return false; }, "False: Tile was built without CUDA.");
+  m.def("device_info", [](int) -> nb::dict { no_cuda("device_info"); }, nb::arg("device") = 0);
+#endif
   m.def("build_info", &build_info, "Version, git commit and build of this extension and the libtile.so it loaded.");
 }

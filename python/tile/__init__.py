@@ -417,7 +417,7 @@ def nvrtc_library():
 
 
 def driver_available():
-    """True when the CUDA driver loads and a device exists."""
+    """True when the CUDA driver loads and a device exists (never in a build without CUDA)."""
     return _tile.driver_available()
 
 
@@ -427,7 +427,8 @@ def device_info(device=0):
 
 
 def build_info():
-    """version, git_commit (at configure time), library (the libtile.so loaded), nanobind, compiler."""
+    """version, git_commit (at configure time), library (the libtile.so loaded), nanobind, compiler,
+    cuda (False when built with TILE_WITH_CUDA=OFF: CUDA arrays and the NVRTC functions raise)."""
     return _tile.build_info()
 
 

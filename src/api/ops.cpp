@@ -1,7 +1,6 @@
 // Entry points: every call binds its program's operands, prepares (src/api/pipeline.hpp) and
 // launches on the chosen target.
 #include "api/pipeline.hpp"
-#include "backend/cuda/jit_module.hpp"
 #include "target/target.hpp"
 
 namespace tile {
@@ -75,7 +74,7 @@ std::string source_for(const Call& call, const PlanRequest& request) {
 
 void clear_kernel_caches() {
   clear_prepared_kernels();
-  cuda::clear_memory_cache();
+  for (Backend backend : {Backend::cpu, Backend::cuda}) target_for(backend).clear_caches();
 }
 
 }  // namespace tile

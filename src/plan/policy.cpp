@@ -101,12 +101,12 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   MappingPlan p;
   const int64_t cols = std::max<int64_t>(in.cols, 1);
 
-  // Widest access of at most 16 bytes on every operand whose rows all start aligned to it,
-  // and no wider than the row.
+  // Widest access the target allows (16 bytes on CUDA) on every operand whose rows all start
+  // aligned to it, and no wider than the row.
   if (req.vector_elems) {
     p.vector_elems = *req.vector_elems;
   } else {
-    int v = 16 / in.widest_elem_bytes();
+    int v = std::max(1, limits.max_vector_bytes / in.widest_elem_bytes());
     while (v > 1 && (!rows_aligned(in, v) || v > cols)) v /= 2;
     p.vector_elems = v;
   }
@@ -203,8 +203,8 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("programs_per_group", "whole warps per group (programs_per_group x workers_per_program a multiple of 32)",
          str(P) + " x " + str(W) + " = " + str(int64_t(P) * W));
   if (V != 1 && V != 2 && V != 4 && V != 8) fail("vector_elems", "1, 2, 4 or 8", str(V));
-  if (V * in.widest_elem_bytes() > 16)
-    fail("vector_elems", "an access of at most 16 bytes on every operand",
+  if (V * in.widest_elem_bytes() > limits.max_vector_bytes)
+    fail("vector_elems", "an access of at most " + str(limits.max_vector_bytes) + " bytes on every operand",
          str(V) + " elements of " + str(in.widest_elem_bytes()) + " bytes");
   if (p.stripes < 1) fail("stripes", "at least 1", str(p.stripes));
   // The passes of all workers over a row are counted in 32 bits (the stripes field).

@@ -6,7 +6,9 @@
 #include <random>
 #include <string>
 
+#if TILE_WITH_CUDA
 #include "backend/cuda/driver.hpp"
+#endif
 #include "testing/host_tensor.hpp"
 #include "tile/tile.hpp"
 
@@ -56,6 +58,9 @@ inline CaseResult run_case(const Case& c, Backend backend) {
   if (backend == Backend::cpu) {
     result.record = run(call, {c.plan, nullptr, Backend::cpu});
   } else {
+#if !TILE_WITH_CUDA
+    throw NoDriverError("run_case: the CUDA backend was not built (TILE_WITH_CUDA=OFF)");
+#else
     cuda::ensure_context(0);
     cuda::DeviceBuffer dx(x.bytes().size()), dy(y.bytes().size()), dw(weight.bytes.size()), db(bias.bytes.size());
     dx.copy_from_host(x.bytes().data(), x.bytes().size());
@@ -71,6 +76,7 @@ inline CaseResult run_case(const Case& c, Backend backend) {
     result.record = run(d, {c.plan, nullptr, Backend::cuda});
     TILE_CU_CHECK(cuda::driver().cuCtxSynchronize());
     dy.copy_to_host(y.bytes().data(), y.bytes().size());
+#endif
   }
   result.check = check_against_oracle(call);
   result.outside_untouched = y.outside_untouched();
