@@ -137,6 +137,9 @@ def _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats=()
     # and checks what launch does; what this path does not read (another framework's array, a
     # CPU or sparse tensor, an unsupported dtype) goes the DLPack way, whose checks name it.
     if not (isinstance(x, _call.Tensor) and x.is_cuda):
+        if _call.Tensor is _call._NoTorch and _is_torch(x):   # torch was imported after tile
+            _init_torch(_torch())
+            return _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats)
         return _launch_dlpack(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats)
     try:
         device = x.get_device()

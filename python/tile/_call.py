@@ -343,6 +343,8 @@ def launch(program, info, operands, plan, stream, record, labels=None):
     op = info.name
     ops, like = operands
     plan = plan_json(op, plan)
+    if Tensor is _NoTorch and _is_torch(like):
+        init_torch(_torch())
     if isinstance(like, Tensor) and like.is_cuda:
         rec, ran = launch_torch_cuda(program, ops, info.arrays, like.get_device(), plan, stream, record, labels, op)
         if ran:
