@@ -89,12 +89,18 @@ tile::DTypeSet dtype_set(const std::vector<std::string>& names) {
   }
   // DTypeSet is built from a braced list only.
   switch (v.size()) {
-    case 0: return {};
-    case 1: return {v[0]};
-    case 2: return {v[0], v[1]};
-    case 3: return {v[0], v[1], v[2]};
-    case 4: return {v[0], v[1], v[2], v[3]};
-    default: return {v[0], v[1], v[2], v[3], v[4]};
+    case 0:
+      return {};
+    case 1:
+      return {v[0]};
+    case 2:
+      return {v[0], v[1]};
+    case 3:
+      return {v[0], v[1], v[2]};
+    case 4:
+      return {v[0], v[1], v[2], v[3]};
+    default:
+      return {v[0], v[1], v[2], v[3], v[4]};
   }
 }
 
@@ -130,8 +136,8 @@ tile::Axis axis(const std::string& name) {
 }
 
 const char* role_id(tile::Role r) {
-  static const char* names[] = {"row_in",  "row_out", "row_scalar_in", "row_scalar_out",
-                                "col_in",  "col_out", "scalar_in",     "scalar_out"};
+  static const char* names[] = {"row_in", "row_out", "row_scalar_in", "row_scalar_out",
+                                "col_in", "col_out", "scalar_in",     "scalar_out"};
   return names[int(r)];
 }
 
@@ -274,10 +280,9 @@ int64_t flat_stride(const Slot& s, const ArrayInfo& a, size_t n, int64_t unit, c
     if (inner < 0) {
       stride = a.strides[i];
     } else if (__builtin_mul_overflow(a.strides[inner], a.shape[inner], &flat) || a.strides[i] != flat) {
-      tile::throw_argument_error(s.op, s.arg,
-                                 std::string(what) +
-                                     " (stride[i] == stride[i+1] * shape[i+1] over dimensions of extent > 1)",
-                                 layout(a));
+      tile::throw_argument_error(
+          s.op, s.arg, std::string(what) + " (stride[i] == stride[i+1] * shape[i+1] over dimensions of extent > 1)",
+          layout(a));
     }
     inner = i;
   }
@@ -337,9 +342,8 @@ tile::VectorView as_row_values(const Slot& s, const ArrayInfo& a, const ArrayInf
 // A per-column operand: one contiguous value per column.
 tile::VectorView as_columns(const Slot& s, const ArrayInfo& a, int64_t cols) {
   if (a.ndim != 1 || a.shape[0] != cols || (cols > 1 && a.strides[0] != 1))
-    tile::throw_argument_error(s.op, s.arg,
-                               "shape (" + std::to_string(cols) + ",) with stride 1 (one element per column)",
-                               layout(a));
+    tile::throw_argument_error(
+        s.op, s.arg, "shape (" + std::to_string(cols) + ",) with stride 1 (one element per column)", layout(a));
   return tile::VectorView{a.data, checked_dtype(s, a), cols};
 }
 
@@ -389,10 +393,9 @@ A import_array(const Slot& s, nb::handle h) {
     std::string given = nb::type_name(h.type()).c_str() + export_failure(h);
     if (std::is_same_v<A, Output>) given += " (read-only, or not exportable through DLPack)";
     tile::throw_argument_error(s.op, s.arg,
-                               std::is_same_v<A, Output>
-                                   ? "a writable array exporting DLPack (numpy, torch, ...)"
-                                   : "an array exporting DLPack (numpy, torch, ...) of dtype " +
-                                         dtype_names(s.decl.dtypes) + " in native byte order",
+                               std::is_same_v<A, Output> ? "a writable array exporting DLPack (numpy, torch, ...)"
+                                                         : "an array exporting DLPack (numpy, torch, ...) of dtype " +
+                                                               dtype_names(s.decl.dtypes) + " in native byte order",
                                given);
   }
   return a;
@@ -505,18 +508,31 @@ Bound convert(const Program& prog, nb::handle operands, nb::handle labels, Array
     throw nb::type_error((op + ": expected the operands as a dict of name -> array, number or None, got " +
                           nb::type_name(operands.type()).c_str())
                              .c_str());
+  if (!labels.is_none() && !PyDict_Check(labels.ptr()))
+    throw nb::type_error((op + ": expected labels as a dict of operand name -> name in messages, got " +
+                          nb::type_name(labels.type()).c_str())
+                             .c_str());
   p.validate();
   const auto& decls = p.operands();
   PyObject *key, *value;
   Py_ssize_t pos = 0;
   while (PyDict_Next(operands.ptr(), &pos, &key, &value)) {
-    if (!PyUnicode_Check(key))
+    const char* utf8 = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : nullptr;
+    if (!utf8) {
+      PyErr_Clear();
       throw nb::type_error((op + ": expected operand names as strings, got " + nb::repr(key).c_str()).c_str());
-    const std::string name = PyUnicode_AsUTF8(key);
+    }
+    const std::string name = utf8;
     if (p.find_operand(name) >= 0) continue;
     // An eps given to an operator that takes none says so, as the C++ operators do.
-    if (prog.builtin && name == "eps" && (PyFloat_Check(value) || PyLong_Check(value)))
-      tile::checked_eps(*prog.builtin, nb::cast<double>(nb::handle(value)));
+    if (prog.builtin && name == "eps" && (PyFloat_Check(value) || PyLong_Check(value))) {
+      double v = PyFloat_AsDouble(value);
+      if (v == -1.0 && PyErr_Occurred()) {  // an int beyond double: out of range, said as such
+        PyErr_Clear();
+        v = HUGE_VAL;
+      }
+      tile::checked_eps(*prog.builtin, v);
+    }
     tile::Args unknown;
     unknown.set(name, 0.0);
     tile::plan_for(p, unknown);  // its binding refuses the name, listing the operands the program takes
@@ -541,8 +557,8 @@ Bound convert(const Program& prog, nb::handle operands, nb::handle labels, Array
   const Slot first_slot{op, names[first], decls[first]};
   const nb::handle first_handle = get(first);
   if (!first_handle)
-    tile::throw_argument_error(op, names[first],
-                               "a matrix (" + std::string(tile::role_name(decls[first].role)) + ")", "nothing");
+    tile::throw_argument_error(op, names[first], "a matrix (" + std::string(tile::role_name(decls[first].role)) + ")",
+                               "nothing");
   const ArrayInfo rows_like = arrays(first_slot, first_handle, first);
   check_device(first_slot, rows_like, std::nullopt, "");
   const Device device = rows_like.device;
@@ -567,7 +583,8 @@ Bound convert(const Program& prog, nb::handle operands, nb::handle labels, Array
     check_device(s, a, device, names[first]);
     if (is_row(d.role)) {
       if (a.ndim != rows_like.ndim || !std::equal(a.shape, a.shape + a.ndim, rows_like.shape))
-        tile::throw_argument_error(op, s.arg, "shape " + tuple_string(rows_like.shape, rows_like.ndim) + " like " + names[first],
+        tile::throw_argument_error(op, s.arg,
+                                   "shape " + tuple_string(rows_like.shape, rows_like.ndim) + " like " + names[first],
                                    "shape " + tuple_string(a.shape, a.ndim));
       b.args.set(d.name, as_matrix(s, a));
     } else if (is_row_scalar(d.role)) {
@@ -634,8 +651,8 @@ nb::object launch(const Program& p, nb::handle operands, const std::optional<std
   return execute(b, stream, record);
 }
 
-nb::object launch_raw(const Program& p, nb::handle operands, const std::optional<std::string>& plan,
-                      uintptr_t stream, bool record, nb::handle labels) {
+nb::object launch_raw(const Program& p, nb::handle operands, const std::optional<std::string>& plan, uintptr_t stream,
+                      bool record, nb::handle labels) {
   RawArrays arrays(p.program->operands().size());
   Bound b = convert(p, operands, labels, arrays, plan);
   return execute(b, stream, record);
@@ -806,7 +823,8 @@ void bind_program(nb::module_& m) {
                       "A row program: tile.RowProgram builds on it (python/tile/_program.py). Operands and "
                       "expressions are integer ids; expressions pass as (program, id).")
       .def(
-          "__init__", [](Program* self, const std::string& name) {
+          "__init__",
+          [](Program* self, const std::string& name) {
             new (self) Program();
             self->owned = std::make_unique<tile::RowProgram>(name);
             self->program = self->owned.get();
@@ -827,15 +845,15 @@ void bind_program(nb::module_& m) {
       .def("operands", &operand_list)
       .def("validate", [](const Program& p) { p.program->validate(); })
       .def("to_string", [](const Program& p) { return p.program->to_string(); })
-      .def("node", [](const Program& p, int id) {
-        const auto& nodes = p.program->nodes();
-        if (id < 0 || id >= int(nodes.size())) throw tile::InternalError("node id out of range");
-        return std::make_pair(std::string(tile::value_type_name(nodes[id].type)), tile::shape_name(nodes[id].shape));
-      })
-      .def("row_in",
-           [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, const std::string& doc) {
-             return p.builder().row_in(name, dtype_set(dtypes), doc).id;
+      .def("node",
+           [](const Program& p, int id) {
+             const auto& nodes = p.program->nodes();
+             if (id < 0 || id >= int(nodes.size())) throw tile::InternalError("node id out of range");
+             return std::make_pair(std::string(tile::value_type_name(nodes[id].type)),
+                                   tile::shape_name(nodes[id].shape));
            })
+      .def("row_in", [](Program& p, const std::string& name, const std::vector<std::string>& dtypes,
+                        const std::string& doc) { return p.builder().row_in(name, dtype_set(dtypes), doc).id; })
       .def("row_out",
            [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, int may_alias,
               const std::string& doc) {
@@ -862,8 +880,7 @@ void bind_program(nb::module_& m) {
              if (type != "f32" && type != "i64")
                throw tile::Error("row program '" + b.name() + "': scalar '" + name +
                                  "': expected type f32 or i64, got " + type);
-             return b
-                 .scalar_in(name, type == "f32" ? tile::ValueType::f32 : tile::ValueType::i64, default_value, doc)
+             return b.scalar_in(name, type == "f32" ? tile::ValueType::f32 : tile::ValueType::i64, default_value, doc)
                  .id;
            })
       .def("scalar_out",
@@ -888,18 +905,12 @@ void bind_program(nb::module_& m) {
       .def("integer", [](Program& p, int64_t v) { return p.builder().integer(v).id; })
       .def("cols", [](Program& p) { return p.builder().cols().id; })
       .def("col_index", [](Program& p) { return p.builder().col_index().id; })
-      .def("unary",
-           [](Program& p, const std::string& fn, const ExprRef& a) {
-             return p.builder().unary(unary_fn(fn), expr(a)).id;
-           })
-      .def("binary",
-           [](Program& p, const std::string& fn, const ExprRef& a, const ExprRef& b) {
-             return p.builder().binary(binary_fn(fn), expr(a), expr(b)).id;
-           })
-      .def("select",
-           [](Program& p, const ExprRef& c, const ExprRef& a, const ExprRef& b) {
-             return p.builder().select(expr(c), expr(a), expr(b)).id;
-           })
+      .def("unary", [](Program& p, const std::string& fn,
+                       const ExprRef& a) { return p.builder().unary(unary_fn(fn), expr(a)).id; })
+      .def("binary", [](Program& p, const std::string& fn, const ExprRef& a,
+                        const ExprRef& b) { return p.builder().binary(binary_fn(fn), expr(a), expr(b)).id; })
+      .def("select", [](Program& p, const ExprRef& c, const ExprRef& a,
+                        const ExprRef& b) { return p.builder().select(expr(c), expr(a), expr(b)).id; })
       .def("reduce",
            [](Program& p, const std::string& ax, const std::string& m, const std::vector<ExprRef>& inputs) {
              tile::RowProgram& b = p.builder();
@@ -909,10 +920,8 @@ void bind_program(nb::module_& m) {
              for (const tile::RowExpr& r : b.reduce(axis(ax), monoid(m), in)) ids.push_back(r.id);
              return ids;
            })
-      .def("reduce1",
-           [](Program& p, const std::string& ax, const std::string& m, const ExprRef& input) {
-             return p.builder().reduce1(axis(ax), monoid(m), expr(input)).id;
-           })
+      .def("reduce1", [](Program& p, const std::string& ax, const std::string& m,
+                         const ExprRef& input) { return p.builder().reduce1(axis(ax), monoid(m), expr(input)).id; })
       .def("reduce2",
            [](Program& p, const std::string& ax, const std::string& m, const ExprRef& input) {
              auto [a, b] = p.builder().reduce2(axis(ax), monoid(m), expr(input));
