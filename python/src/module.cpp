@@ -68,6 +68,21 @@ struct Program {
                         "': a built-in program cannot be changed (build a tile.RowProgram of your own)");
     return *owned;
   }
+
+  // The operand names as Python strings, made again when the program changed: a call looks
+  // every operand up in its dict, and a str with its hash cached is the cheapest key.
+  const std::vector<nb::str>& keys() const {
+    if (keys_serial_ != program->serial()) {
+      keys_.clear();
+      for (const tile::OperandDecl& d : program->operands()) keys_.emplace_back(d.name.c_str());
+      keys_serial_ = program->serial();
+    }
+    return keys_;
+  }
+
+ private:
+  mutable std::vector<nb::str> keys_;
+  mutable uint64_t keys_serial_ = 0;
 };
 
 // An expression as Python passes it: the program it belongs to and its node.
@@ -539,15 +554,23 @@ Bound convert(const Program& prog, nb::handle operands, nb::handle labels, Array
     TILE_CHECK(false, "bind accepted the unknown operand ", name);
   }
   std::vector<std::string> names(decls.size());
-  for (size_t i = 0; i < decls.size(); ++i) {
-    names[i] = decls[i].name;
-    if (!labels.is_none()) {
-      PyObject* l = PyDict_GetItemString(labels.ptr(), decls[i].name.c_str());
-      if (l && PyUnicode_Check(l)) names[i] = PyUnicode_AsUTF8(l);
+  for (size_t i = 0; i < decls.size(); ++i) names[i] = decls[i].name;
+  if (!labels.is_none()) {
+    pos = 0;
+    while (PyDict_Next(labels.ptr(), &pos, &key, &value)) {
+      const char* from = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : nullptr;
+      const char* to = PyUnicode_Check(value) ? PyUnicode_AsUTF8(value) : nullptr;
+      if (!from || !to) {
+        PyErr_Clear();
+        continue;
+      }
+      if (const int i = p.find_operand(from); i >= 0) names[i] = to;
     }
   }
+  const std::vector<nb::str>& keys = prog.keys();
   auto get = [&](size_t i) -> nb::handle {
-    PyObject* h = PyDict_GetItemString(operands.ptr(), decls[i].name.c_str());
+    PyObject* h = PyDict_GetItemWithError(operands.ptr(), keys[i].ptr());
+    if (!h && PyErr_Occurred()) throw nb::python_error();
     return h && h != Py_None ? nb::handle(h) : nb::handle();
   };
 

@@ -255,3 +255,28 @@ def test_expression_operators():
     assert e.type == "f32" and e.shape == "element" and (e > 0).type == "b1"
     assert p.col_index().type == "i64" and p.cols().shape == "uniform"
     assert "of row program 'ops'" in repr(e)
+
+
+def test_scalar_output_sums_over_rows_and_columns():
+    # A sum of squares over the whole call: per-row sums, then one sum over the rows.
+    p = tile.RowProgram("sum_squares")
+    x, total = p.row_in("x"), p.scalar_out("total")
+    v = p.load(x)
+    p.store(total, p.reduce1(tile.Axis.rows, tile.monoid.sum(), p.reduce1(tile.Axis.cols, tile.monoid.sum(), v * v)))
+    x_ = make((3, 7, 45))
+    want = (x_.astype(np.float64) ** 2).sum()
+    for plan in PLANS:
+        out = poisoned(1)
+        assert p(x=x_, total=out, plan=plan) is out
+        assert_close(out, np.array([want]), want)
+    allocated = p(x=x_)
+    assert allocated.shape == (1,) and allocated.dtype == np.float32
+    held = poisoned(())                                  # any array of one element
+    p(x=x_, total=held)
+    assert_close(held, np.array(want), want)
+    ref = p.reference(x=x_)["total"]
+    assert ref.shape == (1,) and abs(ref[0] - want) <= 1e-12 * want
+    assert p.check(x=x_, total=held)["ok"]
+    with pytest.raises(ValueError, match=r"sum_squares: argument 'total': expected an array of one element, "
+                                         r"got shape \(2,\)"):
+        p(x=x_, total=np.zeros(2, np.float32))
