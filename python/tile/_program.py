@@ -406,7 +406,6 @@ class RowProgram:
         """The float64 evaluation of the program (tile::reference) on the inputs given: a dict of
         output name -> numpy float64 array shaped like that output. Outputs need not be given;
         those given as None are left out. Device tensors are copied to the host first."""
-        import numpy as np  # noqa: F401 - the reference arrays are numpy's
         info = self._info()
         ops, like = _call.prepare(info, self._host(operands), dtypes)
         values = _call.introspect(lambda p, o, plan, labels: _tile.reference(p, o, labels), self._p, ops, None)
