@@ -260,8 +260,8 @@ std::string layout(const ArrayInfo& a) {
 // Views carry non-const pointers; inputs are only read.
 inline void* mutable_data(const void* p) { return const_cast<void*>(p); }
 
-// What one conversion needs beside the array: the operator's and the argument's names, the
-// operand's declaration, and the first row operand (rows and columns come from it).
+// What one conversion needs beside the array: the operator's and the argument's names and the
+// operand's declaration.
 struct Slot {
   const std::string& op;
   const std::string& arg;
