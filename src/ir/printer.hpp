@@ -29,6 +29,12 @@ class IRPrinter : public IRVisitor<IRPrinter, std::string> {
 
   // The block one level deeper.
   void visit_block(const std::vector<Stmt>& body);
+  // Every node is printed: a kind without a handler here does not build.
+  template <typename Node>
+  std::string visit_children(const Node&) {
+    static_assert(sizeof(Node) == 0, "the IR printer needs a handler for every node kind");
+    return "";
+  }
 
   virtual void visit_assign(const Stmt& s);
   virtual void visit_load(const Stmt& s);

@@ -217,6 +217,13 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
     return visit(*e, dst);
   }
 
+  // The executor defines what each node means: a kind without a handler here does not build.
+  template <typename Node, typename... Ctx>
+  int32_t visit_children(const Node&, Ctx&&...) {
+    static_assert(sizeof(Node) == 0, "the CPU executor needs a handler for every node kind");
+    return -1;
+  }
+
   int32_t leaf(int32_t slot, int32_t dst) {
     if (dst >= 0 && dst != slot) code_.ins.push_back({Op::mov, dst, slot});
     return dst >= 0 ? dst : slot;
