@@ -35,7 +35,8 @@ Kernel every_kind() {
   loop.push_back(load_raw({w}, 0, at, param(0, Type::i64), row_aligned(0, at, 4), false));
   loop.push_back(assign(v, unary(UnOp::neg, unpack16(DType::bf16, reg(w, Type::i32), 1))));
   loop.push_back(shfl_xor(t, v, 1, 32));
-  loop.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)), {shared_store(0, i32_const(0), reg(t, Type::f32))},
+  loop.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)),
+                     {shared_store(0, i32_const(0), reg(t, Type::f32))},
                      {assign(t, select(b1_const(true), f32_const(1.0), reg(v, Type::f32)))}));
   loop.push_back(barrier(BarrierKind::group));
   loop.push_back(shared_load(t, 0, i32_const(0)));
@@ -224,7 +225,7 @@ TEST(Visitor, PrinterAndCudaEmitterWalkTheSameStatements) {
   for (const Kernel& k : lowered_kernels()) {
     SCOPED_TRACE(k.name);
     const std::string dump = to_string(k), cu = cuda::emit_cuda(k);
-    const std::string ir = dump.substr(dump.find("\n{\n"));                     // past the header
+    const std::string ir = dump.substr(dump.find("\n{\n"));                  // past the header
     const std::string body = cu.substr(cu.find("extern \"C\" __global__"));  // past the device helpers
     auto comments = [](const std::string& text) {
       std::vector<std::string> out;
