@@ -56,11 +56,20 @@ const ProgramFacts& facts_of(const RowProgram& program) {
   program.validate();
   auto f = std::make_unique<ProgramFacts>();
   f->levels = reduction_levels(program);
+  // Every merge takes shared slots of its own: a level's combine merge one per state part, its
+  // staged merges one per chunk sum or max. The larger of the two, summed over the levels.
+  int slots = 0;
   for (const std::vector<int>& level : f->levels) {
-    int parts = 0;
-    for (int red : level) parts += int(program.reductions()[red].monoid.parts.size());
-    f->merge_parts = std::max(f->merge_parts, parts);
+    int parts = 0, chunk_reductions = 0;
+    for (int red : level) {
+      const Monoid& m = program.reductions()[red].monoid;
+      parts += int(m.parts.size());
+      for (const MonoidNode& n : m.nodes)
+        chunk_reductions += n.kind == MonoidNode::Kind::chunk_sum || n.kind == MonoidNode::Kind::chunk_max;
+    }
+    slots += std::max(parts, chunk_reductions);
   }
+  f->merge_parts = std::max(1, slots);
   for (const RowReduction& r : program.reductions()) {
     if (r.axis != Axis::rows) continue;
     f->reduces_rows = true;

@@ -38,7 +38,7 @@ struct KernelSignature {
 // (RowProgram::serial) and shared: the program is validated, its reductions levelled.
 struct ProgramFacts {
   std::vector<std::vector<int>> levels;  // reductions over the columns, by level
-  int merge_parts = 1;                   // most state parts one level merges across warps
+  int merge_parts = 1;                   // shared slots per warp every merge of a row takes
   int rows_reduction_parts = 0;          // per-element accumulators of reductions over the rows
   bool reduces_rows = false;
   int first_row_operand = -1;            // defines rows and cols

@@ -18,6 +18,7 @@ std::string to_string(BarrierScope v) { return v == BarrierScope::group ? "group
 std::string to_string(TailHandling v) { return v == TailHandling::predicate ? "predicate" : "clamp"; }
 std::string to_string(Alignment v) { return v == Alignment::require ? "require" : "scalar_fallback"; }
 std::string to_string(CacheFormat v) { return v == CacheFormat::packed ? "packed" : "f32"; }
+std::string to_string(MergeStrategy v) { return v == MergeStrategy::staged ? "staged" : "combine"; }
 
 namespace {
 
@@ -177,7 +178,7 @@ std::string MappingPlan::loop_nest() const {
   os << in << "        access " << vector_elems << " consecutive elements at ((stripe * " << workers_per_program
      << " + worker) * " << vector_elems << ")   // tail: " << to_string(tail) << ", alignment: " << to_string(alignment)
      << (caching == InputCaching::registers ? ", cache format: " + to_string(cache_format) : "") << "\n"
-     << in << "      reductions over the row: per worker, warp shuffles"
+     << in << "      reductions over the row (" << to_string(merge) << "): per worker, warp shuffles"
      << (workers_per_program > 32 ? ", shared memory and a " + to_string(barrier_scope) + "-scope barrier" : "") << "\n";
   if (loops) os << "  reductions over the rows: per group in registers/shared memory, then a second kernel\n";
   return os.str();

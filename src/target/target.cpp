@@ -18,6 +18,9 @@ DeviceLimits with_caps(DeviceLimits limits, const TargetCaps& caps) {
 ArgumentValues argument_values(const LoweredKernel& kernel, const BoundCall& call, void* workspace,
                                int64_t workspace_elems, int64_t slots) {
   ArgumentValues a;
+  a.buffers.reserve(kernel.buffers.size());
+  a.extents.reserve(kernel.buffers.size());
+  a.params.reserve(kernel.params.size());
   for (int operand : kernel.buffers) {
     if (operand < 0) {
       a.buffers.push_back(workspace);

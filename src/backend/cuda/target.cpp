@@ -31,10 +31,8 @@ struct CudaState final : PreparedKernel::TargetState {
 };
 
 CudaState& state_of(const PreparedKernel& pk) {
-  std::lock_guard<std::mutex> lock(pk.target_mutex);
-  auto& slot = pk.target_state["cuda"];
-  if (!slot) slot = std::make_shared<CudaState>();
-  return static_cast<CudaState&>(*slot);
+  std::call_once(pk.target_once, [&] { pk.target_state = std::make_unique<CudaState>(); });
+  return static_cast<CudaState&>(*pk.target_state);
 }
 
 void ensure_source(const PreparedKernel& pk, CudaState& st) {
@@ -89,23 +87,29 @@ void* workspace_for(CUstream stream, size_t bytes) {
 }
 
 void launch_kernel(CUfunction fn, const LoweredKernel& lk, const ArgumentValues& a, int64_t groups, CUstream stream) {
-  std::vector<CUdeviceptr> ptrs;
-  for (void* p : a.buffers) ptrs.push_back(reinterpret_cast<CUdeviceptr>(p));
-  std::vector<long long> ints(a.params.size());
-  std::vector<float> floats(a.params.size());
-  std::vector<void*> argv;
-  for (CUdeviceptr& p : ptrs) argv.push_back(&p);
+  // Fixed arrays: no allocation on the launch path.
+  constexpr size_t kMax = 64;
+  TILE_CHECK(a.buffers.size() <= kMax && a.params.size() <= kMax, "kernel ", lk.kernel.name, " has too many arguments");
+  CUdeviceptr ptrs[kMax];
+  long long ints[kMax];
+  float floats[kMax];
+  void* argv[2 * kMax];
+  size_t n = 0;
+  for (size_t b = 0; b < a.buffers.size(); ++b) {
+    ptrs[b] = reinterpret_cast<CUdeviceptr>(a.buffers[b]);
+    argv[n++] = &ptrs[b];
+  }
   for (size_t p = 0; p < a.params.size(); ++p) {
     if (lk.kernel.params[p].type == ir::Type::f32) {
       floats[p] = a.params[p].f;
-      argv.push_back(&floats[p]);
+      argv[n++] = &floats[p];
     } else {
       ints[p] = a.params[p].i;
-      argv.push_back(&ints[p]);
+      argv[n++] = &ints[p];
     }
   }
   TILE_CU_CHECK(cuda::driver().cuLaunchKernel(fn, unsigned(groups), 1, 1, unsigned(lk.kernel.threads_per_group()), 1, 1,
-                                              0, stream, argv.data(), nullptr));
+                                              0, stream, argv, nullptr));
 }
 
 class CudaTarget final : public Target {
