@@ -63,6 +63,9 @@ def main():
             t0 = time.time()
             device, points = run_bench(getattr(args, which), args.shape)
             runs[which].append(points)
+            with open(args.out, "w") as f:  # every finished run is kept, even if a later one is cut short
+                json.dump({"device": device, "shapes": args.shape, "rounds": args.rounds, "runs": runs,
+                           "complete": False}, f, indent=1)
             print(f"round {r + 1}/{args.rounds}: build {which.upper()} done in {time.time() - t0:.0f} s", flush=True)
 
     summary = []
@@ -81,7 +84,7 @@ def main():
           f"over {len(speedups)} points")
     with open(args.out, "w") as f:
         json.dump({"device": device, "shapes": args.shape, "rounds": args.rounds, "runs": runs, "summary": summary,
-                   "geomean_speedup": geo}, f, indent=1)
+                   "geomean_speedup": geo, "complete": True}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -471,8 +471,10 @@ def main(argv: list[str]) -> int:
 
     lib = library_path()
     gpu_after = gpu_state() if backend == "cuda" else None
+    built_with_cuda = tile.build_info().get("cuda", True)  # False: TILE_WITH_CUDA=OFF, no NVRTC
     versions = {"python": platform.python_version(), "numpy": np.__version__,
-                "torch": torch.__version__ if torch is not None else None, "nvrtc": tile.nvrtc_version(),
+                "torch": torch.__version__ if torch is not None else None,
+                "nvrtc": tile.nvrtc_version() if built_with_cuda else None,
                 "cuda_driver": gpu_before["driver"] if gpu_before else None,
                 "tile": tile.build_info().get("version", "unknown")}
     gpu = None

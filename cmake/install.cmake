@@ -5,7 +5,8 @@
 # so that a consumer writes
 #   find_package(tile 0.1 REQUIRED)
 #   target_link_libraries(app PRIVATE tile::tile)
-# with CMAKE_PREFIX_PATH=<dir>. Consumed by tests/packaging/consumer/.
+# with CMAKE_PREFIX_PATH=<dir>; tile_WITH_CUDA says whether the CUDA backend was built. Consumed
+# by tests/packaging/consumer/.
 #
 # In a Python wheel (scikit-build-core sets SKBUILD): libtile.so alone, into tile/ next to the
 # extension, which python/CMakeLists.txt installs with an $ORIGIN RPATH.
@@ -19,6 +20,11 @@ if(SKBUILD)
 endif()
 
 include(CMakePackageConfigHelpers)
+if(TILE_WITH_CUDA)
+  set(tile_with_cuda ON)
+else()
+  set(tile_with_cuda OFF)
+endif()
 set(tile_cmake_dir "${CMAKE_INSTALL_LIBDIR}/cmake/tile")
 
 install(TARGETS tile EXPORT tileTargets

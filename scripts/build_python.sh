@@ -9,6 +9,7 @@
 #   TILE_LIBRARY=build/dev/libtile.so scripts/build_python.sh
 #   TILE_GIT_COMMIT=<sha> scripts/build_python.sh  # where the tree is not a git checkout
 #   BUILD_DIR=build/my-python scripts/build_python.sh
+#   TILE_LIBRARY=build/cpu-only/libtile.so scripts/build_python.sh -DTILE_WITH_CUDA=OFF  # no CUDA headers
 #
 # The package lands in build/python-<major><minor>/tile/; put build/python-<major><minor> on
 # PYTHONPATH. Extra arguments go to the CMake configure step.

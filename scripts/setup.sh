@@ -13,8 +13,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
-  echo "setup: the CUDA toolkit (nvcc, NVRTC) is required under /usr/local/cuda" >&2
+# TILE_WITH_CUDA=OFF: for the cpu-only preset alone, which needs no CUDA toolkit.
+if [ "${TILE_WITH_CUDA:-ON}" != OFF ] && [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
+  echo "setup: the CUDA toolkit (nvcc, NVRTC) is required under /usr/local/cuda" \
+       "(TILE_WITH_CUDA=OFF scripts/setup.sh sets up the cpu-only preset alone)" >&2
   exit 1
 fi
 

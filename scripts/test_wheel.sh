@@ -6,13 +6,14 @@
 #   scripts/test_wheel.sh            # python3, in build/wheel-test/
 #   PYTHON=python3.12 scripts/test_wheel.sh
 #   WORK_DIR=/tmp/tile-wheel scripts/test_wheel.sh
+#   scripts/test_wheel.sh -Ccmake.define.TILE_WITH_CUDA=OFF   # arguments go to pip wheel
 #
 # Checks: the extension's only run path is $ORIGIN, libtile.so has none and neither links
 # libnvrtc nor libcuda (both are loaded at run time), and `import tile` resolves to the venv.
 # Needs what scripts/setup.sh installs, and PyPI for the build requirements, numpy and pytest.
 set -euo pipefail
 if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
 cd "$(dirname "$0")/.."
@@ -24,7 +25,7 @@ mkdir -p "$work/dist" "$work/run"
 
 "$python" -m venv "$work/venv"
 venv_python="$work/venv/bin/python"
-"$venv_python" -m pip wheel -q --no-deps -w "$work/dist" .
+"$venv_python" -m pip wheel -q --no-deps -w "$work/dist" "$@" .
 wheel=$(ls "$work"/dist/tile-*.whl)
 echo "test_wheel: built $wheel"
 "$venv_python" -m pip install -q "$wheel[test]"

@@ -15,7 +15,10 @@
 #include <string_view>
 #include <vector>
 
+#if TILE_WITH_CUDA
 #include "backend/cuda/driver.hpp"
+#endif
+#include "target/target.hpp"
 #include "testing/host_tensor.hpp"
 #include "tile/tile.hpp"
 #include "tile_cli.hpp"
@@ -140,7 +143,7 @@ int run_main(const RunOptions& o) {
   const int64_t rows = o.shape.rows, cols = o.shape.cols, stride = o.stride;
   auto shows = [&](const char* what) { return std::find(o.show.begin(), o.show.end(), what) != o.show.end(); };
   std::string backend = o.backend;
-  if (backend == "auto") backend = tile::cuda::driver_available() ? "cuda" : "cpu";
+  if (backend == "auto") backend = tile::cuda_target().caps().can_launch ? "cuda" : "cpu";
 
   std::mt19937_64 rng(o.seed);
   tile::testing::HostMatrix x(o.x_dtype, rows, cols, stride), y(o.y_dtype, rows, cols, stride);
@@ -168,6 +171,10 @@ int run_main(const RunOptions& o) {
     options.backend = tile::Backend::cpu;
     rec = tile::run(call, options);
   } else {
+#if !TILE_WITH_CUDA
+    options.backend = tile::Backend::cuda;
+    rec = tile::run(call, options);  // throws NoDriverError: this build has no CUDA backend
+#else
     namespace cu = tile::cuda;
     cu::ensure_context(0);
     cu::DeviceBuffer dx(x.bytes().size()), dy(y.bytes().size()), dw(weight.bytes.size()), db(bias.bytes.size());
@@ -185,6 +192,7 @@ int run_main(const RunOptions& o) {
     dy.copy_to_host(y.bytes().data(), y.bytes().size());
     std::printf("\ndevice %s, kernel %s, %s, cubin sha256 %s\n", cu::device_info(0).name.c_str(),
                 rec.kernel_name.c_str(), rec.arch.c_str(), rec.cubin_sha256.c_str());
+#endif
   }
   std::printf("\nlaunch: %lld group(s) x %d thread(s), %d shared bytes, source sha256 %s\n", (long long)rec.groups,
               rec.threads_per_group, rec.shared_bytes, rec.source_sha256.c_str());
@@ -416,8 +424,13 @@ int main(int argc, char** argv) {
   const std::string name = "tile " + command->get_name();
   try {
     if (command == run) return run_main(run_options);
+#if TILE_WITH_CUDA
     if (!tile::cuda::driver_available()) throw tile::NoDriverError("no CUDA driver: " + name + " times GPU kernels");
     return command == bench ? tile::cli::bench_main(bench_options) : tile::cli::tune_main(tune_options);
+#else
+    throw tile::NoDriverError("no CUDA backend: Tile was built without CUDA (TILE_WITH_CUDA=OFF); " + name +
+                              " times GPU kernels");
+#endif
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "%s: out of host memory for the call's buffers\n", name.c_str());
     return 1;

@@ -36,6 +36,12 @@ enum class Alignment : uint8_t { scalar_fallback, require };
 // (`f32`, one register an element) or as loaded, two elements a register, converted where
 // each pass uses it (`packed`).
 enum class CacheFormat : uint8_t { f32, packed };
+// How a reduction's per-worker parts become the program's: `combine` folds each worker's
+// elements into a monoid state and merges states with the monoid's combine (one merge, any
+// caching); `staged` merges each sum or max of the monoid's chunk graph across the program on
+// its own (only additions and maxima cross workers, one merge per stage of the graph), which
+// needs the row cached in registers.
+enum class MergeStrategy : uint8_t { combine, staged };
 
 // type, name, default, smallest, largest (integers), what it sets
 #define TILE_PLAN_FIELDS(X)                                                                          \
@@ -51,6 +57,7 @@ enum class CacheFormat : uint8_t { f32, packed };
   X(TailHandling, tail, TailHandling::predicate, 0, 1, "lanes past the row end")                    \
   X(Alignment, alignment, Alignment::scalar_fallback, 0, 1, "vector accesses on unaligned rows")    \
   X(CacheFormat, cache_format, CacheFormat::f32, 0, 1, "register cache of 16-bit input")            \
+  X(MergeStrategy, merge, MergeStrategy::combine, 0, 1, "how reductions merge across workers")      \
   X(int, resident_groups, 1, 1, 32, "groups per SM the kernel is compiled to fit (launch bounds)")  \
   X(int, grid_limit, 0, 0, 1 << 30, "most groups launched; each loops over rows (0: one per row block)")
 
@@ -100,5 +107,6 @@ std::string to_string(BarrierScope);
 std::string to_string(TailHandling);
 std::string to_string(Alignment);
 std::string to_string(CacheFormat);
+std::string to_string(MergeStrategy);
 
 }  // namespace tile

@@ -17,6 +17,7 @@ struct DeviceLimits {
   int max_threads_per_sm = 2048;
   int named_barriers = 16;            // id 0 is the group barrier, 1.. are per program
   int max_shared_bytes = 48 * 1024;   // static shared memory per group
+  int max_vector_bytes = 16;          // widest single memory access of a worker
   int64_t max_groups = 2147483647;    // groups in a grid (gridDim.x)
 };
 
@@ -36,7 +37,7 @@ struct PlanInputs {
   std::vector<RowOperandInfo> row_operands;
   std::vector<DType> column_dtypes;
   int64_t base_alignment = 16;
-  int merge_parts = 3;               // most reduction state parts merged across warps at once
+  int merge_parts = 3;               // shared slots per warp the merges of one row take
   int rows_reduction_parts = 0;      // per-element accumulators of reductions over the rows
   bool reduces_rows = false;         // some reduction runs over the rows
   std::string rows_operand = "x";    // the operand errors about the row count name

@@ -1,21 +1,29 @@
 // tile._tile: the compiled half of the Python package.
 //
-// Arrays arrive through DLPack (launch, plan, ir, source) or, for torch tensors, as plain
-// integers (launch_raw: pointer, shape, strides, dtype code, device), and become
-// tile::TensorView / VectorView without copies: the leading dimensions of x and out flatten to
-// rows of one row stride, the last one is the contiguous column dimension. Both ways share one
-// set of checks (bind) and one launch (execute). CPU arrays run on the CPU backend, CUDA arrays
-// on the CUDA backend. python/tile/__init__.py allocates outputs and resolves streams; this file
-// checks, binds and launches. Tests: tests/python/.
+// Every call is a row program (a built-in or one built with tile.RowProgram) and its operands
+// by name, in a dict. One conversion, by the operand's declared role, turns each into what
+// tile::bind takes: row operands are (..., cols) arrays whose leading dimensions flatten to
+// rows of one stride; per-row operands (...) arrays with one value per row; per-column
+// operands (cols,) arrays; scalar outputs one-element arrays; scalar inputs numbers; None or a
+// missing name is an absent operand. Arrays arrive through DLPack (launch, plan, ir, source,
+// reference, check) or, for torch CUDA tensors, as plain integers (launch_raw: pointer, shape,
+// strides, dtype code, device); both ways share the conversion and the launch. CPU arrays run
+// on the CPU backend, CUDA arrays on the CUDA backend. python/tile/ allocates outputs and
+// resolves streams; this file converts, binds and launches. Tests: tests/python/.
 #include <dlfcn.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <exception>
+#include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -24,9 +32,11 @@
 // The module is compiled with hidden visibility, libtile.so with default visibility; the
 // library's types keep default visibility here so its exceptions are caught by type.
 #pragma GCC visibility push(default)
+#if TILE_WITH_CUDA
 #include "backend/cuda/driver.hpp"      // needs only <cuda.h>: DeviceInfo, ensure_context
 #include "backend/cuda/jit_module.hpp"  // needs only <cuda.h>: the NVRTC cache
 #include "backend/cuda/nvrtc.hpp"       // needs only <nvrtc.h>: where NVRTC is searched for
+#endif
 #include "tile/tile.hpp"
 #pragma GCC visibility pop
 #include "tile_git_commit.h"  // generated on every build: TILE_GIT_COMMIT, TILE_GIT_DIRTY
@@ -39,11 +49,120 @@ namespace nb = nanobind;
 
 namespace {
 
-using Input = nb::ndarray<nb::ro>;  // x, weight, bias: read-only access suffices
-using Output = nb::ndarray<>;       // out: must be writable
+using Input = nb::ndarray<nb::ro>;  // inputs, and outputs of introspection: never written
+using Output = nb::ndarray<>;       // outputs of launches: must be writable
 
 constexpr int kDLCPU = 1;
 constexpr int kDLCUDA = 2;
+
+// ---- programs ----
+
+// A row program as Python holds it: one of its own (built with tile.RowProgram) or a built-in,
+// which cannot be changed.
+struct Program {
+  std::unique_ptr<tile::RowProgram> owned;
+  const tile::RowProgram* program = nullptr;
+  std::optional<tile::Op> builtin;
+
+  tile::RowProgram& builder() {
+    if (!owned)
+      throw tile::Error("row program '" + program->name() +
+                        "': a built-in program cannot be changed (build a tile.RowProgram of your own)");
+    return *owned;
+  }
+
+  // The operand names as Python strings, made again when the program changed: a call looks
+  // every operand up in its dict, and a str with its hash cached is the cheapest key.
+  const std::vector<nb::str>& keys() const {
+    if (keys_serial_ != program->serial()) {
+      keys_.clear();
+      for (const tile::OperandDecl& d : program->operands()) keys_.emplace_back(d.name.c_str());
+      keys_serial_ = program->serial();
+    }
+    return keys_;
+  }
+
+ private:
+  mutable std::vector<nb::str> keys_;
+  mutable uint64_t keys_serial_ = 0;
+};
+
+// An expression as Python passes it: the program it belongs to and its node.
+using ExprRef = std::pair<Program*, int>;
+
+tile::RowExpr expr(const ExprRef& e) {
+  // The program checks that the expression is its own before it reads the node.
+  return tile::RowExpr{const_cast<tile::RowProgram*>(e.first->program), e.second};
+}
+
+constexpr tile::DType kDTypes[] = {tile::DType::f32, tile::DType::f16, tile::DType::bf16, tile::DType::i32,
+                                   tile::DType::i64};
+
+tile::DTypeSet dtype_set(const std::vector<std::string>& names) {
+  std::vector<tile::DType> v;
+  for (const std::string& n : names) {
+    const tile::DType t = tile::parse_dtype(n);
+    if (std::find(v.begin(), v.end(), t) == v.end()) v.push_back(t);
+  }
+  // DTypeSet is built from a braced list only.
+  switch (v.size()) {
+    case 0:
+      return {};
+    case 1:
+      return {v[0]};
+    case 2:
+      return {v[0], v[1]};
+    case 3:
+      return {v[0], v[1], v[2]};
+    case 4:
+      return {v[0], v[1], v[2], v[3]};
+    default:
+      return {v[0], v[1], v[2], v[3], v[4]};
+  }
+}
+
+// Out-of-range ids are refused by the program with its own message.
+tile::Operand operand(int id) { return tile::Operand{id < 0 ? std::numeric_limits<int>::max() : id}; }
+
+tile::UnaryFn unary_fn(const std::string& name) {
+  for (int i = 0; i <= int(tile::UnaryFn::to_f32); ++i)
+    if (name == tile::unary_fn_name(tile::UnaryFn(i))) return tile::UnaryFn(i);
+  throw tile::InternalError("unknown unary function " + name);
+}
+
+tile::BinaryFn binary_fn(const std::string& name) {
+  for (int i = 0; i <= int(tile::BinaryFn::logical_or); ++i)
+    if (name == tile::binary_fn_name(tile::BinaryFn(i))) return tile::BinaryFn(i);
+  throw tile::InternalError("unknown binary function " + name);
+}
+
+tile::Monoid monoid(const std::string& name) {
+  if (name == "sum") return tile::monoid::sum();
+  if (name == "max") return tile::monoid::max();
+  if (name == "online_softmax") return tile::monoid::online_softmax();
+  if (name == "mean_m2") return tile::monoid::mean_m2();
+  if (name == "scaled_sum_squares") return tile::monoid::scaled_sum_squares();
+  throw tile::Error("monoid: expected one of sum, max, online_softmax, mean_m2, scaled_sum_squares, got '" + name +
+                    "'");
+}
+
+tile::Axis axis(const std::string& name) {
+  if (name == "cols") return tile::Axis::cols;
+  if (name == "rows") return tile::Axis::rows;
+  throw tile::Error("reduce: argument 'axis': expected cols or rows, got '" + name + "'");
+}
+
+const char* role_id(tile::Role r) {
+  static const char* names[] = {"row_in", "row_out", "row_scalar_in", "row_scalar_out",
+                                "col_in", "col_out", "scalar_in",     "scalar_out"};
+  return names[int(r)];
+}
+
+bool is_row(tile::Role r) { return r == tile::Role::row_in || r == tile::Role::row_out; }
+bool is_row_scalar(tile::Role r) { return r == tile::Role::row_scalar_in || r == tile::Role::row_scalar_out; }
+bool is_col(tile::Role r) { return r == tile::Role::col_in || r == tile::Role::col_out; }
+
+// ---- arrays ----
 
 std::string tuple_string(const int64_t* values, size_t n) {
   std::string s = "(";
@@ -85,11 +204,32 @@ std::string dtype_string(nb::dlpack::dtype t) {
 constexpr nb::dlpack::dtype kF16{uint8_t(nb::dlpack::dtype_code::Float), 16, 1};
 constexpr nb::dlpack::dtype kBF16{uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
 
-tile::DType dtype_of(const std::string& op, const char* arg, nb::dlpack::dtype t) {
-  if (t == nb::dtype<float>()) return tile::DType::f32;
-  if (t == kF16) return tile::DType::f16;
-  if (t == kBF16) return tile::DType::bf16;
-  tile::throw_argument_error(op, arg, "dtype float32, float16 or bfloat16", dtype_string(t));
+// The DLPack dtype of each tile::DType, in enum order (the raw dtype codes).
+nb::dlpack::dtype dlpack_dtype(tile::DType t) {
+  switch (t) {
+    case tile::DType::f32:
+      return nb::dtype<float>();
+    case tile::DType::f16:
+      return kF16;
+    case tile::DType::bf16:
+      return kBF16;
+    case tile::DType::i32:
+      return nb::dtype<int32_t>();
+    case tile::DType::i64:
+      return nb::dtype<int64_t>();
+  }
+  return {};
+}
+
+// numpy's and torch's names of the dtypes an operand accepts: "float32, float16 or bfloat16".
+std::string dtype_names(tile::DTypeSet set) {
+  static const char* names[] = {"float32", "float16", "bfloat16", "int32", "int64"};
+  std::vector<std::string> in;
+  for (tile::DType t : kDTypes)
+    if (set.contains(t)) in.emplace_back(names[int(t)]);
+  std::string out;
+  for (size_t i = 0; i < in.size(); ++i) out += (i == 0 ? "" : i + 1 == in.size() ? " or " : ", ") + in[i];
+  return out;
 }
 
 struct Device {
@@ -103,9 +243,9 @@ std::string device_string(Device d) {
   return "DLPack device type " + std::to_string(d.type) + " (id " + std::to_string(d.id) + ")";
 }
 
-// What the checks read of an array, whichever way it came: imported through DLPack (launch,
-// plan, ir, source) or as plain integers (launch_raw). Shape and strides are in elements and
-// point into storage that outlives the call.
+// What the conversion reads of an array, whichever way it came: imported through DLPack or as
+// plain integers (launch_raw). Shape and strides are in elements and point into storage that
+// outlives the call.
 struct ArrayInfo {
   const void* data = nullptr;
   nb::dlpack::dtype dtype{};
@@ -119,74 +259,134 @@ std::string layout(const ArrayInfo& a) {
   return "shape " + tuple_string(a.shape, a.ndim) + " strides " + tuple_string(a.strides, a.ndim) + " (in elements)";
 }
 
-Device device_of(const std::string& op, const char* arg, const ArrayInfo& a, std::optional<Device> like) {
-  const Device d = a.device;
-  if (like && !(d == *like))
-    tile::throw_argument_error(op, arg, "an array on " + device_string(*like) + " like x",
-                               "one on " + device_string(d));
-  if (d.type != kDLCPU && d.type != kDLCUDA)
-    tile::throw_argument_error(op, arg, "a CPU or CUDA array", "one on " + device_string(d));
-  return d;
-}
-
-// Views carry non-const pointers; x, weight and bias are only read.
+// Views carry non-const pointers; inputs are only read.
 inline void* mutable_data(const void* p) { return const_cast<void*>(p); }
 
-// Leading dimensions flatten to rows when they collapse to a single row stride; dimensions of
-// extent 1 take no part (their strides are arbitrary).
-tile::TensorView as_matrix(const std::string& op, const char* arg, const ArrayInfo& a) {
-  const size_t n = a.ndim;
-  if (n == 0) tile::throw_argument_error(op, arg, "an array of at least one dimension", "a 0-d array");
-  for (size_t i = 0; i < n; ++i)
-    if (a.shape[i] < 0) tile::throw_argument_error(op, arg, "a shape of extents >= 0", layout(a));
-  const int64_t cols = a.shape[n - 1];
-  // rows: the product of the leading extents, 0 if any is 0, and never a wrapped product.
-  int64_t rows = 1;
-  bool wrapped = false;
-  for (size_t i = 0; i + 1 < n; ++i) wrapped |= __builtin_mul_overflow(rows, a.shape[i], &rows);
-  const bool empty = std::find(a.shape, a.shape + n - 1, 0) != a.shape + n - 1;
-  if (wrapped && !empty)
-    tile::throw_argument_error(op, arg, "leading extents whose product (the rows) is below 2^63", layout(a));
-  if (empty) rows = 0;
-  int64_t row_stride = cols;
-  const tile::DType dtype = dtype_of(op, arg, a.dtype);
-  // An empty array has arbitrary strides.
-  if (rows == 0 || cols == 0) return tile::TensorView{mutable_data(a.data), dtype, rows, cols, row_stride};
-  if (cols > 1 && a.strides[n - 1] != 1)
-    tile::throw_argument_error(op, arg, "a contiguous last dimension (stride 1)", layout(a));
-  if (rows > 1) {
-    int inner = -1;  // innermost leading dimension of extent > 1
-    for (int i = int(n) - 2; i >= 0; --i) {
-      if (a.shape[i] == 1) continue;
-      int64_t flat = 0;
-      if (inner < 0) {
-        row_stride = a.strides[i];
-      } else if (__builtin_mul_overflow(a.strides[inner], a.shape[inner], &flat) || a.strides[i] != flat) {
-        tile::throw_argument_error(op, arg,
-                                   "leading dimensions that flatten to rows of one stride "
-                                   "(stride[i] == stride[i+1] * shape[i+1] over dimensions of extent > 1)",
-                                   layout(a));
-      }
-      inner = i;
+// What one conversion needs beside the array: the operator's and the argument's names and the
+// operand's declaration.
+struct Slot {
+  const std::string& op;
+  const std::string& arg;
+  const tile::OperandDecl& decl;
+};
+
+tile::DType checked_dtype(const Slot& s, const ArrayInfo& a) {
+  for (tile::DType t : kDTypes)
+    if (a.dtype == dlpack_dtype(t) && s.decl.dtypes.contains(t)) return t;
+  tile::throw_argument_error(s.op, s.arg, "dtype " + dtype_names(s.decl.dtypes), dtype_string(a.dtype));
+}
+
+void check_device(const Slot& s, const ArrayInfo& a, std::optional<Device> like, const std::string& like_name) {
+  const Device d = a.device;
+  if (like && !(d == *like))
+    tile::throw_argument_error(s.op, s.arg, "an array on " + device_string(*like) + " like " + like_name,
+                               "one on " + device_string(d));
+  if (d.type != kDLCPU && d.type != kDLCUDA)
+    tile::throw_argument_error(s.op, s.arg, "a CPU or CUDA array", "one on " + device_string(d));
+}
+
+// The stride between consecutive items when dimensions [0, n) of `a` flatten to one stride;
+// dimensions of extent 1 take no part (their strides are arbitrary). `unit` is the stride of
+// a single item.
+int64_t flat_stride(const Slot& s, const ArrayInfo& a, size_t n, int64_t unit, const char* what) {
+  int64_t stride = unit;
+  int inner = -1;  // innermost dimension of extent > 1
+  for (int i = int(n) - 1; i >= 0; --i) {
+    if (a.shape[i] == 1) continue;
+    int64_t flat = 0;
+    if (inner < 0) {
+      stride = a.strides[i];
+    } else if (__builtin_mul_overflow(a.strides[inner], a.shape[inner], &flat) || a.strides[i] != flat) {
+      tile::throw_argument_error(
+          s.op, s.arg, std::string(what) + " (stride[i] == stride[i+1] * shape[i+1] over dimensions of extent > 1)",
+          layout(a));
     }
+    inner = i;
+  }
+  return stride;
+}
+
+// The product of extents [0, n), refusing negative extents and wrapped products.
+int64_t count(const Slot& s, const ArrayInfo& a, size_t n, const char* what) {
+  for (size_t i = 0; i < a.ndim; ++i)
+    if (a.shape[i] < 0) tile::throw_argument_error(s.op, s.arg, "a shape of extents >= 0", layout(a));
+  int64_t product = 1;
+  bool wrapped = false;
+  for (size_t i = 0; i < n; ++i) wrapped |= __builtin_mul_overflow(product, a.shape[i], &product);
+  const bool empty = std::find(a.shape, a.shape + n, 0) != a.shape + n;
+  if (wrapped && !empty)
+    tile::throw_argument_error(s.op, s.arg, std::string(what) + " whose product (the rows) is below 2^63", layout(a));
+  return empty ? 0 : product;
+}
+
+// A row operand: the leading dimensions flatten to rows of one stride, the last one is the
+// contiguous column dimension.
+tile::TensorView as_matrix(const Slot& s, const ArrayInfo& a) {
+  const size_t n = a.ndim;
+  if (n == 0) tile::throw_argument_error(s.op, s.arg, "an array of at least one dimension", "a 0-d array");
+  const int64_t rows = count(s, a, n - 1, "leading extents");
+  const int64_t cols = a.shape[n - 1];
+  const tile::DType dtype = checked_dtype(s, a);
+  // An empty array has arbitrary strides.
+  if (rows == 0 || cols == 0) return tile::TensorView{mutable_data(a.data), dtype, rows, cols, cols};
+  if (cols > 1 && a.strides[n - 1] != 1)
+    tile::throw_argument_error(s.op, s.arg, "a contiguous last dimension (stride 1)", layout(a));
+  int64_t row_stride = cols;
+  if (rows > 1) {
+    row_stride = flat_stride(s, a, n - 1, cols, "leading dimensions that flatten to rows of one stride");
     if (row_stride < cols)
       tile::throw_argument_error(
-          op, arg, "rows at increasing addresses that do not overlap (row stride >= " + std::to_string(cols) + ")",
+          s.op, s.arg, "rows at increasing addresses that do not overlap (row stride >= " + std::to_string(cols) + ")",
           layout(a));
   }
   return tile::TensorView{mutable_data(a.data), dtype, rows, cols, row_stride};
 }
 
-tile::VectorView as_vector(const std::string& op, const char* arg, const ArrayInfo& a, int64_t cols) {
-  if (a.ndim != 1 || a.shape[0] != cols || (cols > 1 && a.strides[0] != 1))
-    tile::throw_argument_error(op, arg, "shape (" + std::to_string(cols) + ",) with stride 1 (one element per column)",
-                               layout(a));
-  return tile::VectorView{a.data, dtype_of(op, arg, a.dtype), cols};
+// A per-row operand: the leading shape of the first row operand, one value per row; its
+// dimensions flatten to one stride (bind refuses strides below 1).
+tile::VectorView as_row_values(const Slot& s, const ArrayInfo& a, const ArrayInfo& rows_like, const std::string& like) {
+  const size_t n = rows_like.ndim - 1;
+  if (a.ndim != n || !std::equal(a.shape, a.shape + n, rows_like.shape))
+    tile::throw_argument_error(s.op, s.arg,
+                               "shape " + tuple_string(rows_like.shape, n) + " (one value per row of " + like + ")",
+                               "shape " + tuple_string(a.shape, a.ndim));
+  const tile::DType dtype = checked_dtype(s, a);
+  const int64_t rows = count(s, a, n, "extents");
+  const int64_t stride = rows <= 1 ? 1 : flat_stride(s, a, n, 1, "dimensions that flatten to one stride");
+  return tile::VectorView{a.data, dtype, rows, stride};
 }
 
-// The arguments of a call, in the order they are checked.
-enum Arg { kX, kOut, kWeight, kBias };
-constexpr const char* kArgNames[] = {"x", "out", "weight", "bias"};
+// A per-column operand: one contiguous value per column.
+tile::VectorView as_columns(const Slot& s, const ArrayInfo& a, int64_t cols) {
+  if (a.ndim != 1 || a.shape[0] != cols || (cols > 1 && a.strides[0] != 1))
+    tile::throw_argument_error(
+        s.op, s.arg, "shape (" + std::to_string(cols) + ",) with stride 1 (one element per column)", layout(a));
+  return tile::VectorView{a.data, checked_dtype(s, a), cols};
+}
+
+// A scalar output: an array of one element, of any shape.
+tile::VectorView as_one_value(const Slot& s, const ArrayInfo& a) {
+  int64_t n = 1;
+  for (size_t i = 0; i < a.ndim; ++i) n *= a.shape[i] < 0 ? 0 : a.shape[i];
+  if (n != 1) tile::throw_argument_error(s.op, s.arg, "an array of one element", layout(a));
+  return tile::VectorView{a.data, checked_dtype(s, a), 1};
+}
+
+// A scalar input: a Python float or int (python/tile/ turns numpy scalars into these).
+double as_number(const Slot& s, nb::handle h) {
+  if (PyFloat_Check(h.ptr())) return PyFloat_AS_DOUBLE(h.ptr());
+  if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) {
+    const double v = PyLong_AsDouble(h.ptr());
+    if (v == -1.0 && PyErr_Occurred()) {  // beyond double: out of any range, said as such by bind
+      PyErr_Clear();
+      return nb::cast<bool>(h.attr("__gt__")(0)) ? HUGE_VAL : -HUGE_VAL;
+    }
+    return v;
+  }
+  throw nb::type_error((s.op + ": argument '" + s.arg + "': expected a real number (float), got " +
+                        nb::type_name(h.type()).c_str() + " " + nb::repr(h).c_str())
+                           .c_str());
+}
 
 // Why an object would not import: no __dlpack__, or its dtype and the exporter's own words
 // (numpy: "DLPack only supports native byte order") when its __dlpack__ raises.
@@ -204,66 +404,59 @@ std::string export_failure(nb::handle h) {
 }
 
 template <typename A>
-A import_array(const std::string& op, const char* arg, nb::handle h) {
+A import_array(const Slot& s, nb::handle h) {
   A a;
   if (!nb::try_cast(h, a, /*convert=*/false)) {
     std::string given = nb::type_name(h.type()).c_str() + export_failure(h);
     if (std::is_same_v<A, Output>) given += " (read-only, or not exportable through DLPack)";
-    tile::throw_argument_error(op, arg,
+    tile::throw_argument_error(s.op, s.arg,
                                std::is_same_v<A, Output> ? "a writable array exporting DLPack (numpy, torch, ...)"
-                                                         : "an array exporting DLPack (numpy, torch, ...) of dtype "
-                                                           "float32, float16 or bfloat16 in native byte order",
+                                                         : "an array exporting DLPack (numpy, torch, ...) of dtype " +
+                                                               dtype_names(s.decl.dtypes) + " in native byte order",
                                given);
   }
   return a;
 }
 
-// The arrays of launch, plan, ir and source, imported through DLPack one at a time as bind()
-// asks for them, and held for as long as the call may run. Y is Output for launches and Input
-// for introspection, which never writes.
-template <typename Y>
+// Arrays imported through DLPack, one at a time as the conversion asks for them, and held for
+// as long as the call may run. Outputs are Output for launches and Input for introspection,
+// which never writes.
+template <typename Out>
 struct DLPackArrays {
-  nb::handle handles[4];
-  Input x, weight, bias;
-  Y y;
+  std::vector<Input> inputs;
+  std::vector<Out> outputs;
+
+  explicit DLPackArrays(size_t n) : inputs(n), outputs(n) {}
 
   template <typename A>
   static ArrayInfo info(const A& a) {
     return {a.data(), a.dtype(), a.ndim(), a.shape_ptr(), a.stride_ptr(), Device{a.device_type(), a.device_id()}};
   }
 
-  std::optional<ArrayInfo> operator()(const std::string& op, Arg arg) {
-    const nb::handle h = handles[arg];
-    switch (arg) {
-      case kX:
-        return info(x = import_array<Input>(op, "x", h));
-      case kOut:
-        return info(y = import_array<Y>(op, "out", h));
-      case kWeight:
-        if (h.is_none()) return std::nullopt;
-        return info(weight = import_array<Input>(op, "weight", h));
-      case kBias:
-        if (h.is_none()) return std::nullopt;
-        return info(bias = import_array<Input>(op, "bias", h));
-    }
-    return std::nullopt;
+  ArrayInfo operator()(const Slot& s, nb::handle h, size_t i) {
+    if (tile::is_output(s.decl.role)) return info(outputs[i] = import_array<Out>(s, h));
+    return info(inputs[i] = import_array<Input>(s, h));
   }
 };
 
-// The arrays of launch_raw: each a tuple (data pointer, shape, strides in elements, dtype code,
-// device index; -1 for the CPU) or None for an absent weight or bias. The Python package builds
-// these from torch tensors, which costs far less than a DLPack capsule per array.
+// Arrays of launch_raw: each a tuple (data pointer, shape, strides in elements, dtype code,
+// device index; -1 for the CPU). The Python package builds these from torch tensors, which
+// costs far less than a DLPack capsule per array.
 struct RawArrays {
   static constexpr int kMaxDims = 8;  // shapes and strides of more dimensions go to the heap
-  nb::handle handles[4];
-  int64_t dims[4][2 * kMaxDims];
-  std::vector<int64_t> heap[4];
+  struct Dims {
+    int64_t inline_dims[2 * kMaxDims];
+    std::vector<int64_t> heap;
+  };
+  std::vector<Dims> dims;
 
-  static int64_t as_int(nb::handle h, const char* arg) {
+  explicit RawArrays(size_t n) : dims(n) {}
+
+  static int64_t as_int(nb::handle h, const std::string& arg) {
     const long long v = PyLong_AsLongLong(h.ptr());
     if (v == -1 && PyErr_Occurred()) {
       PyErr_Clear();
-      throw nb::type_error(("launch_raw: argument '" + std::string(arg) +
+      throw nb::type_error(("launch_raw: argument '" + arg +
                             "': expected 64-bit integers in its shape, strides, dtype code and device, got " +
                             nb::repr(h).c_str())
                                .c_str());
@@ -271,12 +464,9 @@ struct RawArrays {
     return v;
   }
 
-  std::optional<ArrayInfo> operator()(const std::string&, Arg arg) {
-    const nb::handle h = handles[arg];
-    const char* name = kArgNames[arg];
-    if ((arg == kWeight || arg == kBias) && h.is_none()) return std::nullopt;
+  ArrayInfo operator()(const Slot& s, nb::handle h, size_t i) {
     const auto malformed = [&] {
-      throw nb::type_error(("launch_raw: argument '" + std::string(name) +
+      throw nb::type_error(("launch_raw: argument '" + s.arg +
                             "': expected a tuple (data_ptr, shape, strides, dtype code, device index)")
                                .c_str());
     };
@@ -287,14 +477,14 @@ struct RawArrays {
       malformed();
     ArrayInfo a;
     a.ndim = size_t(PyTuple_GET_SIZE(shape));
-    int64_t* d = dims[arg];
+    int64_t* d = dims[i].inline_dims;
     if (a.ndim > kMaxDims) {
-      heap[arg].resize(2 * a.ndim);
-      d = heap[arg].data();
+      dims[i].heap.resize(2 * a.ndim);
+      d = dims[i].heap.data();
     }
-    for (size_t i = 0; i < a.ndim; ++i) {
-      d[i] = as_int(PyTuple_GET_ITEM(shape, i), name);
-      d[a.ndim + i] = as_int(PyTuple_GET_ITEM(strides, i), name);
+    for (size_t k = 0; k < a.ndim; ++k) {
+      d[k] = as_int(PyTuple_GET_ITEM(shape, k), s.arg);
+      d[a.ndim + k] = as_int(PyTuple_GET_ITEM(strides, k), s.arg);
     }
     a.shape = d;
     a.strides = d + a.ndim;
@@ -303,61 +493,133 @@ struct RawArrays {
       PyErr_Clear();
       malformed();
     }
-    const int64_t code = as_int(PyTuple_GET_ITEM(h.ptr(), 3), name);
-    switch (code) {
-      case int64_t(tile::DType::f32):
-        a.dtype = nb::dtype<float>();
-        break;
-      case int64_t(tile::DType::f16):
-        a.dtype = kF16;
-        break;
-      case int64_t(tile::DType::bf16):
-        a.dtype = kBF16;
-        break;
-      default:
-        throw nb::type_error(("launch_raw: argument '" + std::string(name) + "': unknown dtype code " +
-                              std::to_string(code) + " (see RAW_DTYPE_CODES)")
-                                 .c_str());
-    }
-    const int64_t device = as_int(PyTuple_GET_ITEM(h.ptr(), 4), name);
+    const int64_t code = as_int(PyTuple_GET_ITEM(h.ptr(), 3), s.arg);
+    if (code < 0 || code > int64_t(tile::DType::i64))
+      throw nb::type_error(("launch_raw: argument '" + s.arg + "': unknown dtype code " + std::to_string(code) +
+                            " (see RAW_DTYPE_CODES)")
+                               .c_str());
+    a.dtype = dlpack_dtype(tile::DType(code));
+    const int64_t device = as_int(PyTuple_GET_ITEM(h.ptr(), 4), s.arg);
     a.device = device < 0 ? Device{kDLCPU, 0} : Device{kDLCUDA, int(device)};
     return a;
   }
 };
 
 struct Bound {
-  tile::Call call;
+  const tile::RowProgram* program = nullptr;
+  tile::Args args;
   tile::CallOptions options;
 };
 
-// Checks and binds a call whichever way its arrays arrive: `arrays(op, arg)` reads one, and
-// each is checked before the next is read, so errors come in one order on every path.
+// Converts a call's operands by role, whichever way its arrays arrive (`arrays(slot, handle,
+// index)` reads one). The first row operand comes first (rows, columns and the device come
+// from it); then the others in declaration order, each checked before the next is read, so
+// errors come in one order on every path. `labels` renames operands in these errors (the
+// built-in operators call y `out`); tile::bind's own checks follow, under operand names.
 template <typename Arrays>
-Bound bind(const std::string& op_name, Arrays& arrays, std::optional<double> eps,
-           const std::optional<std::string>& plan) {
+Bound convert(const Program& prog, nb::handle operands, nb::handle labels, Arrays& arrays,
+              const std::optional<std::string>& plan) {
+  const tile::RowProgram& p = *prog.program;
+  const std::string& op = p.name();
+  if (!PyDict_Check(operands.ptr()))
+    throw nb::type_error((op + ": expected the operands as a dict of name -> array, number or None, got " +
+                          nb::type_name(operands.type()).c_str())
+                             .c_str());
+  if (!labels.is_none() && !PyDict_Check(labels.ptr()))
+    throw nb::type_error((op + ": expected labels as a dict of operand name -> name in messages, got " +
+                          nb::type_name(labels.type()).c_str())
+                             .c_str());
+  p.validate();
+  const auto& decls = p.operands();
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(operands.ptr(), &pos, &key, &value)) {
+    const char* utf8 = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : nullptr;
+    if (!utf8) {
+      PyErr_Clear();
+      throw nb::type_error((op + ": expected operand names as strings, got " + nb::repr(key).c_str()).c_str());
+    }
+    const std::string name = utf8;
+    if (p.find_operand(name) >= 0) continue;
+    // An eps given to an operator that takes none says so, as the C++ operators do.
+    if (prog.builtin && name == "eps" && (PyFloat_Check(value) || PyLong_Check(value))) {
+      double v = PyFloat_AsDouble(value);
+      if (v == -1.0 && PyErr_Occurred()) {  // an int beyond double: out of range, said as such
+        PyErr_Clear();
+        v = HUGE_VAL;
+      }
+      tile::checked_eps(*prog.builtin, v);
+    }
+    tile::Args unknown;
+    unknown.set(name, 0.0);
+    tile::plan_for(p, unknown);  // its binding refuses the name, listing the operands the program takes
+    TILE_CHECK(false, "bind accepted the unknown operand ", name);
+  }
+  std::vector<std::string> names(decls.size());
+  for (size_t i = 0; i < decls.size(); ++i) names[i] = decls[i].name;
+  if (!labels.is_none()) {
+    pos = 0;
+    while (PyDict_Next(labels.ptr(), &pos, &key, &value)) {
+      const char* from = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : nullptr;
+      const char* to = PyUnicode_Check(value) ? PyUnicode_AsUTF8(value) : nullptr;
+      if (!from || !to) {
+        PyErr_Clear();
+        continue;
+      }
+      if (const int i = p.find_operand(from); i >= 0) names[i] = to;
+    }
+  }
+  const std::vector<nb::str>& keys = prog.keys();
+  auto get = [&](size_t i) -> nb::handle {
+    PyObject* h = PyDict_GetItemWithError(operands.ptr(), keys[i].ptr());
+    if (!h && PyErr_Occurred()) throw nb::python_error();
+    return h && h != Py_None ? nb::handle(h) : nb::handle();
+  };
+
+  size_t first = 0;
+  while (first < decls.size() && !is_row(decls[first].role)) ++first;
+  TILE_CHECK(first < decls.size(), "a validated program without a row operand");
+  const Slot first_slot{op, names[first], decls[first]};
+  const nb::handle first_handle = get(first);
+  if (!first_handle)
+    tile::throw_argument_error(op, names[first], "a matrix (" + std::string(tile::role_name(decls[first].role)) + ")",
+                               "nothing");
+  const ArrayInfo rows_like = arrays(first_slot, first_handle, first);
+  check_device(first_slot, rows_like, std::nullopt, "");
+  const Device device = rows_like.device;
+
   Bound b;
-  b.call.op = tile::parse_op(op_name);
-  const std::string op = tile::op_name(b.call.op);
-  const ArrayInfo x = *arrays(op, kX);
-  const Device device = device_of(op, "x", x, std::nullopt);
-  b.call.x = as_matrix(op, "x", x);
-
-  const ArrayInfo y = *arrays(op, kOut);
-  device_of(op, "out", y, device);
-  if (y.ndim != x.ndim || !std::equal(y.shape, y.shape + y.ndim, x.shape))
-    tile::throw_argument_error(op, "out", "shape " + tuple_string(x.shape, x.ndim) + " like x",
-                               "shape " + tuple_string(y.shape, y.ndim));
-  b.call.y = as_matrix(op, "out", y);
-
-  if (const std::optional<ArrayInfo> weight = arrays(op, kWeight)) {
-    device_of(op, "weight", *weight, device);
-    b.call.weight = as_vector(op, "weight", *weight, b.call.x.cols);
+  b.program = &p;
+  const tile::TensorView first_view = as_matrix(first_slot, rows_like);
+  b.args.set(decls[first].name, first_view);
+  for (size_t i = 0; i < decls.size(); ++i) {
+    if (i == first) continue;
+    const tile::OperandDecl& d = decls[i];
+    const Slot s{op, names[i], d};
+    const nb::handle h = get(i);
+    if (!h) continue;  // absent: bind refuses it unless it is optional or has a default
+    if (d.role == tile::Role::scalar_in) {
+      double v = as_number(s, h);
+      if (prog.builtin && d.name == "eps") v = tile::checked_eps(*prog.builtin, v);  // the operators' message
+      b.args.set(d.name, v);
+      continue;
+    }
+    const ArrayInfo a = arrays(s, h, i);
+    check_device(s, a, device, names[first]);
+    if (is_row(d.role)) {
+      if (a.ndim != rows_like.ndim || !std::equal(a.shape, a.shape + a.ndim, rows_like.shape))
+        tile::throw_argument_error(op, s.arg,
+                                   "shape " + tuple_string(rows_like.shape, rows_like.ndim) + " like " + names[first],
+                                   "shape " + tuple_string(a.shape, a.ndim));
+      b.args.set(d.name, as_matrix(s, a));
+    } else if (is_row_scalar(d.role)) {
+      b.args.set(d.name, as_row_values(s, a, rows_like, names[first]));
+    } else if (is_col(d.role)) {
+      b.args.set(d.name, as_columns(s, a, first_view.cols));
+    } else {
+      b.args.set(d.name, as_one_value(s, a));
+    }
   }
-  if (const std::optional<ArrayInfo> bias = arrays(op, kBias)) {
-    device_of(op, "bias", *bias, device);
-    b.call.bias = as_vector(op, "bias", *bias, b.call.x.cols);
-  }
-  if (eps) b.call.eps = tile::checked_eps(b.call.op, *eps);
   if (plan) b.options.plan = tile::PlanRequest::from_json(*plan);
   b.options.backend = device.type == kDLCUDA ? tile::Backend::cuda : tile::Backend::cpu;
   b.options.device = device.id;
@@ -366,24 +628,25 @@ Bound bind(const std::string& op_name, Arrays& arrays, std::optional<double> eps
 
 nb::object json_loads(const std::string& text) { return nb::module_::import_("json").attr("loads")(text); }
 
-// Runs a bound call; returns the launch record as a dict, or None when `record` is false (the
-// operators' path, which builds no dict).
+// Runs a converted call; returns the launch record as a dict, or None when `record` is false
+// (the operators' path, which builds no dict).
 nb::object execute(Bound& b, uintptr_t stream, bool record) {
   b.options.stream = reinterpret_cast<void*>(stream);
   tile::LaunchRecord rec;
   {
     nb::gil_scoped_release release;
+#if TILE_WITH_CUDA  // without CUDA, tile::run refuses the CUDA backend itself
     if (b.options.backend == tile::Backend::cuda) {
       // The library launches into the current context; it must be the arrays' device.
       tile::cuda::ensure_context(b.options.device);
       const int current = tile::cuda::current_device();
       if (current != b.options.device)
-        throw std::runtime_error(tile::op_name(b.call.op) +
-                                 ": the arrays are on cuda:" + std::to_string(b.options.device) +
+        throw std::runtime_error(b.program->name() + ": the arrays are on cuda:" + std::to_string(b.options.device) +
                                  " but the current CUDA context is on cuda:" + std::to_string(current) +
                                  " (make that device current first)");
     }
-    rec = tile::run(b.call, b.options);
+#endif
+    rec = tile::run(*b.program, b.args, b.options);
   }
   if (!record) return nb::none();
   nb::dict d;
@@ -408,38 +671,111 @@ nb::object execute(Bound& b, uintptr_t stream, bool record) {
   return d;
 }
 
-nb::object launch(const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
-                  std::optional<double> eps, const std::optional<std::string>& plan, uintptr_t stream, bool record) {
-  DLPackArrays<Output> arrays{{x, y, weight, bias}};
-  Bound b = bind(op, arrays, eps, plan);
+nb::object launch(const Program& p, nb::handle operands, const std::optional<std::string>& plan, uintptr_t stream,
+                  bool record, nb::handle labels) {
+  DLPackArrays<Output> arrays(p.program->operands().size());
+  Bound b = convert(p, operands, labels, arrays, plan);
   return execute(b, stream, record);
 }
 
-nb::object launch_raw(const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
-                      std::optional<double> eps, const std::optional<std::string>& plan, uintptr_t stream,
-                      bool record) {
-  RawArrays arrays{{x, y, weight, bias}, {}, {}};
-  Bound b = bind(op, arrays, eps, plan);
+nb::object launch_raw(const Program& p, nb::handle operands, const std::optional<std::string>& plan, uintptr_t stream,
+                      bool record, nb::handle labels) {
+  RawArrays arrays(p.program->operands().size());
+  Bound b = convert(p, operands, labels, arrays, plan);
   return execute(b, stream, record);
 }
 
 enum class Introspect { plan, ir, source };
 
-std::string introspect(Introspect what, const std::string& op, nb::handle x, nb::handle y, nb::handle weight,
-                       nb::handle bias, std::optional<double> eps, const std::optional<std::string>& plan) {
-  DLPackArrays<Input> arrays{{x, y, weight, bias}};
-  const Bound b = bind(op, arrays, eps, plan);
+std::string introspect(Introspect what, const Program& p, nb::handle operands, const std::optional<std::string>& plan,
+                       nb::handle labels) {
+  DLPackArrays<Input> arrays(p.program->operands().size());
+  const Bound b = convert(p, operands, labels, arrays, plan);
   switch (what) {
     case Introspect::plan:
-      return tile::plan_for(b.call, b.options.plan).to_json();
+      return tile::plan_for(*b.program, b.args, b.options.plan).to_json();
     case Introspect::ir:
-      return tile::ir_for(b.call, b.options.plan);
+      return tile::ir_for(*b.program, b.args, b.options.plan);
     case Introspect::source:
-      return tile::source_for(b.call, b.options.plan);
+      return tile::source_for(*b.program, b.args, b.options.plan);
   }
   return {};
 }
 
+// The float64 reference and the check against it read host memory.
+Bound host_call(const Program& p, nb::handle operands, nb::handle labels, DLPackArrays<Input>& arrays) {
+  Bound b = convert(p, operands, labels, arrays, std::nullopt);
+  if (b.options.backend != tile::Backend::cpu) {
+    const auto& decls = p.program->operands();
+    size_t first = 0;
+    while (!is_row(decls[first].role)) ++first;
+    tile::throw_argument_error(p.program->name(), decls[first].name,
+                               "arrays in host memory (the float64 reference is computed on the CPU)",
+                               "one on cuda:" + std::to_string(b.options.device));
+  }
+  return b;
+}
+
+nb::dict reference(const Program& p, nb::handle operands, nb::handle labels) {
+  DLPackArrays<Input> arrays(p.program->operands().size());
+  const Bound b = host_call(p, operands, labels, arrays);
+  tile::Reference ref;
+  {
+    nb::gil_scoped_release release;
+    ref = tile::reference(*b.program, b.args);
+  }
+  nb::dict out;
+  for (auto& [name, values] : ref) {
+    auto* owned = new std::vector<double>(std::move(values.values));
+    nb::capsule owner(owned, [](void* v) noexcept { delete static_cast<std::vector<double>*>(v); });
+    const size_t n = owned->size();
+    out[name.c_str()] = nb::ndarray<nb::numpy, double, nb::ndim<1>>(owned->data(), {n}, owner);
+  }
+  return out;
+}
+
+nb::dict check(const Program& p, nb::handle operands, nb::handle labels) {
+  DLPackArrays<Input> arrays(p.program->operands().size());
+  const Bound b = host_call(p, operands, labels, arrays);
+  tile::OracleCheck c;
+  {
+    nb::gil_scoped_release release;
+    c = tile::check_against_reference(*b.program, b.args);
+  }
+  nb::dict d;
+  d["ok"] = c.ok;
+  d["checked"] = c.checked;
+  d["mismatches"] = c.mismatches;
+  d["max_abs_error"] = c.max_abs_error;
+  d["max_rel_error"] = c.max_rel_error;
+  d["first_mismatch"] = c.first_mismatch;
+  return d;
+}
+
+nb::list operand_list(const Program& p) {
+  nb::list out;
+  const auto& decls = p.program->operands();
+  for (const tile::OperandDecl& d : decls) {
+    nb::dict o;
+    o["name"] = d.name;
+    o["role"] = role_id(d.role);
+    nb::list dtypes;
+    for (tile::DType t : kDTypes)
+      if (d.dtypes.contains(t)) dtypes.append(std::string(tile::dtype_name(t)));
+    o["dtypes"] = dtypes;
+    o["optional"] = d.optional;
+    o["may_alias"] = d.may_alias >= 0 ? nb::object(nb::str(decls[d.may_alias].name.c_str())) : nb::none();
+    o["scalar_type"] = std::string(tile::value_type_name(d.scalar_type));
+    o["default"] = d.default_value ? nb::object(nb::float_(*d.default_value)) : nb::none();
+    o["min"] = d.min_value;
+    o["max"] = d.max_value;
+    o["doc"] = d.doc;
+    out.append(o);
+  }
+  return out;
+}
+
+#if TILE_WITH_CUDA
 nb::dict device_info(int device) {
   const tile::cuda::DeviceInfo info = tile::cuda::device_info(device);
   nb::dict d;
@@ -460,11 +796,18 @@ nb::dict device_info(int device) {
   d["driver_version"] = info.driver_version;
   return d;
 }
+#else
+// What the CUDA-only functions raise in a build without CUDA (a RuntimeError).
+[[noreturn]] void no_cuda(const char* function) {
+  throw tile::NoDriverError(std::string(function) +
+                            ": no CUDA backend: Tile was built without CUDA (TILE_WITH_CUDA=OFF)");
+}
+#endif
 
 // The file libtile.so was loaded from, for run records.
 std::string library_path() {
   Dl_info info{};
-  auto fn = &tile::cuda::nvrtc_version;
+  auto fn = &tile::clear_kernel_caches;
   if (dladdr(reinterpret_cast<void*>(fn), &info) && info.dli_fname) return info.dli_fname;
   return {};
 }
@@ -478,6 +821,7 @@ nb::dict build_info() {
   d["nanobind"] = std::to_string(NB_VERSION_MAJOR) + "." + std::to_string(NB_VERSION_MINOR) + "." +
                   std::to_string(NB_VERSION_PATCH);
   d["compiler"] = __VERSION__;
+  d["cuda"] = bool(TILE_WITH_CUDA);
   return d;
 }
 
@@ -492,8 +836,10 @@ void translate(const std::exception_ptr& p, void*) {
     std::rethrow_exception(p);
   } catch (const tile::NoDriverError& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
+#if TILE_WITH_CUDA
   } catch (const tile::cuda::CompileError& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
+#endif
   } catch (const tile::Error& e) {
     // Driver, NVRTC and module-loading failures are plain tile::Errors (driver.cpp,
     // jit_module.cpp), not the caller's arguments; told apart by prefix.
@@ -509,10 +855,134 @@ void translate(const std::exception_ptr& p, void*) {
   }
 }
 
+void bind_program(nb::module_& m) {
+  using tile::DTypeSet;
+  nb::class_<Program>(m, "Program",
+                      "A row program: tile.RowProgram builds on it (python/tile/_program.py). Operands and "
+                      "expressions are integer ids; expressions pass as (program, id).")
+      .def(
+          "__init__",
+          [](Program* self, const std::string& name) {
+            new (self) Program();
+            self->owned = std::make_unique<tile::RowProgram>(name);
+            self->program = self->owned.get();
+          },
+          nb::arg("name"))
+      .def_static(
+          "builtin",
+          [](const std::string& name) {
+            Program p;
+            p.builtin = tile::parse_op(name);
+            p.program = &tile::builtin_program(*p.builtin);
+            return p;
+          },
+          nb::arg("name"))
+      .def_prop_ro("name", [](const Program& p) { return p.program->name(); })
+      .def_prop_ro("is_builtin", [](const Program& p) { return p.builtin.has_value(); })
+      .def_prop_ro("serial", [](const Program& p) { return p.program->serial(); })
+      .def("operands", &operand_list)
+      .def("validate", [](const Program& p) { p.program->validate(); })
+      .def("to_string", [](const Program& p) { return p.program->to_string(); })
+      .def("node",
+           [](const Program& p, int id) {
+             const auto& nodes = p.program->nodes();
+             if (id < 0 || id >= int(nodes.size())) throw tile::InternalError("node id out of range");
+             return std::make_pair(std::string(tile::value_type_name(nodes[id].type)),
+                                   tile::shape_name(nodes[id].shape));
+           })
+      .def("row_in", [](Program& p, const std::string& name, const std::vector<std::string>& dtypes,
+                        const std::string& doc) { return p.builder().row_in(name, dtype_set(dtypes), doc).id; })
+      .def("row_out",
+           [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, int may_alias,
+              const std::string& doc) {
+             tile::RowProgram& b = p.builder();
+             return b.row_out(name, dtype_set(dtypes), may_alias < 0 ? tile::Operand{} : operand(may_alias), doc).id;
+           })
+      .def("row_scalar_in",
+           [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, const std::string& doc) {
+             return p.builder().row_scalar_in(name, dtype_set(dtypes), doc).id;
+           })
+      .def("row_scalar_out",
+           [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, bool optional,
+              const std::string& doc) { return p.builder().row_scalar_out(name, dtype_set(dtypes), optional, doc).id; })
+      .def("col_in",
+           [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, bool optional,
+              const std::string& doc) { return p.builder().col_in(name, dtype_set(dtypes), optional, doc).id; })
+      .def("col_out",
+           [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, bool optional,
+              const std::string& doc) { return p.builder().col_out(name, dtype_set(dtypes), optional, doc).id; })
+      .def("scalar_in",
+           [](Program& p, const std::string& name, const std::string& type, std::optional<double> default_value,
+              const std::string& doc) {
+             tile::RowProgram& b = p.builder();
+             if (type != "f32" && type != "i64")
+               throw tile::Error("row program '" + b.name() + "': scalar '" + name +
+                                 "': expected type f32 or i64, got " + type);
+             return b.scalar_in(name, type == "f32" ? tile::ValueType::f32 : tile::ValueType::i64, default_value, doc)
+                 .id;
+           })
+      .def("scalar_out",
+           [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, bool optional,
+              const std::string& doc) { return p.builder().scalar_out(name, dtype_set(dtypes), optional, doc).id; })
+      .def("scalar_range",
+           [](Program& p, int scalar, double lo, double hi) {
+             tile::RowProgram& b = p.builder();
+             b.scalar_range(operand(scalar), lo, hi);
+           })
+      .def("load",
+           [](Program& p, int id) {
+             tile::RowProgram& b = p.builder();
+             return b.load(operand(id)).id;
+           })
+      .def("load_or",
+           [](Program& p, int id, double absent) {
+             tile::RowProgram& b = p.builder();
+             return b.load_or(operand(id), absent).id;
+           })
+      .def("constant", [](Program& p, double v) { return p.builder().constant(v).id; })
+      .def("integer", [](Program& p, int64_t v) { return p.builder().integer(v).id; })
+      .def("cols", [](Program& p) { return p.builder().cols().id; })
+      .def("col_index", [](Program& p) { return p.builder().col_index().id; })
+      .def("unary", [](Program& p, const std::string& fn,
+                       const ExprRef& a) { return p.builder().unary(unary_fn(fn), expr(a)).id; })
+      .def("binary", [](Program& p, const std::string& fn, const ExprRef& a,
+                        const ExprRef& b) { return p.builder().binary(binary_fn(fn), expr(a), expr(b)).id; })
+      .def("select", [](Program& p, const ExprRef& c, const ExprRef& a,
+                        const ExprRef& b) { return p.builder().select(expr(c), expr(a), expr(b)).id; })
+      .def("reduce",
+           [](Program& p, const std::string& ax, const std::string& m, const std::vector<ExprRef>& inputs) {
+             tile::RowProgram& b = p.builder();
+             std::vector<tile::RowExpr> in;
+             for (const ExprRef& e : inputs) in.push_back(expr(e));
+             std::vector<int> ids;
+             for (const tile::RowExpr& r : b.reduce(axis(ax), monoid(m), in)) ids.push_back(r.id);
+             return ids;
+           })
+      .def("reduce1", [](Program& p, const std::string& ax, const std::string& m,
+                         const ExprRef& input) { return p.builder().reduce1(axis(ax), monoid(m), expr(input)).id; })
+      .def("reduce2",
+           [](Program& p, const std::string& ax, const std::string& m, const ExprRef& input) {
+             auto [a, b] = p.builder().reduce2(axis(ax), monoid(m), expr(input));
+             return std::make_pair(a.id, b.id);
+           })
+      .def("store", [](Program& p, int id, const ExprRef& value) {
+        tile::RowProgram& b = p.builder();
+        b.store(operand(id), expr(value));
+      });
+
+  m.def(
+      "monoid_parts",
+      [](const std::string& name) {
+        const tile::Monoid mo = monoid(name);
+        return std::make_pair(mo.parts, mo.inputs);
+      },
+      nb::arg("name"), "The parts of a built-in monoid's state and the number of inputs it folds.");
+}
+
 }  // namespace
 
 NB_MODULE(_tile, m) {
-  m.doc() = "Tile: generated row-reduction kernels (softmax, log-softmax, RMSNorm, LayerNorm).";
+  m.doc() = "Tile: generated row-reduction kernels for built-in and user-written row programs.";
   internal_error_type = PyErr_NewExceptionWithDoc(
       "tile.InternalError", "A broken invariant inside Tile: a library bug, never a bad argument.", PyExc_RuntimeError,
       nullptr);
@@ -522,55 +992,56 @@ NB_MODULE(_tile, m) {
   std::vector<std::string> package_dirs;
   for (nb::handle dir : nb::module_::import_("sys").attr("path"))
     if (nb::isinstance<nb::str>(dir)) package_dirs.push_back(nb::cast<std::string>(dir));
+#if TILE_WITH_CUDA
   tile::cuda::set_python_package_dirs(std::move(package_dirs));
+#endif
   // Raises the C++ InternalError of a failed internal check, to test its translation.
   m.def("_raise_internal_error", [] { TILE_CHECK(false, "raised on request"); });
 
-  m.def("launch", &launch, nb::arg("op"), nb::arg("x"), nb::arg("out"), nb::arg("weight").none() = nb::none(),
-        nb::arg("bias").none() = nb::none(), nb::arg("eps").none() = nb::none(), nb::arg("plan").none() = nb::none(),
-        nb::arg("stream") = 0, nb::arg("record") = true,
-        "Runs op(x) into out on the backend of x's device (CPU or CUDA; stream: a CUstream handle) "
-        "and returns the launch record (None when record is false).");
-  m.def("launch_raw", &launch_raw, nb::arg("op"), nb::arg("x"), nb::arg("out"), nb::arg("weight").none() = nb::none(),
-        nb::arg("bias").none() = nb::none(), nb::arg("eps").none() = nb::none(), nb::arg("plan").none() = nb::none(),
-        nb::arg("stream") = 0, nb::arg("record") = true,
+  bind_program(m);
+
+  const char* operands_doc =
+      "operands: a dict of operand name -> array (row, per-row, per-column and scalar-output operands), number "
+      "(scalar inputs) or None (absent); labels: a dict renaming operands in conversion errors.";
+  m.def("launch", &launch, nb::arg("program"), nb::arg("operands"), nb::arg("plan").none() = nb::none(),
+        nb::arg("stream") = 0, nb::arg("record") = true, nb::arg("labels").none() = nb::none(),
+        (std::string("Runs a program on the backend of its arrays' device (CPU or CUDA; stream: a CUstream "
+                     "handle) and returns the launch record (None when record is false). ") +
+         operands_doc)
+            .c_str());
+  m.def("launch_raw", &launch_raw, nb::arg("program"), nb::arg("operands"), nb::arg("plan").none() = nb::none(),
+        nb::arg("stream") = 0, nb::arg("record") = true, nb::arg("labels").none() = nb::none(),
         "launch() with each array given as a tuple (data_ptr, shape, strides in elements, dtype code, device "
-        "index; -1 for the CPU): the same checks and launch without a DLPack capsule per array.");
+        "index; -1 for the CPU): the same conversion and launch without a DLPack capsule per array.");
   nb::dict codes;  // the dtype codes of launch_raw, by the name numpy and torch give the dtype
   codes["float32"] = int(tile::DType::f32);
   codes["float16"] = int(tile::DType::f16);
   codes["bfloat16"] = int(tile::DType::bf16);
+  codes["int32"] = int(tile::DType::i32);
+  codes["int64"] = int(tile::DType::i64);
   m.attr("RAW_DTYPE_CODES") = codes;
-  m.def(
-      "plan",
-      [](const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
-         std::optional<double> eps, const std::optional<std::string>& plan) {
-        return introspect(Introspect::plan, op, x, y, weight, bias, eps, plan);
-      },
-      nb::arg("op"), nb::arg("x"), nb::arg("out"), nb::arg("weight").none() = nb::none(),
-      nb::arg("bias").none() = nb::none(), nb::arg("eps").none() = nb::none(), nb::arg("plan").none() = nb::none(),
-      "The resolved mapping plan, as JSON, that launch() would run.");
-  m.def(
-      "ir",
-      [](const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
-         std::optional<double> eps, const std::optional<std::string>& plan) {
-        return introspect(Introspect::ir, op, x, y, weight, bias, eps, plan);
-      },
-      nb::arg("op"), nb::arg("x"), nb::arg("out"), nb::arg("weight").none() = nb::none(),
-      nb::arg("bias").none() = nb::none(), nb::arg("eps").none() = nb::none(), nb::arg("plan").none() = nb::none(),
-      "The raw IR launch() would run.");
-  m.def(
-      "source",
-      [](const std::string& op, nb::handle x, nb::handle y, nb::handle weight, nb::handle bias,
-         std::optional<double> eps, const std::optional<std::string>& plan) {
-        return introspect(Introspect::source, op, x, y, weight, bias, eps, plan);
-      },
-      nb::arg("op"), nb::arg("x"), nb::arg("out"), nb::arg("weight").none() = nb::none(),
-      nb::arg("bias").none() = nb::none(), nb::arg("eps").none() = nb::none(), nb::arg("plan").none() = nb::none(),
-      "The generated CUDA source launch() would compile.");
+  for (auto [name, what] : {std::pair{"plan", Introspect::plan}, std::pair{"ir", Introspect::ir},
+                            std::pair{"source", Introspect::source}}) {
+    m.def(
+        name,
+        [what](const Program& p, nb::handle operands, const std::optional<std::string>& plan, nb::handle labels) {
+          return introspect(what, p, operands, plan, labels);
+        },
+        nb::arg("program"), nb::arg("operands"), nb::arg("plan").none() = nb::none(),
+        nb::arg("labels").none() = nb::none(),
+        what == Introspect::plan ? "The resolved mapping plan, as JSON, that launch() would run."
+        : what == Introspect::ir ? "The raw IR launch() would run."
+                                 : "The generated CUDA source launch() would compile.");
+  }
+  m.def("reference", &reference, nb::arg("program"), nb::arg("operands"), nb::arg("labels").none() = nb::none(),
+        "The float64 evaluation of the program over host arrays: a dict of output name -> 1-d float64 array, in "
+        "row-major order (tile::reference).");
+  m.def("check", &check, nb::arg("program"), nb::arg("operands"), nb::arg("labels").none() = nb::none(),
+        "Every present output (host arrays) against the float64 reference (tile::check_against_reference).");
 
   m.def("clear_kernel_caches", &tile::clear_kernel_caches,
         "Forgets every lowered, compiled and loaded kernel of the process (the disk cache stays).");
+#if TILE_WITH_CUDA
   m.def(
       "cache_dir",
       []() -> std::optional<std::string> {
@@ -584,5 +1055,13 @@ NB_MODULE(_tile, m) {
   m.def("nvrtc_library", &tile::cuda::nvrtc_library, "The path of the libnvrtc libtile.so loaded.");
   m.def("driver_available", &tile::cuda::driver_available, "True when libcuda loads and a device exists.");
   m.def("device_info", &device_info, nb::arg("device") = 0, "Properties of a CUDA device (needs a driver).");
+#else
+  m.def("cache_dir", []() -> std::optional<std::string> { return std::nullopt; });
+  m.def("disk_cache_enabled", [] { return false; });
+  m.def("nvrtc_version", []() -> std::string { no_cuda("nvrtc_version"); });
+  m.def("nvrtc_library", []() -> std::string { no_cuda("nvrtc_library"); });
+  m.def("driver_available", [] { return false; }, "False: Tile was built without CUDA.");
+  m.def("device_info", [](int) -> nb::dict { no_cuda("device_info"); }, nb::arg("device") = 0);
+#endif
   m.def("build_info", &build_info, "Version, git commit and build of this extension and the libtile.so it loaded.");
 }

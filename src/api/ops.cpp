@@ -1,7 +1,6 @@
 // Entry points: every call binds its program's operands, prepares (src/api/pipeline.hpp) and
 // launches on the chosen target.
 #include "api/pipeline.hpp"
-#include "backend/cuda/jit_module.hpp"
 #include "target/target.hpp"
 
 namespace tile {
@@ -16,16 +15,21 @@ std::shared_ptr<const PreparedKernel> prepared(const RowProgram& program, const 
 
 }  // namespace
 
-LaunchRecord run(const RowProgram& program, const Args& args, const CallOptions& options) {
-  const BoundCall call = bind(program, args);
+namespace {
+LaunchRecord launch(const RowProgram& program, const BoundCall& call, const CallOptions& options) {
   const Target& target = target_for(options.backend);
   auto pk = prepared(program, call, options.plan, target, options);
   LaunchRecord rec = target.launch(*pk, call, options);
   rec.ir_sha256 = pk->ir_sha256;
   return rec;
 }
+}  // namespace
 
-LaunchRecord run(const Call& call, const CallOptions& options) { return run(builtin_program(call.op), to_args(call), options); }
+LaunchRecord run(const RowProgram& program, const Args& args, const CallOptions& options) {
+  return launch(program, bind(program, args), options);
+}
+
+LaunchRecord run(const Call& call, const CallOptions& options) { return launch(builtin_program(call.op), bind(call), options); }
 
 void softmax(const TensorView& x, const TensorView& y, const CallOptions& options) {
   run(Call{Op::softmax, x, y}, options);
@@ -58,7 +62,8 @@ std::string source_for(const RowProgram& program, const Args& args, const PlanRe
 }
 
 MappingPlan plan_for(const Call& call, const PlanRequest& request) {
-  return plan_for(builtin_program(call.op), to_args(call), request);
+  CallOptions options;
+  return prepared(builtin_program(call.op), bind(call), request, cuda_target(), options)->plan;
 }
 std::string ir_for(const Call& call, const PlanRequest& request) {
   return ir_for(builtin_program(call.op), to_args(call), request);
@@ -69,7 +74,7 @@ std::string source_for(const Call& call, const PlanRequest& request) {
 
 void clear_kernel_caches() {
   clear_prepared_kernels();
-  cuda::clear_memory_cache();
+  for (Backend backend : {Backend::cpu, Backend::cuda}) target_for(backend).clear_caches();
 }
 
 }  // namespace tile

@@ -55,9 +55,12 @@ std::shared_ptr<const PreparedKernel> prepare(const RowProgram& program, const B
   validate_plan(plan, in, limits, program.name());
   grid_groups(call, plan);  // the one grid check: run, plan_for and source_for alike
 
-  const KernelSignature signature = call.signature();
-  std::string key = std::to_string(program.serial()) + ':';
-  signature.append_key(key);
+  // program serial, then each operand's presence and dtype, then the plan: raw bytes.
+  std::string key;
+  key.reserve(128);
+  const uint64_t serial = program.serial();
+  key.append(reinterpret_cast<const char*>(&serial), sizeof serial);
+  for (const BoundOperand& o : call.operands) key += o.present ? char('a' + int(o.dtype)) : '-';
   plan.append_key(key);
   {
     std::lock_guard<std::mutex> lock(prepared_mutex());
@@ -65,6 +68,7 @@ std::shared_ptr<const PreparedKernel> prepare(const RowProgram& program, const B
     if (auto it = cache.find(key); it != cache.end()) return it->second;
   }
 
+  const KernelSignature signature = call.signature();
   auto prepared = std::make_shared<PreparedKernel>();
   prepared->plan = plan;
   prepared->signature = signature;

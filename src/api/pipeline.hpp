@@ -40,8 +40,9 @@ struct PreparedKernel {
   struct TargetState {
     virtual ~TargetState() = default;
   };
-  mutable std::mutex target_mutex;
-  mutable std::map<std::string, std::shared_ptr<TargetState>> target_state;  // by target name
+  // The CUDA target's state (the only target that derives any), made once on first use.
+  mutable std::once_flag target_once;
+  mutable std::unique_ptr<TargetState> target_state;
 };
 
 bool dump_requested(const char* pass);

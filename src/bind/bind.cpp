@@ -4,7 +4,11 @@
 #include <cfloat>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <numeric>
+#include <shared_mutex>
+#include <unordered_map>
 
 #include "bind/overlap.hpp"
 #include "lower/lower_row_program.hpp"
@@ -42,6 +46,43 @@ constexpr int64_t kMaxExtent = (int64_t(1) << 61) - 1;
 
 }  // namespace
 
+const ProgramFacts& facts_of(const RowProgram& program) {
+  static std::shared_mutex mutex;
+  static std::unordered_map<uint64_t, std::unique_ptr<const ProgramFacts>> cache;
+  {
+    std::shared_lock lock(mutex);
+    if (auto it = cache.find(program.serial()); it != cache.end()) return *it->second;
+  }
+  program.validate();
+  auto f = std::make_unique<ProgramFacts>();
+  f->levels = reduction_levels(program);
+  // Every merge takes shared slots of its own: a level's combine merge one per state part, its
+  // staged merges one per chunk sum or max. The larger of the two, summed over the levels.
+  int slots = 0;
+  for (const std::vector<int>& level : f->levels) {
+    int parts = 0, chunk_reductions = 0;
+    for (int red : level) {
+      const Monoid& m = program.reductions()[red].monoid;
+      parts += int(m.parts.size());
+      for (const MonoidNode& n : m.nodes)
+        chunk_reductions += n.kind == MonoidNode::Kind::chunk_sum || n.kind == MonoidNode::Kind::chunk_max;
+    }
+    slots += std::max(parts, chunk_reductions);
+  }
+  f->merge_parts = std::max(1, slots);
+  for (const RowReduction& r : program.reductions()) {
+    if (r.axis != Axis::rows) continue;
+    f->reduces_rows = true;
+    if (program.nodes()[r.inputs[0]].shape.cols) f->rows_reduction_parts += int(r.monoid.parts.size());
+  }
+  for (size_t i = 0; i < program.operands().size() && f->first_row_operand < 0; ++i)
+    if (is_row(program.operands()[i].role)) f->first_row_operand = int(i);
+  if (f->first_row_operand < 0)
+    throw Error("row program '" + program.name() + "': expected at least one row input or output operand");
+  std::unique_lock lock(mutex);
+  return *cache.emplace(program.serial(), std::move(f)).first->second;
+}
+
 void check_f32_scalar(const std::string& op, const std::string& name, double value) {
   // The kernel reads scalars as fp32. fp32 rounding to nearest errs by at most 2^-24 relative
   // in the normal range; a value that rounds to 0 or inf, or loses more as a subnormal, is not
@@ -78,11 +119,7 @@ const BoundOperand& BoundCall::operand(const std::string& name) const {
 PlanInputs BoundCall::plan_inputs() const {
   PlanInputs in;
   in.rows = rows, in.cols = cols;
-  for (const OperandDecl& d : program->operands())
-    if (is_row(d.role)) {
-      in.rows_operand = d.name;
-      break;
-    }
+  in.rows_operand = program->operands()[facts->first_row_operand].name;
   uintptr_t bits = 0;
   const auto& decls = program->operands();
   for (size_t i = 0; i < decls.size(); ++i) {
@@ -98,48 +135,30 @@ PlanInputs BoundCall::plan_inputs() const {
   }
   in.base_alignment = 16;
   while (in.base_alignment > 1 && bits % in.base_alignment != 0) in.base_alignment /= 2;
-  in.merge_parts = 1;
-  for (const std::vector<int>& level : reduction_levels(*program)) {
-    int parts = 0;
-    for (int red : level) parts += int(program->reductions()[red].monoid.parts.size());
-    in.merge_parts = std::max(in.merge_parts, parts);
-  }
-  for (const RowReduction& r : program->reductions()) {
-    if (r.axis != Axis::rows) continue;
-    in.reduces_rows = true;
-    if (program->nodes()[r.inputs[0]].shape.cols) in.rows_reduction_parts += int(r.monoid.parts.size());
-  }
+  in.merge_parts = facts->merge_parts;
+  in.reduces_rows = facts->reduces_rows;
+  in.rows_reduction_parts = facts->rows_reduction_parts;
   return in;
 }
 
-BoundCall bind(const RowProgram& program, const Args& args) {
-  program.validate();
+namespace {
+
+// The one check of a call: values[i] is operand i's value, or null when the caller gave none.
+BoundCall bind_values(const RowProgram& program, const Args::Value* const* values) {
+  const ProgramFacts& facts = facts_of(program);
   const std::string& op = program.name();
   const auto& decls = program.operands();
-  for (const auto& [name, value] : args.values()) {
-    if (program.find_operand(name) >= 0) continue;
-    std::string names;
-    for (const OperandDecl& d : decls) names += (names.empty() ? "" : ", ") + d.name;
-    throw_argument_error(op, name, "one of the operands " + names, "an unknown operand");
-  }
   BoundCall call;
   call.program = &program;
+  call.facts = &facts;
   call.operands.resize(decls.size());
-  auto find = [&](const std::string& name) -> const Args::Value* {
-    auto it = args.values().find(name);
-    return it == args.values().end() ? nullptr : &it->second;
-  };
-
   // rows and cols come from the first row operand; every other operand must agree.
-  int first = -1;
-  for (size_t i = 0; i < decls.size() && first < 0; ++i)
-    if (is_row(decls[i].role)) first = int(i);
-  if (first < 0) throw Error("row program '" + op + "': expected at least one row input or output operand");
+  const int first = facts.first_row_operand;
 
   for (size_t i = 0; i < decls.size(); ++i) {
     const OperandDecl& d = decls[i];
     BoundOperand& b = call.operands[i];
-    const Args::Value* v = find(d.name);
+    const Args::Value* v = values[i];
     const std::string& name = d.name;
     if (d.role == Role::scalar_in) {
       b.present = true;
@@ -264,6 +283,50 @@ BoundCall bind(const RowProgram& program, const Args& args) {
     }
   }
   return call;
+}
+
+}  // namespace
+
+BoundCall bind(const RowProgram& program, const Args& args) {
+  const auto& decls = program.operands();
+  std::vector<const Args::Value*> values(decls.size(), nullptr);
+  for (const auto& [name, value] : args.values()) {
+    const int i = program.find_operand(name);
+    if (i >= 0) {
+      values[i] = &value;
+      continue;
+    }
+    std::string names;
+    for (const OperandDecl& d : decls) names += (names.empty() ? "" : ", ") + d.name;
+    throw_argument_error(program.name(), name, "one of the operands " + names, "an unknown operand");
+  }
+  return bind_values(program, values.data());
+}
+
+BoundCall bind(const Call& call) {
+  const RowProgram& program = builtin_program(call.op);
+  // The built-ins declare x, y, then their optional operands; Args names them the same way.
+  const auto& decls = program.operands();
+  Args::Value storage[8];
+  const Args::Value* values[8] = {};
+  TILE_CHECK(decls.size() <= 8, "built-in ", program.name(), " has ", decls.size(), " operands");
+  auto put = [&](const char* name, Args::Value v, bool given) {
+    if (!given) return;
+    const int i = program.find_operand(name);
+    if (i < 0) {
+      std::string names;
+      for (const OperandDecl& d : decls) names += (names.empty() ? "" : ", ") + d.name;
+      throw_argument_error(program.name(), name, "one of the operands " + names, "an unknown operand");
+    }
+    storage[i] = std::move(v);
+    values[i] = &storage[i];
+  };
+  put("x", call.x, true);
+  put("y", call.y, true);
+  put("weight", call.weight, call.weight.data != nullptr);
+  put("bias", call.bias, call.bias.data != nullptr);
+  put("eps", double(call.eps.value_or(0.0f)), call.eps.has_value());
+  return bind_values(program, values);
 }
 
 int64_t grid_groups(const BoundCall& call, const MappingPlan& plan) {

@@ -34,8 +34,20 @@ struct KernelSignature {
   void append_key(std::string& key) const;
 };
 
+// What every call of a program needs to know about it, computed once per program content
+// (RowProgram::serial) and shared: the program is validated, its reductions levelled.
+struct ProgramFacts {
+  std::vector<std::vector<int>> levels;  // reductions over the columns, by level
+  int merge_parts = 1;                   // shared slots per warp every merge of a row takes
+  int rows_reduction_parts = 0;          // per-element accumulators of reductions over the rows
+  bool reduces_rows = false;
+  int first_row_operand = -1;            // defines rows and cols
+};
+const ProgramFacts& facts_of(const RowProgram& program);
+
 struct BoundCall {
   const RowProgram* program = nullptr;
+  const ProgramFacts* facts = nullptr;
   std::vector<BoundOperand> operands;  // in declaration order
   int64_t rows = 0, cols = 0;
 
@@ -45,6 +57,8 @@ struct BoundCall {
 };
 
 BoundCall bind(const RowProgram& program, const Args& args);
+// The same checks, for a built-in operator's call (no operand names to look up).
+BoundCall bind(const Call& call);
 
 // Throws tile::Error naming `op` and `name` unless fp32 holds `value` within rounding.
 void check_f32_scalar(const std::string& op, const std::string& name, double value);

@@ -5,8 +5,10 @@
 // program and pass (once per program when rows are cached in registers), per-row inputs once
 // per worker, and with `clamp` tails the clamped reads of lanes past the row end and of guard
 // programs past the last row. Partials of reductions over the rows are counted apart, in
-// workspace_bytes. The CPU backend counts the bytes its loads actually read;
-// tests/cost/cost_model_test.cpp requires the two to agree.
+// workspace_bytes. It reads the program, not the IR, so it prices a plan without lowering it
+// and stays an independent count: the CPU backend counts the bytes its loads actually read, and
+// tests/cost/cost_model_test.cpp requires the two to agree and the passes it counts to be the
+// lowered kernel's loops over the row (found by an IRVisitor).
 #pragma once
 
 #include <cstdint>

@@ -1,14 +1,13 @@
 #include "ir/printer.hpp"
 
 #include <cmath>
-#include <functional>
 #include <sstream>
 
 namespace tile::ir {
 
 std::string IRPrinter::reg_name(int id) const { return "%" + k_.regs[id].name; }
 
-std::string IRPrinter::constant(const Expr& e) {
+std::string IRPrinter::visit_constant(const Expr& e) {
   std::ostringstream os;
   if (e.type == Type::f32) {
     if (std::isinf(e.f)) return e.f > 0 ? "inf" : "-inf";
@@ -54,94 +53,66 @@ std::string IRPrinter::unpack16_expr(DType dtype, const std::string& word, int h
   return "unpack_" + std::string(dtype_name(dtype)) + (half ? "_hi(" : "_lo(") + word + ")";
 }
 
-std::string IRPrinter::expr(const Expr& e) {
-  switch (e.kind) {
-    case Expr::Kind::constant: return constant(e);
-    case Expr::Kind::reg: return reg_name(e.id);
-    case Expr::Kind::special: return special_value(Special(e.id));
-    case Expr::Kind::param: return param_name(e.id);
-    case Expr::Kind::unary: return unary_expr(e.unop, expr(*e.args[0]), e.type);
-    case Expr::Kind::binary:
-      return binary_expr(e.binop, expr(*e.args[0]), expr(*e.args[1]), e.args[0]->type);
-    case Expr::Kind::select:
-      return "(" + expr(*e.args[0]) + " ? " + expr(*e.args[1]) + " : " + expr(*e.args[2]) + ")";
-    case Expr::Kind::cast: return cast_expr(e.type, expr(*e.args[0]));
-    case Expr::Kind::row_aligned: return row_aligned_expr(e.id, expr(*e.args[0]), int(e.i));
-    case Expr::Kind::unpack16: return unpack16_expr(DType(e.id), expr(*e.args[0]), int(e.i));
-  }
-  return "?";
-}
-
-namespace {
-std::string reg_list(const IRPrinter*, const std::vector<int>& regs,
-                     const std::function<std::string(int)>& name) {
+std::string IRPrinter::reg_list(const std::vector<int>& regs) const {
   std::string out;
-  for (size_t i = 0; i < regs.size(); ++i) out += (i ? ", " : "") + name(regs[i]);
+  for (size_t i = 0; i < regs.size(); ++i) out += (i ? ", " : "") + reg_name(regs[i]);
   return out;
 }
-}  // namespace
 
-void IRPrinter::print_load(const Stmt& s) {
-  line("{" + reg_list(this, s.dsts, [&](int r) { return reg_name(r); }) + "} = load" +
-       (s.raw ? ".raw" : "") + (s.clamp ? ".clamp" : "") + (s.whole ? ".whole" : "") + " " + k_.buffers[s.buffer].name + "[" + expr(*s.index) +
-       " +: " + std::to_string(s.width) + "] valid " + expr(*s.valid) + " vector_if " +
-       expr(*s.aligned) + " fill " + std::to_string(s.fill));
+void IRPrinter::visit_load(const Stmt& s) {
+  line("{" + reg_list(s.dsts) + "} = load" +
+       (s.raw ? ".raw" : "") + (s.clamp ? ".clamp" : "") + (s.whole ? ".whole" : "") + " " + k_.buffers[s.buffer].name + "[" + visit(*s.index) +
+       " +: " + std::to_string(s.width) + "] valid " + visit(*s.valid) + " vector_if " +
+       visit(*s.aligned) + " fill " + std::to_string(s.fill));
 }
 
-void IRPrinter::print_store(const Stmt& s) {
-  line("store " + k_.buffers[s.buffer].name + "[" + expr(*s.index) + " +: " +
-       std::to_string(s.width) + "] = {" + reg_list(this, s.dsts, [&](int r) { return reg_name(r); }) +
-       "} valid " + expr(*s.valid) + " vector_if " + expr(*s.aligned));
+void IRPrinter::visit_store(const Stmt& s) {
+  line("store " + k_.buffers[s.buffer].name + "[" + visit(*s.index) + " +: " +
+       std::to_string(s.width) + "] = {" + reg_list(s.dsts) +
+       "} valid " + visit(*s.valid) + " vector_if " + visit(*s.aligned));
 }
 
-void IRPrinter::print_shfl(const Stmt& s) {
+void IRPrinter::visit_shfl_xor(const Stmt& s) {
   line(reg_name(s.dst) + " = shfl_xor(" + reg_name(s.src) + ", " + std::to_string(s.offset) +
        ", width " + std::to_string(s.width) + ")");
 }
 
-void IRPrinter::print_shared_store(const Stmt& s) {
-  line("shared " + k_.shared[s.region].name + "[" + expr(*s.index) + "] = " + expr(*s.value));
+void IRPrinter::visit_shared_store(const Stmt& s) {
+  line("shared " + k_.shared[s.region].name + "[" + visit(*s.index) + "] = " + visit(*s.value));
 }
 
-void IRPrinter::print_shared_load(const Stmt& s) {
-  line(reg_name(s.dst) + " = shared " + k_.shared[s.region].name + "[" + expr(*s.index) + "]");
+void IRPrinter::visit_shared_load(const Stmt& s) {
+  line(reg_name(s.dst) + " = shared " + k_.shared[s.region].name + "[" + visit(*s.index) + "]");
 }
 
-void IRPrinter::print_barrier(const Stmt& s) {
+void IRPrinter::visit_barrier(const Stmt& s) {
   line(s.barrier == BarrierKind::group ? "barrier.group" : "barrier.program");
 }
 
-void IRPrinter::print_stmt(const Stmt& s) {
-  switch (s.kind) {
-    case Stmt::Kind::assign: line(reg_name(s.dst) + " = " + expr(*s.value) + statement_end()); break;
-    case Stmt::Kind::load: print_load(s); break;
-    case Stmt::Kind::store: print_store(s); break;
-    case Stmt::Kind::shfl_xor: print_shfl(s); break;
-    case Stmt::Kind::shared_store: print_shared_store(s); break;
-    case Stmt::Kind::shared_load: print_shared_load(s); break;
-    case Stmt::Kind::barrier: print_barrier(s); break;
-    case Stmt::Kind::comment: line("// " + s.text); break;
-    case Stmt::Kind::if_:
-      line("if (" + expr(*s.cond) + ") {");
-      print_block(s.body);
-      if (!s.else_body.empty()) {
-        line("} else {");
-        print_block(s.else_body);
-      }
-      line("}");
-      break;
-    case Stmt::Kind::for_:
-      line("for (" + reg_name(s.dst) + " = " + expr(*s.begin) + "; " + reg_name(s.dst) + " < " +
-           expr(*s.end) + "; ++" + reg_name(s.dst) + ") {");
-      print_block(s.body);
-      line("}");
-      break;
+void IRPrinter::visit_assign(const Stmt& s) { line(reg_name(s.dst) + " = " + visit(*s.value) + statement_end()); }
+
+void IRPrinter::visit_comment(const Stmt& s) { line("// " + s.text); }
+
+void IRPrinter::visit_if(const Stmt& s) {
+  line("if (" + visit(*s.cond) + ") {");
+  visit_block(s.body);
+  if (!s.else_body.empty()) {
+    line("} else {");
+    visit_block(s.else_body);
   }
+  line("}");
 }
 
-void IRPrinter::print_block(const std::vector<Stmt>& body) {
+void IRPrinter::visit_for(const Stmt& s) {
+  line("for (" + reg_name(s.dst) + " = " + visit(*s.begin) + "; " + reg_name(s.dst) + " < " + visit(*s.end) + "; ++" +
+       reg_name(s.dst) + ") {");
+  visit_block(s.body);
+  line("}");
+}
+
+void IRPrinter::visit_block(const std::vector<Stmt>& body) {
   ++indent_;
-  for (const Stmt& s : body) print_stmt(s);
+  for (const Stmt& s : body) visit(s);
   --indent_;
 }
 
@@ -159,7 +130,7 @@ void IRPrinter::print_kernel() {
     line("  shared f32 " + r.name + "[" + std::to_string(r.elems) + "] per program at " +
          std::to_string(r.base) + " + program * " + std::to_string(r.program_stride));
   line("{");
-  print_block(k_.body);
+  visit_block(k_.body);
   line("}");
 }
 
@@ -167,6 +138,11 @@ std::string to_string(const Kernel& kernel) {
   std::ostringstream os;
   IRPrinter(os, kernel).print_kernel();
   return os.str();
+}
+
+std::string to_string(const Kernel& kernel, const Expr& e) {
+  std::ostringstream unused;
+  return IRPrinter(unused, kernel).visit(e);
 }
 
 }  // namespace tile::ir

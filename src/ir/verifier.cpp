@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
-#include <sstream>
 
 #include "ir/printer.hpp"
+#include "ir/visitor.hpp"
 #include "tile/error.hpp"
 
 namespace tile::ir {
@@ -21,7 +21,54 @@ struct Interval {
 };
 constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
 
-class Verifier {
+// The values an i32/i64 index expression can take, where simple interval arithmetic proves a
+// bound; nullopt otherwise.
+class RangeOf : public IRVisitor<RangeOf, std::optional<Interval>> {
+ public:
+  explicit RangeOf(const Kernel& k) : k_(k) {}
+
+ private:
+  friend class IRVisitor<RangeOf, std::optional<Interval>>;
+  using Range = std::optional<Interval>;
+
+  // Kinds without a rule: unknown.
+  template <typename Node>
+  Range visit_children(const Node&) {
+    return std::nullopt;
+  }
+
+  Range visit_constant(const Expr& e) { return Interval{e.i, e.i}; }
+  Range visit_special(const Expr& e) {
+    switch (Special(e.id)) {
+      case Special::lane: return Interval{0, 31};
+      case Special::worker_in_program: return Interval{0, k_.workers_per_program - 1};
+      case Special::warp_in_program: return Interval{0, std::max(0, k_.workers_per_program / 32 - 1)};
+      case Special::program_in_group: return Interval{0, k_.programs_per_group - 1};
+      case Special::group_index: return Interval{0, kInf};
+      case Special::group_count: return Interval{1, kInf};
+    }
+    return std::nullopt;
+  }
+  Range visit_binary(const Expr& e) {
+    auto a = visit(*e.args[0]), b = visit(*e.args[1]);
+    if (!a || !b) return std::nullopt;
+    switch (e.binop) {
+      case BinOp::add: return Interval{a->lo + b->lo, a->hi + b->hi};
+      case BinOp::sub: return Interval{a->lo - b->hi, a->hi - b->lo};
+      case BinOp::min: return Interval{std::min(a->lo, b->lo), std::min(a->hi, b->hi)};
+      case BinOp::max: return Interval{std::max(a->lo, b->lo), std::max(a->hi, b->hi)};
+      case BinOp::mul:
+        if (a->lo >= 0 && b->lo >= 0) return Interval{a->lo * b->lo, a->hi * b->hi};
+        return std::nullopt;
+      default: return std::nullopt;
+    }
+  }
+  Range visit_cast(const Expr& e) { return visit(*e.args[0]); }
+
+  const Kernel& k_;
+};
+
+class Verifier : public IRVisitor<Verifier, unsigned> {
  public:
   explicit Verifier(const Kernel& k) : k_(k), uni_(k.regs.size(), kUniform) {
     const int W = k.workers_per_program;
@@ -36,14 +83,17 @@ class Verifier {
     // Uniformity of registers: iterate assignments to a fixed point (loops feed back).
     for (int round = 0; round < 64; ++round) {
       changed_ = false;
-      walk(k_.body, kUniform, /*check=*/false);
+      visit_block(k_.body, kUniform);
       if (!changed_) break;
     }
-    walk(k_.body, kUniform, /*check=*/true);
+    check_ = true;
+    visit_block(k_.body, kUniform);
     return errors_;
   }
 
  private:
+  friend class IRVisitor<Verifier, unsigned>;
+
   void error(const std::string& msg) { errors_.push_back(msg); }
 
   void check_decls() {
@@ -86,108 +136,97 @@ class Verifier {
     return 0;
   }
 
-  // Type-checks `e` (when checking) and returns its uniformity.
-  unsigned visit(const Expr& e, bool check) {
-    auto type_error = [&](const std::string& what) {
-      if (check) error("type error in '" + print(e) + "': " + what);
-    };
+  // Expressions: type-checks `e` (when checking) and returns its uniformity, the scopes
+  // across which its value is the same.
+  void type_error(const Expr& e, const std::string& what) {
+    if (check_) error("type error in '" + print(e) + "': " + what);
+  }
+  unsigned args_uniformity(const Expr& e) {
     unsigned u = kUniform;
-    for (const ExprPtr& a : e.args) u &= visit(*a, check);
-    switch (e.kind) {
-      case Expr::Kind::constant: return kUniform;
-      case Expr::Kind::reg:
-        if (e.id < 0 || e.id >= int(k_.regs.size())) {
-          type_error("no register " + std::to_string(e.id));
-          return 0;
-        }
-        if (k_.regs[e.id].type != e.type)
-          type_error("register " + k_.regs[e.id].name + " is " + type_name(k_.regs[e.id].type) + ", used as " + type_name(e.type));
-        return uni_[e.id];
-      case Expr::Kind::special: return special_uniformity(Special(e.id));
-      case Expr::Kind::param:
-        if (e.id < 0 || e.id >= int(k_.params.size()))
-          type_error("no parameter " + std::to_string(e.id));
-        else if (k_.params[e.id].type != e.type)
-          type_error("parameter " + k_.params[e.id].name + " is " + type_name(k_.params[e.id].type));
-        return kUniform;
-      case Expr::Kind::unary:
-        if (e.unop == UnOp::not_ ? e.args[0]->type != Type::b1
-                                 : e.args[0]->type != Type::f32 && !((e.unop == UnOp::neg || e.unop == UnOp::abs) &&
-                                                                     e.args[0]->type != Type::b1))
-          type_error(std::string(unop_name(e.unop)) + " of " + type_name(e.args[0]->type));
-        if (e.type != e.args[0]->type) type_error("unary result type differs from its operand");
-        return u;
-      case Expr::Kind::binary: {
-        Type a = e.args[0]->type, b = e.args[1]->type;
-        if (a != b) type_error(std::string(binop_name(e.binop)) + " of " + type_name(a) + " and " + type_name(b));
-        bool logical = e.binop == BinOp::and_ || e.binop == BinOp::or_;
-        bool compare = e.binop == BinOp::lt || e.binop == BinOp::le || e.binop == BinOp::eq || e.binop == BinOp::ne;
-        if (logical != (a == Type::b1) && !(compare && a == Type::b1 && (e.binop == BinOp::eq || e.binop == BinOp::ne)))
-          type_error(std::string(binop_name(e.binop)) + " of " + type_name(a));
-        if (e.binop == BinOp::rem && a == Type::f32) type_error("rem of f32");
-        if (e.type != (compare ? Type::b1 : a)) type_error("result type " + std::string(type_name(e.type)));
-        return u;
-      }
-      case Expr::Kind::select:
-        if (e.args[0]->type != Type::b1) type_error("select condition is " + std::string(type_name(e.args[0]->type)));
-        if (e.args[1]->type != e.args[2]->type || e.type != e.args[1]->type) type_error("select arms differ in type");
-        return u;
-      case Expr::Kind::cast:
-        if (e.type == Type::b1 || e.args[0]->type == Type::b1) type_error("cast to or from b1");
-        return u;
-      case Expr::Kind::unpack16:
-        if (e.args[0]->type != Type::i32) type_error("unpack16 of " + std::string(type_name(e.args[0]->type)));
-        if (DType(e.id) == DType::f32 || e.i < 0 || e.i > 1) type_error("unpack16 needs a 16-bit dtype and half 0 or 1");
-        return u;
-      case Expr::Kind::row_aligned:
-        if (e.args[0]->type != Type::i64) type_error("row_aligned offset is " + std::string(type_name(e.args[0]->type)));
-        if (e.id < 0 || e.id >= int(k_.buffers.size())) type_error("no buffer " + std::to_string(e.id));
-        return u;
-    }
-    return 0;
+    for (const ExprPtr& a : e.args) u &= visit(*a);
+    return u;
   }
 
-  std::optional<Interval> range(const Expr& e) {
-    switch (e.kind) {
-      case Expr::Kind::constant: return Interval{e.i, e.i};
-      case Expr::Kind::special:
-        switch (Special(e.id)) {
-          case Special::lane: return Interval{0, 31};
-          case Special::worker_in_program: return Interval{0, k_.workers_per_program - 1};
-          case Special::warp_in_program: return Interval{0, std::max(0, k_.workers_per_program / 32 - 1)};
-          case Special::program_in_group: return Interval{0, k_.programs_per_group - 1};
-          case Special::group_index: return Interval{0, kInf};
-          case Special::group_count: return Interval{1, kInf};
-        }
-        return std::nullopt;
-      case Expr::Kind::binary: {
-        auto a = range(*e.args[0]), b = range(*e.args[1]);
-        if (!a || !b) return std::nullopt;
-        switch (e.binop) {
-          case BinOp::add: return Interval{a->lo + b->lo, a->hi + b->hi};
-          case BinOp::sub: return Interval{a->lo - b->hi, a->hi - b->lo};
-          case BinOp::min: return Interval{std::min(a->lo, b->lo), std::min(a->hi, b->hi)};
-          case BinOp::max: return Interval{std::max(a->lo, b->lo), std::max(a->hi, b->hi)};
-          case BinOp::mul:
-            if (a->lo >= 0 && b->lo >= 0) return Interval{a->lo * b->lo, a->hi * b->hi};
-            return std::nullopt;
-          default: return std::nullopt;
-        }
-      }
-      case Expr::Kind::cast: return range(*e.args[0]);
-      default: return std::nullopt;
+  unsigned visit_constant(const Expr& e) {
+    args_uniformity(e);
+    return kUniform;
+  }
+  unsigned visit_reg(const Expr& e) {
+    args_uniformity(e);
+    if (e.id < 0 || e.id >= int(k_.regs.size())) {
+      type_error(e, "no register " + std::to_string(e.id));
+      return 0;
     }
+    if (k_.regs[e.id].type != e.type)
+      type_error(e, "register " + k_.regs[e.id].name + " is " + type_name(k_.regs[e.id].type) + ", used as " + type_name(e.type));
+    return uni_[e.id];
+  }
+  unsigned visit_special(const Expr& e) {
+    args_uniformity(e);
+    return special_uniformity(Special(e.id));
+  }
+  unsigned visit_param(const Expr& e) {
+    args_uniformity(e);
+    if (e.id < 0 || e.id >= int(k_.params.size()))
+      type_error(e, "no parameter " + std::to_string(e.id));
+    else if (k_.params[e.id].type != e.type)
+      type_error(e, "parameter " + k_.params[e.id].name + " is " + type_name(k_.params[e.id].type));
+    return kUniform;
+  }
+  unsigned visit_unary(const Expr& e) {
+    unsigned u = args_uniformity(e);
+    if (e.unop == UnOp::not_ ? e.args[0]->type != Type::b1
+                             : e.args[0]->type != Type::f32 && !((e.unop == UnOp::neg || e.unop == UnOp::abs) &&
+                                                                 e.args[0]->type != Type::b1))
+      type_error(e, std::string(unop_name(e.unop)) + " of " + type_name(e.args[0]->type));
+    if (e.type != e.args[0]->type) type_error(e, "unary result type differs from its operand");
+    return u;
+  }
+  unsigned visit_binary(const Expr& e) {
+    unsigned u = args_uniformity(e);
+    Type a = e.args[0]->type, b = e.args[1]->type;
+    if (a != b) type_error(e, std::string(binop_name(e.binop)) + " of " + type_name(a) + " and " + type_name(b));
+    bool logical = e.binop == BinOp::and_ || e.binop == BinOp::or_;
+    bool compare = e.binop == BinOp::lt || e.binop == BinOp::le || e.binop == BinOp::eq || e.binop == BinOp::ne;
+    if (logical != (a == Type::b1) && !(compare && a == Type::b1 && (e.binop == BinOp::eq || e.binop == BinOp::ne)))
+      type_error(e, std::string(binop_name(e.binop)) + " of " + type_name(a));
+    if (e.binop == BinOp::rem && a == Type::f32) type_error(e, "rem of f32");
+    if (e.type != (compare ? Type::b1 : a)) type_error(e, "result type " + std::string(type_name(e.type)));
+    return u;
+  }
+  unsigned visit_select(const Expr& e) {
+    unsigned u = args_uniformity(e);
+    if (e.args[0]->type != Type::b1) type_error(e, "select condition is " + std::string(type_name(e.args[0]->type)));
+    if (e.args[1]->type != e.args[2]->type || e.type != e.args[1]->type) type_error(e, "select arms differ in type");
+    return u;
+  }
+  unsigned visit_cast(const Expr& e) {
+    unsigned u = args_uniformity(e);
+    if (e.type == Type::b1 || e.args[0]->type == Type::b1) type_error(e, "cast to or from b1");
+    return u;
+  }
+  unsigned visit_unpack16(const Expr& e) {
+    unsigned u = args_uniformity(e);
+    if (e.args[0]->type != Type::i32) type_error(e, "unpack16 of " + std::string(type_name(e.args[0]->type)));
+    if (DType(e.id) == DType::f32 || e.i < 0 || e.i > 1) type_error(e, "unpack16 needs a 16-bit dtype and half 0 or 1");
+    return u;
+  }
+  unsigned visit_row_aligned(const Expr& e) {
+    unsigned u = args_uniformity(e);
+    if (e.args[0]->type != Type::i64) type_error(e, "row_aligned offset is " + std::string(type_name(e.args[0]->type)));
+    if (e.id < 0 || e.id >= int(k_.buffers.size())) type_error(e, "no buffer " + std::to_string(e.id));
+    return u;
   }
 
-  void shared_index(const Stmt& s, bool check) {
-    if (!check) return;
+  void shared_index(const Stmt& s) {
+    if (!check_) return;
     if (s.region < 0 || s.region >= int(k_.shared.size())) {
       error("shared access to region " + std::to_string(s.region) + ", which does not exist");
       return;
     }
     if (s.index->type != Type::i32) error("shared index '" + print(*s.index) + "' is not i32");
     const SharedRegion& r = k_.shared[s.region];
-    auto iv = range(*s.index);
+    auto iv = RangeOf(k_).visit(*s.index);
     if (!iv || iv->lo < 0 || iv->hi >= r.elems)
       error("shared index '" + print(*s.index) + "' of region '" + r.name + "' is not provably in [0, " +
             std::to_string(r.elems) + ")");
@@ -202,122 +241,106 @@ class Verifier {
     }
   }
 
-  void expect_type(bool check, const Expr& e, Type t, const std::string& what) {
-    if (check && e.type != t)
+  void expect_type(const Expr& e, Type t, const std::string& what) {
+    if (check_ && e.type != t)
       error(what + " '" + print(e) + "' is " + type_name(e.type) + ", expected " + type_name(t));
   }
 
-  void expect_reg(bool check, int reg, Type t, const std::string& what) {
-    if (!check) return;
+  void expect_reg(int reg, Type t, const std::string& what) {
+    if (!check_) return;
     if (reg < 0 || reg >= int(k_.regs.size()))
       error(what + ": no register " + std::to_string(reg));
     else if (k_.regs[reg].type != t)
       error(what + ": register " + k_.regs[reg].name + " is " + type_name(k_.regs[reg].type) + ", expected " + type_name(t));
   }
 
-  void walk(const std::vector<Stmt>& body, unsigned control, bool check) {
-    for (const Stmt& s : body) {
-      switch (s.kind) {
-        case Stmt::Kind::assign: {
-          unsigned u = visit(*s.value, check);
-          expect_reg(check, s.dst, s.value->type, "assignment of '" + print(*s.value) + "'");
-          define(s.dst, u & control);
-          break;
-        }
-        case Stmt::Kind::load:
-        case Stmt::Kind::store: {
-          bool is_load = s.kind == Stmt::Kind::load;
-          unsigned u = visit(*s.index, check) & visit(*s.valid, check) & visit(*s.aligned, check) & control;
-          expect_type(check, *s.index, Type::i64, "index");
-          expect_type(check, *s.valid, Type::i64, "valid count");
-          expect_type(check, *s.aligned, Type::b1, "alignment condition");
-          if (check && (s.buffer < 0 || s.buffer >= int(k_.buffers.size())))
-            error("access to buffer " + std::to_string(s.buffer) + ", which does not exist");
-          else if (check && !is_load && !k_.buffers[s.buffer].output)
-            error("store to input buffer '" + k_.buffers[s.buffer].name + "'");
-          const int per_reg = s.raw ? 2 : 1;
-          if (check && int(s.dsts.size()) * per_reg != s.width) error("vector access of width " + std::to_string(s.width) + " with " + std::to_string(s.dsts.size()) + " registers");
-          if (check && s.raw && (!is_load || s.buffer < 0 || s.buffer >= int(k_.buffers.size()) ||
-                                 dtype_size(k_.buffers[s.buffer].dtype) != 2))
-            error("raw access that is not a load of a 16-bit buffer");
-          // A whole access has no scalar path, so it must be known aligned when generated.
-          if (check && s.whole && !(s.aligned->kind == Expr::Kind::constant && s.aligned->i))
-            error("whole-vector access whose alignment condition is not the constant true");
-          const Type reg_type = s.raw ? Type::i32
-                                : s.buffer >= 0 && s.buffer < int(k_.buffers.size()) ? value_type(k_.buffers[s.buffer].dtype)
-                                                                                     : Type::f32;
-          for (int r : s.dsts) {
-            expect_reg(check, r, reg_type, is_load ? "load destination" : "store source");
-            if (is_load) define(r, u);
-          }
-          break;
-        }
-        case Stmt::Kind::shfl_xor:
-          if (check && (control & kWarp) == 0)
-            error("shfl_xor of " + reg_name(s.src) + " under control flow that is not uniform across the warp");
-          if (check && (s.offset < 1 || s.offset >= s.width || s.width > 32 || (s.width & (s.width - 1))))
-            error("shfl_xor offset " + std::to_string(s.offset) + " outside its width " + std::to_string(s.width));
-          expect_reg(check, s.src, Type::f32, "shfl_xor source");
-          expect_reg(check, s.dst, Type::f32, "shfl_xor destination");
-          define(s.dst, 0);
-          break;
-        case Stmt::Kind::shared_store:
-          visit(*s.index, check);
-          visit(*s.value, check);
-          expect_type(check, *s.value, Type::f32, "shared value");
-          shared_index(s, check);
-          break;
-        case Stmt::Kind::shared_load: {
-          unsigned u = visit(*s.index, check) & control;
-          expect_reg(check, s.dst, Type::f32, "shared load destination");
-          shared_index(s, check);
-          define(s.dst, u);
-          break;
-        }
-        case Stmt::Kind::barrier:
-          if (check && s.barrier == BarrierKind::group && (control & kGroup) == 0)
-            error("group barrier under control flow that is not uniform across the group "
-                  "(some workers, e.g. a guard program's, would skip it)");
-          if (check && s.barrier == BarrierKind::program && (control & kProgram) == 0)
-            error("program barrier under control flow that is not uniform across its program");
-          if (check && s.barrier == BarrierKind::program && k_.workers_per_program % 32 != 0)
-            error("program barrier in a program of " + std::to_string(k_.workers_per_program) +
-                  " workers (a named barrier counts whole warps)");
-          break;
-        case Stmt::Kind::if_: {
-          unsigned u = visit(*s.cond, check) & control;
-          expect_type(check, *s.cond, Type::b1, "if condition");
-          walk(s.body, u, check);
-          walk(s.else_body, u, check);
-          break;
-        }
-        case Stmt::Kind::for_: {
-          unsigned u = visit(*s.begin, check) & visit(*s.end, check) & control;
-          expect_type(check, *s.end, s.begin->type, "loop bound");
-          expect_reg(check, s.dst, s.begin->type, "loop variable");
-          define(s.dst, u);
-          walk(s.body, u, check);
-          break;
-        }
-        case Stmt::Kind::comment: break;
-      }
+  // Statements, under control flow whose uniformity is `control`.
+  void visit_assign(const Stmt& s, unsigned control) {
+    unsigned u = visit(*s.value);
+    expect_reg(s.dst, s.value->type, "assignment of '" + print(*s.value) + "'");
+    define(s.dst, u & control);
+  }
+  void visit_load(const Stmt& s, unsigned control) { access(s, control, /*is_load=*/true); }
+  void visit_store(const Stmt& s, unsigned control) { access(s, control, /*is_load=*/false); }
+  void access(const Stmt& s, unsigned control, bool is_load) {
+    unsigned u = visit(*s.index) & visit(*s.valid) & visit(*s.aligned) & control;
+    expect_type(*s.index, Type::i64, "index");
+    expect_type(*s.valid, Type::i64, "valid count");
+    expect_type(*s.aligned, Type::b1, "alignment condition");
+    if (check_ && (s.buffer < 0 || s.buffer >= int(k_.buffers.size())))
+      error("access to buffer " + std::to_string(s.buffer) + ", which does not exist");
+    else if (check_ && !is_load && !k_.buffers[s.buffer].output)
+      error("store to input buffer '" + k_.buffers[s.buffer].name + "'");
+    const int per_reg = s.raw ? 2 : 1;
+    if (check_ && int(s.dsts.size()) * per_reg != s.width) error("vector access of width " + std::to_string(s.width) + " with " + std::to_string(s.dsts.size()) + " registers");
+    if (check_ && s.raw && (!is_load || s.buffer < 0 || s.buffer >= int(k_.buffers.size()) ||
+                            dtype_size(k_.buffers[s.buffer].dtype) != 2))
+      error("raw access that is not a load of a 16-bit buffer");
+    // A whole access has no scalar path, so it must be known aligned when generated.
+    if (check_ && s.whole && !(s.aligned->kind == Expr::Kind::constant && s.aligned->i))
+      error("whole-vector access whose alignment condition is not the constant true");
+    const Type reg_type = s.raw ? Type::i32
+                          : s.buffer >= 0 && s.buffer < int(k_.buffers.size()) ? value_type(k_.buffers[s.buffer].dtype)
+                                                                               : Type::f32;
+    for (int r : s.dsts) {
+      expect_reg(r, reg_type, is_load ? "load destination" : "store source");
+      if (is_load) define(r, u);
     }
   }
-
-  std::string print(const Expr& e) {
-    struct Access : IRPrinter {
-      using IRPrinter::IRPrinter;
-      std::string str(const Expr& e) { return expr(e); }
-    };
-    std::ostringstream sink;
-    return Access(sink, k_).str(e);
+  void visit_shfl_xor(const Stmt& s, unsigned control) {
+    if (check_ && (control & kWarp) == 0)
+      error("shfl_xor of " + reg_name(s.src) + " under control flow that is not uniform across the warp");
+    if (check_ && (s.offset < 1 || s.offset >= s.width || s.width > 32 || (s.width & (s.width - 1))))
+      error("shfl_xor offset " + std::to_string(s.offset) + " outside its width " + std::to_string(s.width));
+    expect_reg(s.src, Type::f32, "shfl_xor source");
+    expect_reg(s.dst, Type::f32, "shfl_xor destination");
+    define(s.dst, 0);
   }
+  void visit_shared_store(const Stmt& s, unsigned) {
+    visit(*s.index);
+    visit(*s.value);
+    expect_type(*s.value, Type::f32, "shared value");
+    shared_index(s);
+  }
+  void visit_shared_load(const Stmt& s, unsigned control) {
+    unsigned u = visit(*s.index) & control;
+    expect_reg(s.dst, Type::f32, "shared load destination");
+    shared_index(s);
+    define(s.dst, u);
+  }
+  void visit_barrier(const Stmt& s, unsigned control) {
+    if (check_ && s.barrier == BarrierKind::group && (control & kGroup) == 0)
+      error("group barrier under control flow that is not uniform across the group "
+            "(some workers, e.g. a guard program's, would skip it)");
+    if (check_ && s.barrier == BarrierKind::program && (control & kProgram) == 0)
+      error("program barrier under control flow that is not uniform across its program");
+    if (check_ && s.barrier == BarrierKind::program && k_.workers_per_program % 32 != 0)
+      error("program barrier in a program of " + std::to_string(k_.workers_per_program) +
+            " workers (a named barrier counts whole warps)");
+  }
+  void visit_if(const Stmt& s, unsigned control) {
+    unsigned u = visit(*s.cond) & control;
+    expect_type(*s.cond, Type::b1, "if condition");
+    visit_block(s.body, u);
+    visit_block(s.else_body, u);
+  }
+  void visit_for(const Stmt& s, unsigned control) {
+    unsigned u = visit(*s.begin) & visit(*s.end) & control;
+    expect_type(*s.end, s.begin->type, "loop bound");
+    expect_reg(s.dst, s.begin->type, "loop variable");
+    define(s.dst, u);
+    visit_block(s.body, u);
+  }
+  void visit_comment(const Stmt&, unsigned) {}
+
+  std::string print(const Expr& e) const { return to_string(k_, e); }
   std::string reg_name(int r) const { return r >= 0 && r < int(k_.regs.size()) ? k_.regs[r].name : "?"; }
 
   const Kernel& k_;
   std::vector<unsigned> uni_;
   unsigned program_ = 0, warp_ = 0;
   bool changed_ = false;
+  bool check_ = false;  // report errors (the last walk, once uniformity is a fixed point)
   std::vector<std::string> errors_;
 };
 

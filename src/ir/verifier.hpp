@@ -7,7 +7,8 @@
 // - shared regions of packed programs do not overlap and every shared index provably lies
 //   inside its region;
 // - registers holding cached input fit the private budget.
-// Uniformity is a fixed point over register assignments. Tested by tests/ir/verifier_test.cpp.
+// Uniformity is a fixed point over register assignments, found by walking the kernel with an
+// IRVisitor (src/ir/visitor.hpp) until no register changes. Tested by tests/ir/verifier_test.cpp.
 #pragma once
 
 #include <string>

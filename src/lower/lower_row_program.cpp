@@ -5,6 +5,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "bind/bind.hpp"
@@ -147,67 +148,103 @@ struct ChunkGroup {
   std::vector<ChunkElement> elems;
 };
 
+// Evaluates a monoid's chunk graph over a chunk. Chunk-level values may be given (set) before
+// they are asked for: staged merges give each chunk sum or max its value over the whole program.
+class ChunkEvaluator {
+ public:
+  ChunkEvaluator(Emitter& em, std::vector<Stmt>& out, const Monoid& m, std::vector<ChunkGroup> groups)
+      : em_(em), out_(out), m_(m), groups_(std::move(groups)) {}
+
+  void set(int id, ExprPtr value) { chunk_memo_[id] = std::move(value); }
+  ExprPtr value(int id) { return elem(id, 0, 0); }
+  std::vector<ExprPtr> state() {
+    std::vector<ExprPtr> parts;
+    for (int id : m_.chunk) parts.push_back(value(id));
+    return parts;
+  }
+
+ private:
+  // Element-level nodes: one value per element (group g, element e); chunk-level nodes: one.
+  ExprPtr elem(int id, int g, int e) {
+    const MonoidNode& n = m_.nodes[id];
+    if (!n.element) {
+      if (auto it = chunk_memo_.find(id); it != chunk_memo_.end()) return it->second;
+      return chunk_memo_[id] = eval_at(n, g, e);
+    }
+    if (auto it = elem_memo_.find(id); it != elem_memo_.end()) return it->second[g][e];
+    std::vector<std::vector<ExprPtr>> table(groups_.size());
+    for (size_t g2 = 0; g2 < groups_.size(); ++g2)
+      for (size_t e2 = 0; e2 < groups_[g2].elems.size(); ++e2) table[g2].push_back(eval_at(n, int(g2), int(e2)));
+    return (elem_memo_[id] = std::move(table))[g][e];
+  }
+
+  ExprPtr eval_at(const MonoidNode& n, int g, int e) {
+    switch (n.kind) {
+      case MonoidNode::Kind::element: return groups_[g].elems[e].inputs[n.index];
+      case MonoidNode::Kind::constant: return f32_const(n.value);
+      case MonoidNode::Kind::unary: return em_.keep(out_, em_.unary_fn(n.unary, elem(n.a, g, e)));
+      case MonoidNode::Kind::binary: return em_.keep(out_, em_.binary_fn(n.binary, elem(n.a, g, e), elem(n.b, g, e)));
+      case MonoidNode::Kind::select: return em_.keep(out_, select(elem(n.a, g, e), elem(n.b, g, e), elem(n.c, g, e)));
+      case MonoidNode::Kind::count: {
+        std::vector<ExprPtr> counts;
+        for (const ChunkGroup& grp : groups_) counts.push_back(grp.count);
+        return em_.pairwise(out_, counts, BinOp::add);
+      }
+      case MonoidNode::Kind::chunk_sum:
+      case MonoidNode::Kind::chunk_max: {
+        const bool sum = n.kind == MonoidNode::Kind::chunk_sum;
+        const BinOp op = sum ? BinOp::add : BinOp::max;
+        const ExprPtr identity = f32_const(sum ? 0.0 : kNegInf);
+        std::vector<ExprPtr> terms;
+        for (size_t g2 = 0; g2 < groups_.size(); ++g2) {
+          const ChunkGroup& grp = groups_[g2];
+          if (grp.all_valid) {
+            // The group is in the row or not as a whole: combine its elements, then test once.
+            std::vector<ExprPtr> xs;
+            for (size_t e2 = 0; e2 < grp.elems.size(); ++e2) xs.push_back(elem(n.a, int(g2), int(e2)));
+            terms.push_back(em_.keep(out_, select(grp.all_valid, em_.pairwise(out_, xs, op), identity)));
+          } else {
+            for (size_t e2 = 0; e2 < grp.elems.size(); ++e2)
+              terms.push_back(em_.keep(out_, select(grp.elems[e2].valid, elem(n.a, int(g2), int(e2)), identity)));
+          }
+        }
+        return em_.pairwise(out_, terms, op);
+      }
+      default: TILE_CHECK(false, "monoid ", m_.name, ": state node in chunk");
+    }
+    return nullptr;
+  }
+
+  Emitter& em_;
+  std::vector<Stmt>& out_;
+  const Monoid& m_;
+  std::vector<ChunkGroup> groups_;
+  std::map<int, std::vector<std::vector<ExprPtr>>> elem_memo_;
+  std::map<int, ExprPtr> chunk_memo_;
+};
+
 std::vector<ExprPtr> chunk_state(Emitter& em, std::vector<Stmt>& out, const Monoid& m,
                                  const std::vector<ChunkGroup>& groups) {
-  // Element-level nodes: one value per element (group g, element e); chunk-level nodes: one.
-  std::map<int, std::vector<std::vector<ExprPtr>>> elem_memo;
-  std::map<int, ExprPtr> chunk_memo;
-  std::function<ExprPtr(int, int, int)> elem = [&](int id, int g, int e) -> ExprPtr {
+  return ChunkEvaluator(em, out, m, groups).state();
+}
+
+// The stage of each chunk sum and max of a monoid's chunk graph: 0 when its argument uses no
+// other, else one more than the latest it uses. Staged merges run one merge per stage.
+std::map<int, int> chunk_stages(const Monoid& m) {
+  std::map<int, int> stage;
+  std::function<int(int)> latest = [&](int id) -> int {  // latest stage id depends on, -1 if none
     const MonoidNode& n = m.nodes[id];
-    if (!n.element) {
-      if (auto it = chunk_memo.find(id); it != chunk_memo.end()) return it->second;
-    } else if (auto it = elem_memo.find(id); it != elem_memo.end()) {
-      return it->second[g][e];
+    int l = -1;
+    for (int o : {n.a, n.b, n.c})
+      if (o >= 0) l = std::max(l, latest(o));
+    if (n.kind == MonoidNode::Kind::chunk_sum || n.kind == MonoidNode::Kind::chunk_max) {
+      if (!stage.count(id)) stage[id] = l + 1;
+      return stage[id];
     }
-    auto eval_at = [&](int gg, int ee) -> ExprPtr {
-      switch (n.kind) {
-        case MonoidNode::Kind::element: return groups[gg].elems[ee].inputs[n.index];
-        case MonoidNode::Kind::constant: return f32_const(n.value);
-        case MonoidNode::Kind::unary: return em.keep(out, em.unary_fn(n.unary, elem(n.a, gg, ee)));
-        case MonoidNode::Kind::binary: return em.keep(out, em.binary_fn(n.binary, elem(n.a, gg, ee), elem(n.b, gg, ee)));
-        case MonoidNode::Kind::select:
-          return em.keep(out, select(elem(n.a, gg, ee), elem(n.b, gg, ee), elem(n.c, gg, ee)));
-        case MonoidNode::Kind::count: {
-          std::vector<ExprPtr> counts;
-          for (const ChunkGroup& grp : groups) counts.push_back(grp.count);
-          return em.pairwise(out, counts, BinOp::add);
-        }
-        case MonoidNode::Kind::chunk_sum:
-        case MonoidNode::Kind::chunk_max: {
-          const bool sum = n.kind == MonoidNode::Kind::chunk_sum;
-          const BinOp op = sum ? BinOp::add : BinOp::max;
-          const ExprPtr identity = f32_const(sum ? 0.0 : kNegInf);
-          std::vector<ExprPtr> terms;
-          for (size_t g2 = 0; g2 < groups.size(); ++g2) {
-            const ChunkGroup& grp = groups[g2];
-            if (grp.all_valid) {
-              // The group is in the row or not as a whole: combine its elements, then test once.
-              std::vector<ExprPtr> xs;
-              for (size_t e2 = 0; e2 < grp.elems.size(); ++e2) xs.push_back(elem(n.a, int(g2), int(e2)));
-              terms.push_back(em.keep(out, select(grp.all_valid, em.pairwise(out, xs, op), identity)));
-            } else {
-              for (size_t e2 = 0; e2 < grp.elems.size(); ++e2)
-                terms.push_back(em.keep(out, select(grp.elems[e2].valid, elem(n.a, int(g2), int(e2)), identity)));
-            }
-          }
-          return em.pairwise(out, terms, op);
-        }
-        default: TILE_CHECK(false, "monoid ", m.name, ": state node in chunk");
-      }
-      return nullptr;
-    };
-    if (!n.element) return chunk_memo[id] = eval_at(g, e);
-    auto& table = elem_memo[id];
-    table.resize(groups.size());
-    for (size_t g2 = 0; g2 < groups.size(); ++g2) {
-      table[g2].resize(groups[g2].elems.size());
-      for (size_t e2 = 0; e2 < groups[g2].elems.size(); ++e2) table[g2][e2] = eval_at(int(g2), int(e2));
-    }
-    return table[g][e];
+    return l;
   };
-  std::vector<ExprPtr> state;
-  for (int id : m.chunk) state.push_back(elem(id, 0, 0));
-  return state;
+  for (int id : m.chunk) latest(id);
+  return stage;
 }
 
 // Reductions (their program indices) reachable from node `id`; row values stop at results.
@@ -263,8 +300,9 @@ class RowLowering {
   void row_inputs_of(int node, std::set<int>& out) const;
   std::vector<ChunkGroup> slot_groups(std::vector<Stmt>& out, std::vector<Slot*> slots, const std::vector<int>& inputs);
   void level_pass(std::vector<Stmt>& out, const std::vector<int>& reductions);
-  std::vector<std::vector<int>> merge_across_workers(std::vector<Stmt>& out, const std::vector<int>& reductions,
+  std::vector<std::vector<int>> merge_across_workers(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
                                                      std::vector<std::vector<int>> states);
+  std::vector<std::vector<int>> staged_states(std::vector<Stmt>& out, const std::vector<int>& reductions);
   void output_pass(std::vector<Stmt>& out, Slot& slot);
   std::vector<Stmt> reread_loop(const std::set<int>& inputs, const std::function<void(std::vector<Stmt>&, std::vector<Slot*>&)>& body);
   void store_row_scalars(std::vector<Stmt>& out);
@@ -679,7 +717,9 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
       row_inputs_of(in, inputs);
     }
   std::vector<std::vector<int>> states;
-  if (plan_.caching == InputCaching::registers) {
+  if (plan_.merge == MergeStrategy::staged) {
+    states = staged_states(out, reductions);
+  } else if (plan_.caching == InputCaching::registers) {
     std::vector<Slot*> slots;
     for (Slot& s : cached_) slots.push_back(&s);
     for (int red : reductions) {
@@ -706,11 +746,59 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
          }))
       out.push_back(std::move(s));
   }
-  states = merge_across_workers(out, reductions, std::move(states));
+  if (plan_.merge != MergeStrategy::staged) {
+    std::vector<const Monoid*> monoids;
+    for (int red : reductions) monoids.push_back(&prog_.reductions()[red].monoid);
+    states = merge_across_workers(out, monoids, std::move(states));
+  }
   for (size_t i = 0; i < reductions.size(); ++i) {
     const RowReduction& rr = prog_.reductions()[reductions[i]];
     for (size_t q = 0; q < rr.results.size(); ++q) row_values_[rr.results[q]] = r(states[i][q]);
   }
+}
+
+// The states of a level's reductions over a cached row, merged stage by stage: every chunk sum
+// and max of the monoids' chunk graphs is folded over the worker's elements, then merged across
+// the program as a plain sum or max; later stages use the merged values, and a chunk's count is
+// the row's. The states come out program-wide with no combine merge.
+std::vector<std::vector<int>> RowLowering::staged_states(std::vector<Stmt>& out, const std::vector<int>& reductions) {
+  static const Monoid sum = monoid::sum(), max = monoid::max();
+  std::vector<Slot*> slots;
+  for (Slot& s : cached_) slots.push_back(&s);
+  const ExprPtr row_count = em_.keep(out, cast(Type::f32, r(load_cols_)), "k");
+  std::vector<std::unique_ptr<ChunkEvaluator>> evals;
+  std::vector<std::map<int, int>> stages;
+  int last = -1;
+  for (int red : reductions) {
+    const RowReduction& rr = prog_.reductions()[red];
+    evals.push_back(std::make_unique<ChunkEvaluator>(em_, out, rr.monoid, slot_groups(out, slots, rr.inputs)));
+    for (size_t id = 0; id < rr.monoid.nodes.size(); ++id)
+      if (rr.monoid.nodes[id].kind == MonoidNode::Kind::count) evals.back()->set(int(id), row_count);
+    stages.push_back(chunk_stages(rr.monoid));
+    for (auto& [id, st] : stages.back()) last = std::max(last, st);
+  }
+  for (int stage = 0; stage <= last; ++stage) {
+    std::vector<const Monoid*> monoids;
+    std::vector<std::vector<int>> partials;
+    std::vector<std::pair<size_t, int>> where;
+    for (size_t i = 0; i < evals.size(); ++i)
+      for (auto& [id, st] : stages[i]) {
+        if (st != stage) continue;
+        const bool is_sum = prog_.reductions()[reductions[i]].monoid.nodes[id].kind == MonoidNode::Kind::chunk_sum;
+        monoids.push_back(is_sum ? &sum : &max);
+        partials.push_back({em_.materialize(out, evals[i]->value(id), "part")});
+        where.push_back({i, id});
+      }
+    std::vector<std::vector<int>> merged = merge_across_workers(out, monoids, std::move(partials));
+    for (size_t k = 0; k < where.size(); ++k) evals[where[k].first]->set(where[k].second, r(merged[k][0]));
+  }
+  std::vector<std::vector<int>> states;
+  for (auto& e : evals) {
+    std::vector<int> regs;
+    for (const ExprPtr& v : e->state()) regs.push_back(em_.materialize(out, v, "acc"));
+    states.push_back(regs);
+  }
+  return states;
 }
 
 // Merges per-worker states up the scope stack and returns the registers holding the program's
@@ -719,13 +807,14 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
 // warps' partials, so no broadcast barrier is needed. A lane past the last warp contributes
 // the identity. Each part has its own region, so no later merge overwrites slots another warp
 // may still read.
-std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt>& out, const std::vector<int>& reductions,
+std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt>& out,
+                                                                const std::vector<const Monoid*>& monoids,
                                                                 std::vector<std::vector<int>> states) {
   const int W = plan_.workers_per_program;
   auto butterfly = [&](std::vector<std::vector<int>>& mine, int width) {
     for (int offset = width / 2; offset >= 1; offset /= 2) {
-      for (size_t i = 0; i < reductions.size(); ++i) {
-        const Monoid& m = prog_.reductions()[reductions[i]].monoid;
+      for (size_t i = 0; i < monoids.size(); ++i) {
+        const Monoid& m = *monoids[i];
         std::vector<ExprPtr> self, other;
         for (int reg_id : mine[i]) {
           int t = em_.temp("t", Type::f32);
@@ -759,7 +848,7 @@ std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt
   ExprPtr mine = binary(BinOp::lt, special(Special::lane), i32_const(warps));
   std::vector<std::vector<int>> totals(states.size());
   for (size_t i = 0; i < states.size(); ++i) {
-    const Monoid& m = prog_.reductions()[reductions[i]].monoid;
+    const Monoid& m = *monoids[i];
     for (size_t q = 0; q < states[i].size(); ++q) {
       int partial = em_.temp("partial", Type::f32);
       out.push_back(shared_load(partial, regions[i][q], slot));
@@ -892,17 +981,21 @@ void RowLowering::flush_rows(std::vector<Stmt>& out) {
       continue;
     }
     if (plan_.caching != InputCaching::registers) continue;  // already in the workspace
+    // f32 partials in accesses of at most 16 bytes (the widest vector access).
+    const int width = std::min(V, 4);
     for (int s = 0; s < plan_.stripes; ++s) {
-      ExprPtr col = em_.keep(out, stripe_col(i64(s)), "col");
-      for (size_t q = 0; q < rr.monoid.parts.size(); ++q) {
-        std::vector<int> regs;
-        for (int j = 0; j < V; ++j) regs.push_back(elem_acc_[red][size_t(s) * V + j][q]);
-        ExprPtr index = binary(BinOp::add,
-                               binary(BinOp::add, slot_base(),
-                                      binary(BinOp::mul, i64_const(ws_offset_[red] + int(q)), param(p_cols_, Type::i64))),
-                               col);
-        out.push_back(store(regs, ws_buffer_, index, binary(BinOp::sub, param(p_cols_, Type::i64), col),
-                            row_aligned(ws_buffer_, index, V * 4)));
+      for (int j0 = 0; j0 < V; j0 += width) {
+        ExprPtr col = em_.keep(out, binary(BinOp::add, stripe_col(i64(s)), i64(j0)), "col");
+        for (size_t q = 0; q < rr.monoid.parts.size(); ++q) {
+          std::vector<int> regs;
+          for (int j = j0; j < j0 + width; ++j) regs.push_back(elem_acc_[red][size_t(s) * V + j][q]);
+          ExprPtr index = binary(BinOp::add,
+                                 binary(BinOp::add, slot_base(),
+                                        binary(BinOp::mul, i64_const(ws_offset_[red] + int(q)), param(p_cols_, Type::i64))),
+                                 col);
+          out.push_back(store(regs, ws_buffer_, index, binary(BinOp::sub, param(p_cols_, Type::i64), col),
+                              row_aligned(ws_buffer_, index, width * 4)));
+        }
       }
     }
   }

@@ -18,6 +18,7 @@ std::string to_string(BarrierScope v) { return v == BarrierScope::group ? "group
 std::string to_string(TailHandling v) { return v == TailHandling::predicate ? "predicate" : "clamp"; }
 std::string to_string(Alignment v) { return v == Alignment::require ? "require" : "scalar_fallback"; }
 std::string to_string(CacheFormat v) { return v == CacheFormat::packed ? "packed" : "f32"; }
+std::string to_string(MergeStrategy v) { return v == MergeStrategy::staged ? "staged" : "combine"; }
 
 namespace {
 
@@ -143,7 +144,12 @@ PlanRequest PlanRequest::exactly(const MappingPlan& p) {
 std::string MappingPlan::hash() const { return sha256_hex(to_json()); }
 
 void MappingPlan::append_key(std::string& key) const {
-#define TILE_PLAN_KEY(type, name, def, lo, hi, doc) key += std::to_string(int64_t(name)), key += ',';
+  // Every field as 4 raw bytes: no formatting on the launch path.
+#define TILE_PLAN_KEY(type, name, def, lo, hi, doc)                 \
+  {                                                                 \
+    const int32_t v = int32_t(name);                                \
+    key.append(reinterpret_cast<const char*>(&v), sizeof v);        \
+  }
   TILE_PLAN_FIELDS(TILE_PLAN_KEY)
 #undef TILE_PLAN_KEY
 }
@@ -172,7 +178,7 @@ std::string MappingPlan::loop_nest() const {
   os << in << "        access " << vector_elems << " consecutive elements at ((stripe * " << workers_per_program
      << " + worker) * " << vector_elems << ")   // tail: " << to_string(tail) << ", alignment: " << to_string(alignment)
      << (caching == InputCaching::registers ? ", cache format: " + to_string(cache_format) : "") << "\n"
-     << in << "      reductions over the row: per worker, warp shuffles"
+     << in << "      reductions over the row (" << to_string(merge) << "): per worker, warp shuffles"
      << (workers_per_program > 32 ? ", shared memory and a " + to_string(barrier_scope) + "-scope barrier" : "") << "\n";
   if (loops) os << "  reductions over the rows: per group in registers/shared memory, then a second kernel\n";
   return os.str();

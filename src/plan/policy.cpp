@@ -101,12 +101,12 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   MappingPlan p;
   const int64_t cols = std::max<int64_t>(in.cols, 1);
 
-  // Widest access of at most 16 bytes on every operand whose rows all start aligned to it,
-  // and no wider than the row.
+  // Widest access the target allows (16 bytes on CUDA) on every operand whose rows all start
+  // aligned to it, and no wider than the row.
   if (req.vector_elems) {
     p.vector_elems = *req.vector_elems;
   } else {
-    int v = 16 / in.widest_elem_bytes();
+    int v = std::max(1, limits.max_vector_bytes / in.widest_elem_bytes());
     while (v > 1 && (!rows_aligned(in, v) || v > cols)) v /= 2;
     p.vector_elems = v;
   }
@@ -161,6 +161,10 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // Packed caching is offered for experiments; ptxas register counts alone do not favour it
   // (fewer registers for RMSNorm, more for log-softmax), so the default stays f32.
   p.cache_format = req.cache_format.value_or(CacheFormat::f32);
+  // A cached row merges each sum and max on its own: additions and maxima cross workers, not
+  // the monoids' combines (divisions, exponentials at every butterfly level). H200: register-
+  // cached LayerNorm and RMSNorm lost 5-50 % to combine merges at 1K-16K columns.
+  p.merge = req.merge.value_or(p.caching == InputCaching::registers ? MergeStrategy::staged : MergeStrategy::combine);
 
   // Packing: short-row programs share a group of about kTargetGroupThreads threads, unless
   // that would leave fewer than kGroupsPerSm groups per SM; sub-warp programs fill whole warps.
@@ -203,8 +207,8 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("programs_per_group", "whole warps per group (programs_per_group x workers_per_program a multiple of 32)",
          str(P) + " x " + str(W) + " = " + str(int64_t(P) * W));
   if (V != 1 && V != 2 && V != 4 && V != 8) fail("vector_elems", "1, 2, 4 or 8", str(V));
-  if (V * in.widest_elem_bytes() > 16)
-    fail("vector_elems", "an access of at most 16 bytes on every operand",
+  if (V * in.widest_elem_bytes() > limits.max_vector_bytes)
+    fail("vector_elems", "an access of at most " + str(limits.max_vector_bytes) + " bytes on every operand",
          str(V) + " elements of " + str(in.widest_elem_bytes()) + " bytes");
   if (p.stripes < 1) fail("stripes", "at least 1", str(p.stripes));
   // The passes of all workers over a row are counted in 32 bits (the stripes field).
@@ -234,6 +238,9 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
       inputs_16bit &= dtype_size(r.dtype) == 2;
       input_dtypes += (input_dtypes.empty() ? "" : ", ") + std::string(dtype_name(r.dtype));
     }
+  if (p.merge == MergeStrategy::staged && p.caching != InputCaching::registers)
+    fail("merge", "\"combine\" unless the rows are cached in registers (a staged merge reads the row once per stage)",
+         "\"staged\" with caching \"" + to_string(p.caching) + "\"");
   if (p.cache_format == CacheFormat::packed && (p.caching != InputCaching::registers || !inputs_16bit || V % 2 != 0))
     fail("cache_format", "\"f32\" unless the rows are cached in registers, every row input is 16-bit and vector_elems is even",
          "\"packed\" with caching \"" + to_string(p.caching) + "\", row inputs " + input_dtypes +
@@ -292,10 +299,14 @@ std::vector<MappingPlan> mapping_family(const PlanInputs& in, const DeviceLimits
         for (InputCaching caching : {InputCaching::registers, InputCaching::reread})
           for (int unroll : {1, 2, 4}) {
             if (caching == InputCaching::registers && unroll > 1) continue;
-            r.caching = caching, r.stripe_unroll = unroll;
+            r.caching = caching, r.stripe_unroll = unroll, r.merge.reset();
             MappingPlan p = choose_plan(in, r, limits);
             if (p.stripe_unroll > p.stripes && caching == InputCaching::reread) continue;
             add(p);
+            if (caching == InputCaching::registers) {  // the other merge of a cached row
+              r.merge = MergeStrategy::combine;
+              add(choose_plan(in, r, limits));
+            }
           }
       }
     }

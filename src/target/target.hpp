@@ -12,17 +12,37 @@
 
 namespace tile {
 
+// What a target can do, declared once. limits() folds these into the DeviceLimits the policy
+// and plan validation respect, so a plan a target cannot run is refused before lowering.
+struct TargetCaps {
+  int named_barriers = 16;          // per group; id 0 is the group barrier, 1.. one per program
+  int max_cluster_size = 1;         // groups per cluster (1: no cluster codegen yet)
+  int vector_bytes = 16;            // widest single memory access of a worker
+  int shared_bytes = 48 * 1024;     // static shared memory per group
+  bool can_launch = false;          // a launch can run in this process (driver, device)
+};
+
+// `limits` with the fields the caps decide replaced by the caps' values.
+DeviceLimits with_caps(DeviceLimits limits, const TargetCaps& caps);
+
 class Target {
  public:
   virtual ~Target() = default;
   virtual const char* name() const = 0;
-  // The device limits plans must respect on this target (may query the device).
+  virtual TargetCaps caps() const = 0;
+  // The device limits plans must respect on this target (may query the device): the caps'
+  // limits plus what the device reports.
   virtual DeviceLimits limits(const CallOptions& options) const = 0;
   // The generated source of a prepared kernel's row kernel ("" when the target has none).
   virtual std::string source(const PreparedKernel& kernel) const = 0;
   virtual LaunchRecord launch(const PreparedKernel& kernel, const BoundCall& call,
                               const CallOptions& options) const = 0;
+  // Forgets what the target caches beyond prepared kernels (compiled modules); not the disk.
+  virtual void clear_caches() const {}
 };
+
+// The first line of a generated source: the kernel and its plan.
+std::string source_header(const PreparedKernel& kernel);
 
 const Target& cpu_target();
 const Target& cuda_target();  // the stub in a build without CUDA

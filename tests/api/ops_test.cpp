@@ -149,6 +149,7 @@ TEST(KernelCacheCpu, ConcurrentCallsWhileCachesAreCleared) {
               checked.load(), threads, clears);
 }
 
+#if TILE_WITH_CUDA  // the GPU half uses the driver API; a build without CUDA has no api.ops_gpu
 class KernelCacheGpu : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -281,6 +282,7 @@ TEST_F(KernelCacheGpu, ThreadsOnOwnStreamsWhileCachesAreCleared) {
   for (const auto& [origin, count] : origins) std::printf(" %s %d", origin.c_str(), count);
   std::printf("\n");
 }
+#endif  // TILE_WITH_CUDA
 
 }  // namespace
 }  // namespace tile::testing

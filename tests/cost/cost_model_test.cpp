@@ -1,12 +1,33 @@
 // The cost model's byte count equals what the CPU backend's loads actually read, for plans
-// whose tails and guard programs issue reads (clamp) and plans that mask them (predicate).
+// whose tails and guard programs issue reads (clamp) and plans that mask them (predicate); its
+// passes over the row are the lowered kernel's.
 #include "cost/cost_model.hpp"
 
+#include <map>
+
 #include "bind/bind.hpp"
+#include "ir/visitor.hpp"
+#include "lower/lower_row_program.hpp"
 #include "support/cases.hpp"
 
 namespace tile::testing {
 namespace {
+
+// The load statements of one buffer by their innermost enclosing loop, numbered in visiting
+// order (-1: outside every loop).
+class LoadsByLoop : public ir::IRVisitor<LoadsByLoop> {
+ public:
+  explicit LoadsByLoop(int buffer) : buffer_(buffer) {}
+  std::map<int, int> loads;
+
+  void visit_for(const ir::Stmt& s, int) { visit_block(s.body, loops_++); }
+  void visit_load(const ir::Stmt& s, int loop) {
+    if (s.buffer == buffer_) ++loads[loop];
+  }
+
+ private:
+  int buffer_, loops_ = 0;
+};
 
 TEST(CostModel, CountsInactiveTailAndGuardProgramReadsExactly) {
   int checked = 0;
@@ -52,6 +73,44 @@ TEST(CostModel, RereadPlansReadEveryRowTwice) {
   plan.caching = InputCaching::registers;
   Call ln{Op::layer_norm, x.view(), y.view(), w.view(), b.view()};
   EXPECT_EQ(estimate_cost(builtin_program(Op::layer_norm), bind(builtin_program(Op::layer_norm), to_args(ln)), plan).input_passes, 1);
+}
+
+// The model counts a row input's passes from the program (one per level of reductions over the
+// columns, plus the output pass); the lowering must issue exactly those: a re-read plan one
+// loop per pass with stripe_unroll loads of x each, a cached plan one load per stripe.
+TEST(CostModel, InputPassesAreTheLoweredKernelsLoopsOverTheRow) {
+  for (Op op : {Op::softmax, Op::log_softmax, Op::rms_norm, Op::layer_norm})
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (InputCaching caching : {InputCaching::registers, InputCaching::reread})
+        for (int unroll : {1, 2}) {
+          HostMatrix x(dtype, 6, 1000, 1000), y(dtype, 6, 1000, 1000);
+          HostVector w(dtype, 1000), b(dtype, 1000);
+          Call call{op, x.view(), y.view()};
+          if (op == Op::rms_norm || op == Op::layer_norm) call.weight = w.view();
+          if (op == Op::layer_norm) call.bias = b.view();
+          const RowProgram& program = builtin_program(op);
+          const BoundCall bound = bind(program, to_args(call));
+          PlanRequest request;
+          request.caching = caching, request.workers_per_program = 64, request.stripe_unroll = unroll;
+          const MappingPlan plan = choose_plan(bound.plan_inputs(), request);
+          SCOPED_TRACE(op_name(op) + " " + std::string(dtype_name(dtype)) + " " + plan.to_json());
+          const CostEstimate cost = estimate_cost(program, bound, plan);
+          const ir::Kernel k = lower_row_program(program, bound.signature(), plan).main.kernel;
+          int xb = 0;
+          while (k.buffers[xb].name != "x") ++xb;
+          LoadsByLoop v(xb);
+          for (const ir::Stmt& s : k.body) v.visit(s, -1);
+          if (caching == InputCaching::reread) {
+            EXPECT_EQ(int(v.loads.size()), cost.input_passes);
+            for (auto [loop, loads] : v.loads) {
+              EXPECT_GE(loop, 0);
+              EXPECT_EQ(loads, plan.stripe_unroll);
+            }
+          } else {
+            EXPECT_EQ(cost.input_passes, 1);
+            EXPECT_EQ(v.loads, (std::map<int, int>{{-1, plan.stripes}}));
+          }
+        }
 }
 
 }  // namespace

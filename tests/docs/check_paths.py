@@ -7,7 +7,7 @@ from pathlib import Path
 
 root = Path(__file__).resolve().parents[2]
 prefixes = ("src/", "include/", "tests/", "bench/", "scripts/", "experiments/", "evidence/", "python/", "tools/",
-            "docs/", "cmake/", ".ci/")
+            "docs/", "cmake/", ".ci/", "examples/")
 missing = []
 files = [root / "README.md", *sorted((root / "docs" / "source").rglob("*.md")), root / "bench" / "SCHEMA.md",
          *sorted((root / "experiments").rglob("*.md"))]

@@ -19,9 +19,10 @@
 #include <thread>
 
 #include "bind/bind.hpp"
-#include "backend/cpu/executor.hpp"
-#include "backend/cuda/jit_module.hpp"
 #include "support/cases.hpp"
+#if TILE_WITH_CUDA
+#include "backend/cuda/jit_module.hpp"
+#endif
 
 namespace tile::testing {
 namespace {
@@ -282,6 +283,7 @@ std::string replay_command(const Options& o, uint64_t index) {
          (o.backend == Backend::cuda ? " --backend cuda" : "");
 }
 
+#if TILE_WITH_CUDA
 // GPU mode compiles every distinct kernel first, on all host threads (NVRTC dominates).
 void precompile(const std::vector<FuzzCase>& cases, int jobs) {
   const std::string arch = cuda::arch_name(cuda::device_info(0));
@@ -304,10 +306,16 @@ void precompile(const std::vector<FuzzCase>& cases, int jobs) {
   std::printf("fuzz: %zu distinct kernels compiled\n", sources.size());
 }
 
+bool gpu_available() { return cuda::driver_available(); }
+#else
+void precompile(const std::vector<FuzzCase>&, int) {}
+bool gpu_available() { return false; }
+#endif
+
 int fuzz(const Options& o) {
   const auto start = std::chrono::steady_clock::now();
-  if (o.backend == Backend::cuda && !cuda::driver_available()) {
-    std::printf("[  SKIPPED ] no CUDA driver: the GPU fuzz needs a GPU\n");
+  if (o.backend == Backend::cuda && !gpu_available()) {
+    std::printf("[  SKIPPED ] no CUDA driver (or a build without CUDA): the GPU fuzz needs a GPU\n");
     return 0;
   }
   std::vector<FuzzCase> cases;
@@ -358,10 +366,8 @@ int fuzz(const Options& o) {
 int replay(const Options& o) {
   FuzzCase f = draw_case(o.seed, o.replay_index, o.budget);
   std::printf("case %llu:%llu: %s\n", (unsigned long long)o.seed, (unsigned long long)o.replay_index, describe(f).c_str());
-  if (o.backend == Backend::cuda && !cuda::driver_available()) {
-    std::printf("no CUDA driver: replaying on the CPU backend only\n");
-  }
-  const Backend backend = o.backend == Backend::cuda && cuda::driver_available() ? Backend::cuda : Backend::cpu;
+  if (o.backend == Backend::cuda && !gpu_available()) std::printf("no CUDA driver: replaying on the CPU backend only\n");
+  const Backend backend = o.backend == Backend::cuda && gpu_available() ? Backend::cuda : Backend::cpu;
   std::string fail = run_one(f, backend, o.dump);
   std::printf("%s\n", fail.empty() ? "passed" : ("FAIL: " + fail).c_str());
   return fail.empty() ? 0 : 1;

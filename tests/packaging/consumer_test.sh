@@ -16,6 +16,15 @@ if grep -n -E "nlohmann_json|OpenSSL|CUDA::|$build" "$config_dir"/tileTargets*.c
   echo "packaging.consumer: the exported tile::tile names a private dependency or a build path (above)" >&2
   exit 1
 fi
+# tile_WITH_CUDA tells a consumer whether the CUDA backend was built (TILE_WITH_CUDA of the build).
+case $(sed -n 's/^TILE_WITH_CUDA:BOOL=//p' "$build/CMakeCache.txt" | tr a-z A-Z) in
+  ON | 1 | TRUE | YES | Y) with_cuda=ON ;;
+  *) with_cuda=OFF ;;
+esac
+if ! grep -q "^set(tile_WITH_CUDA $with_cuda)$" "$config_dir/tileConfig.cmake"; then
+  echo "packaging.consumer: tileConfig.cmake does not set tile_WITH_CUDA to $with_cuda" >&2
+  exit 1
+fi
 library=$(find "$work/prefix" -name libtile.so)
 if readelf -d "$library" | grep -E "libnvrtc|libcuda|RPATH|RUNPATH"; then
   echo "packaging.consumer: $library links NVRTC or the driver, or carries a run path (above)" >&2

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tile/error.hpp"
+
 namespace tile {
 namespace {
 
@@ -47,6 +49,28 @@ TEST(Policy, VectorWidthFollowsRowAlignment) {
   PlanInputs in = inputs(37, 1024);
   in.base_alignment = 4;  // a pointer offset by one fp32 element
   EXPECT_EQ(choose_plan(in, {}).vector_elems, 1);
+}
+
+// A target with 8-byte accesses (TargetCaps::vector_bytes, folded into the limits): the policy
+// picks at most 8 bytes and validation refuses wider, naming the target's bound.
+TEST(Policy, VectorWidthStaysWithinTheTargetsAccess) {
+  DeviceLimits narrow;
+  narrow.max_vector_bytes = 8;
+  EXPECT_EQ(choose_plan(inputs(37, 1024), {}, narrow).vector_elems, 2);
+  EXPECT_EQ(choose_plan(inputs(37, 1024, DType::bf16), {}, narrow).vector_elems, 4);
+  EXPECT_EQ(choose_plan(inputs(37, 1024), {}).vector_elems, 4);  // 16 bytes by default
+  PlanRequest wide;
+  wide.vector_elems = 4;
+  const PlanInputs in = inputs(37, 1024);
+  EXPECT_NO_THROW(validate_plan(choose_plan(in, wide), in, {}, "softmax"));
+  try {
+    validate_plan(choose_plan(in, wide, narrow), in, narrow, "softmax");
+    ADD_FAILURE() << "a 16-byte access passed an 8-byte target";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.vector_elems': expected an access of at most 8 bytes"), std::string::npos)
+        << e.what();
+  }
+  for (const MappingPlan& p : mapping_family(in, narrow)) EXPECT_LE(p.vector_elems * 4, 8) << p.to_json();
 }
 
 TEST(Policy, RequestedFieldsAreKeptExactly) {

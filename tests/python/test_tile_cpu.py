@@ -201,11 +201,23 @@ def test_library_info():
     assert info["version"].count(".") == 2
     assert info["library"].endswith(".so")
     assert isinstance(info["git_commit"], str)
-    assert tile.nvrtc_version().count(".") == 1
     assert tile.cache_dir() is None or isinstance(tile.cache_dir(), str)
     tile.clear_kernel_caches()
+    if info["cuda"]:
+        assert tile.nvrtc_version().count(".") == 1
+    else:  # built with TILE_WITH_CUDA=OFF: the CUDA-only functions say so
+        assert not tile.driver_available()
+        assert tile.cache_dir() is None
+        for fn in (tile.nvrtc_version, tile.nvrtc_library, tile.device_info):
+            with pytest.raises(RuntimeError, match=r"no CUDA backend: Tile was built without CUDA \(TILE_WITH_CUDA=OFF\)"):
+                fn()
+        # A CUDA tensor as launch_raw takes it (device 0); nothing is launched, so host memory serves.
+        x, y = np.ones((2, 8), np.float32), np.empty((2, 8), np.float32)
+        f32 = tile._tile.RAW_DTYPE_CODES["float32"]
+        with pytest.raises(RuntimeError, match="softmax: no CUDA backend: Tile was built without CUDA"):
+            tile._tile.launch_raw("softmax", (x.ctypes.data, (2, 8), (8, 1), f32, 0), (y.ctypes.data, (2, 8), (8, 1), f32, 0))
     if not tile.driver_available():
-        with pytest.raises(RuntimeError, match="no CUDA driver"):
+        with pytest.raises(RuntimeError, match="no CUDA driver|built without CUDA"):
             tile.device_info()
 
 

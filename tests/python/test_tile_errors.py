@@ -294,3 +294,147 @@ def test_torch_fast_path_refuses_the_same():
     assert torch.equal(x[:, :64], before[:, :64])
     with pytest.raises(ValueError, match=r"softmax: argument 'y': expected memory that does not overlap x"):
         tile.softmax(x[:, :64], out=x[:, 63:127])
+
+
+# ---- row programs written in Python ----
+
+def masked_softmax():
+    p = tile.RowProgram("masked_softmax")
+    x, mask = p.row_in("x"), p.row_in("mask")
+    t = p.scalar_in("t", default=1.0)
+    p.scalar_range(t, 1e-3, 1e3)
+    y = p.row_out("y", may_alias=x)
+    v = p.load(x) / p.load(t) + p.load(mask)
+    m, s = p.reduce2(tile.Axis.cols, tile.monoid.online_softmax(), v)
+    p.store(y, tile.exp(v - m) / s)
+    return p
+
+
+def test_program_call_operands():
+    p, x = masked_softmax(), x32()
+    mask = np.zeros((4, 64), np.float32)
+    with pytest.raises(ValueError, match=r"masked_softmax: argument 'z': expected one of the operands x, mask, t, y, "
+                                         r"got an unknown operand"):
+        p(x=x, mask=mask, z=x)
+    with pytest.raises(ValueError, match=r"masked_softmax: argument 'mask': expected a matrix \(row input\), got nothing"):
+        p(x=x)
+    with pytest.raises(ValueError, match=r"masked_softmax: argument 'x': expected a matrix \(row input\), got nothing"):
+        p(mask=mask)
+    with pytest.raises(ValueError, match=r"masked_softmax: argument 'mask': expected shape \(4, 64\) like x, "
+                                         r"got shape \(4, 63\)"):
+        p(x=x, mask=mask[:, :63])
+    with pytest.raises(ValueError, match=r"masked_softmax: argument 'y': expected shape \(4, 64\) like x, got shape \(64,\)"):
+        p(x=x, mask=mask, y=np.empty(64, np.float32))
+    with pytest.raises(ValueError, match=r"masked_softmax: argument 'mask': expected dtype float32, float16 or bfloat16, "
+                                         r"got int32"):
+        p(x=x, mask=np.zeros((4, 64), np.int32))
+    with pytest.raises(ValueError, match=r"masked_softmax: argument 't': expected a value in \[0.001, 1000\], got 0"):
+        p(x=x, mask=mask, t=0)
+    with pytest.raises(TypeError, match=r"masked_softmax: argument 't': expected a real number \(float\), got str 'a'"):
+        p(x=x, mask=mask, t="a")
+    with pytest.raises(TypeError, match=r"masked_softmax: argument 'mask': expected an array exporting DLPack.*got list"):
+        p(x=x, mask=[[0.0] * 64] * 4)
+    with pytest.raises(ValueError, match=r"masked_softmax: argument 'y': expected memory that does not overlap mask"):
+        p(x=x, mask=mask, y=mask)
+    with pytest.raises(TypeError, match=r"takes 1 positional argument"):
+        p(x, mask)
+
+
+def test_program_outputs_dtypes_and_shapes():
+    p = tile.RowProgram("stats")
+    x = p.row_in("x")
+    target = p.row_scalar_in("target", ["i32", "i64"])
+    total, y = p.row_scalar_out("total"), p.row_out("y", dtypes="bf16")
+    colsum = p.col_out("colsum", dtypes=["f32"])
+    v = p.load(x)
+    p.store(total, p.reduce1(tile.Axis.cols, tile.monoid.sum(), v) + tile.to_f32(p.load(target)))
+    p.store(y, v)
+    p.store(colsum, p.reduce1(tile.Axis.rows, tile.monoid.sum(), v))
+    x, t = x32(), np.zeros(4, np.int64)
+    with pytest.raises(ValueError, match=r"stats: argument 'y': expected an output array of dtype bfloat16 \(numpy has "
+                                         r"no bfloat16"):
+        p(x=x, target=t)
+    out = np.empty((4, 64), np.float32)
+    with pytest.raises(ValueError, match=r"stats: argument 'y': expected dtype bfloat16, got float32"):
+        p(x=x, target=t, y=out)
+    with pytest.raises(ValueError, match=r"stats: argument 'target': expected dtype int32 or int64, got float32"):
+        p(x=x, target=np.zeros(4, np.float32), y=None)
+    with pytest.raises(ValueError, match=r"stats: argument 'target': expected shape \(4,\) \(one value per row of x\), "
+                                         r"got shape \(4, 1\)"):
+        p(x=x, target=np.zeros((4, 1), np.int64), y=None)
+    with pytest.raises(ValueError, match=r"stats: argument 'colsum': expected shape \(64,\) with stride 1"):
+        p(x=x, target=t, y=None, colsum=np.empty(63, np.float32))
+    with pytest.raises(ValueError, match=r"stats: argument 'total': expected dtype float32, got float16"):
+        p(x=x, target=t, y=None, total=np.empty(4, np.float16))
+    with pytest.raises(ValueError, match=r"stats: argument 'total': expected a writable array"):
+        ro = np.empty(4, np.float32)
+        ro.flags.writeable = False
+        p(x=x, target=t, y=None, total=ro)
+    with pytest.raises(ValueError, match=r"stats: argument 'dtypes': expected for 'total' a dtype float32, got 'f16'"):
+        p(x=x, target=t, y=None, dtypes={"total": "f16"})
+    with pytest.raises(ValueError, match=r"stats: argument 'dtypes': expected names of outputs \(total, y, colsum\), "
+                                         r"got 'x'"):
+        p(x=x, target=t, dtypes={"x": "f32"})
+    with pytest.raises(ValueError, match=r"stats: argument 'y': expected a matrix \(row output\), got nothing"):
+        p(x=x, target=t, y=None)                         # a required output cannot be left out
+
+
+def test_required_output_left_out():
+    p = tile.RowProgram("copy")
+    x, y = p.row_in("x"), p.row_out("y")
+    p.store(y, p.load(x))
+    with pytest.raises(ValueError, match=r"copy: argument 'y': expected a matrix \(row output\), got nothing"):
+        p(x=x32(), y=None)
+    n = tile.RowProgram("needs_n")
+    x, y, k = n.row_in("x"), n.row_out("y"), n.scalar_in("k", type="i64")
+    n.store(y, n.load(x) * tile.to_f32(n.load(k)))
+    with pytest.raises(ValueError, match=r"needs_n: argument 'k': expected a number \(the scalar has no default\), "
+                                         r"got nothing"):
+        n(x=x32())
+    with pytest.raises(ValueError, match=r"needs_n: argument 'k': expected an integer of magnitude at most 2\^53, got 1.5"):
+        n(x=x32(), k=1.5)
+    assert (n(x=np.ones((2, 3), np.float32), k=np.int64(3)) == 3).all()
+
+
+def test_bad_program_construction_names_the_program():
+    p = tile.RowProgram("bad")
+    x, y = p.row_in("x"), p.row_out("y")
+    q = tile.RowProgram("other")
+    qx = q.row_in("x")
+    cases = [
+        (lambda: p.store(x, p.load(x)), ValueError, r"row program 'bad': store to 'x', which is an input"),
+        (lambda: p.load(y), ValueError, r"row program 'bad': load of 'y', which is an output"),
+        (lambda: p.load(x) + q.load(qx), ValueError, r"row program 'bad': an expression from another program"),
+        (lambda: p.load(qx), ValueError, r"row program 'bad': load: operand 'x' belongs to row program 'other'"),
+        (lambda: p.reduce1(tile.Axis.cols, tile.monoid.sum, p.load(x)), TypeError,
+         r"row program 'bad': reduce: argument 'monoid': expected a tile.monoid value \(call it: tile.monoid.sum\(\)\)"),
+        (lambda: p.reduce2(tile.Axis.cols, tile.monoid.sum(), p.load(x)), ValueError,
+         r"row program 'bad': reduce2 with sum, which has 1 parts"),
+        (lambda: p.reduce1("diag", tile.monoid.sum(), p.load(x)), ValueError,
+         r"row program 'bad': reduce: argument 'axis': expected tile.Axis.cols or tile.Axis.rows, got 'diag'"),
+        (lambda: p.row_in("plan"), ValueError, r"row program 'bad': operand name 'plan': expected a name that is not"),
+        (lambda: p.row_in("x"), ValueError, r"row program 'bad': operand 'x' is declared twice"),
+        (lambda: p.row_in("z", dtypes="float64"), ValueError,
+         r"row program 'bad': operand 'z': argument 'dtypes': expected float32, .* got 'float64'"),
+        (lambda: p.row_scalar_in("t", ["f32", "i32"]), ValueError,
+         r"row program 'bad': operand 't': expected float dtypes or integer dtypes, got f32 or i32"),
+        (lambda: bool(p.load(x)), TypeError, r"row program 'bad': an expression has no truth value"),
+        (lambda: p.load(x) + p.col_index(), ValueError, r"row program 'bad': add of f32 and i64"),
+        (lambda: p.row_out("w", may_alias=y), ValueError, r"row program 'bad': row output 'w' may alias only a row input"),
+        (lambda: p.store(y, p.reduce1(tile.Axis.rows, tile.monoid.sum(), p.load(x))), ValueError,
+         r"row program 'bad': store of a reduction over the rows to row output 'y'"),
+        (lambda: p.store(y, p.load(x) > 0), ValueError, r"row program 'bad': store of a b1 value to 'y'"),
+        (lambda: p.load(x) + "a", TypeError, r"row program 'bad': expected an expression or a number, got str 'a'"),
+        (lambda: p.scalar_in("s", type="f64"), ValueError, r"row program 'bad': scalar 's': expected type f32 or i64"),
+        (lambda: tile.exp(1.0), TypeError, r"tile.exp: expected an expression, got float 1.0"),
+        (lambda: tile.RowProgram("1x"), ValueError, r"RowProgram: argument 'name': expected an identifier"),
+    ]
+    for fn, kind, pattern in cases:
+        with pytest.raises(kind, match=pattern):
+            fn()
+    with pytest.raises(ValueError, match=r"row program 'bad': output 'y' is never stored"):
+        p(x=x32())
+    with pytest.raises(ValueError, match=r"row program 'bad': output 'y' is never stored"):
+        p.plan(x=x32())
+    p.store(y, p.load(x))                                # complete now: it runs
+    assert np.array_equal(p(x=x32()), x32())

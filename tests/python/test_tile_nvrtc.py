@@ -6,8 +6,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import tile
 
+# A build without CUDA (TILE_WITH_CUDA=OFF) has no NVRTC to find; test_tile_cpu.py checks what it says.
+pytestmark = pytest.mark.skipif(not tile.build_info()["cuda"], reason="built without CUDA (TILE_WITH_CUDA=OFF)")
 
 def run_python(code, **env):
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=dict(os.environ, **env),

@@ -8,7 +8,9 @@
 #include <random>
 #include <string>
 
+#if TILE_WITH_CUDA
 #include "backend/cuda/driver.hpp"
+#endif
 #include "testing/host_tensor.hpp"
 #include "tile/tile.hpp"
 
@@ -106,6 +108,9 @@ inline CaseResult run_case(const Case& c, Backend backend, const std::optional<P
   if (backend == Backend::cpu) {
     result.record = run(d.call, {request, nullptr, Backend::cpu});
   } else {
+#if !TILE_WITH_CUDA
+    throw NoDriverError("run_case: the CUDA backend was not built (TILE_WITH_CUDA=OFF)");
+#else
     cuda::ensure_context(0);
     cuda::DeviceBuffer dx(d.x.bytes().size()), dy(d.y.bytes().size()), dw(d.weight.bytes.size()), db(d.bias.bytes.size());
     dx.copy_from_host(d.x.bytes().data(), d.x.bytes().size());
@@ -120,6 +125,7 @@ inline CaseResult run_case(const Case& c, Backend backend, const std::optional<P
     result.record = run(dc, {request, nullptr, Backend::cuda});
     TILE_CU_CHECK(cuda::driver().cuCtxSynchronize());
     dy.copy_to_host(d.y.bytes().data(), d.y.bytes().size());
+#endif
   }
   result.check = check_against_oracle(d.call, result.record.plan);
   result.outside_untouched = d.y.outside_untouched();

@@ -2,11 +2,14 @@
 """The `tile` command (tools/tile_main.cpp): every bad command line is refused with exit status 2
 and a message naming the command and the option, before any memory is allocated (the refusals run
 under an 8 GiB address-space limit, so a shape allocated before its check fails the test);
-no input crashes it; every command has --help; a valid CPU run passes the float64 oracle.
+no input crashes it; every command has --help; a valid CPU run passes the float64 oracle; a build
+without CUDA (TILE_WITH_CUDA=0 in the environment, as CTest sets it) runs on the CPU and refuses
+the GPU commands, saying why.
 
 Usage: tile_cli_test.py PATH_TO_TILE
 """
 
+import os
 import resource
 import signal
 import subprocess
@@ -154,6 +157,23 @@ class TileCli(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertNotIn("\nplan {", proc.stdout)
         self.assertIn("oracle (float64): PASS, 192 elements", proc.stdout)
+
+    def test_build_without_cuda_runs_on_the_cpu_and_refuses_gpu_commands(self):
+        if os.environ.get("TILE_WITH_CUDA") != "0":
+            self.skipTest("built with CUDA (TILE_WITH_CUDA=ON)")
+        proc = tile(["run", "--shape", "3x64", "--show", "source,check"])  # auto: the CPU backend
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("backend cpu\n", proc.stdout)
+        self.assertIn("extern \"C\" __global__", proc.stdout)  # the source needs no CUDA toolkit
+        self.assertIn("oracle (float64): PASS, 192 elements", proc.stdout)
+        why = "no CUDA backend: Tile was built without CUDA (TILE_WITH_CUDA=OFF)"
+        for args, message in ((["run", "--backend", "cuda", "--shape", "3x64"], f"tile run: softmax: {why}"),
+                              (["bench", "--shape", "4x8"], f"tile bench: {why}; tile bench times GPU kernels"),
+                              (["tune"], f"tile tune: {why}; tile tune times GPU kernels")):
+            with self.subTest(args=args):
+                proc = tile(args)
+                self.assertEqual(proc.returncode, 1, proc.stderr)
+                self.assertTrue(proc.stderr.startswith(message), proc.stderr)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@
 #include <map>
 #include <sstream>
 
+#include "ir/visitor.hpp"
+
 namespace tile::cpu {
 namespace {
 
@@ -87,64 +89,72 @@ std::string ranges(const std::vector<int>& ids) {  // sorted ids -> "1-31, 33"
   return os.str();
 }
 
-class Compiler {
+// Constants get one slot each, numbered in the order a depth-first walk meets them.
+class ConstantSlots : public ir::IRVisitor<ConstantSlots> {
+ public:
+  static std::pair<int, int64_t> key(const Expr& e) {
+    if (e.type != Type::f32) return {int(e.type), e.type == Type::i32 ? int64_t(int32_t(e.i)) : e.i};
+    float f = float(e.f);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    return {int(e.type), bits};
+  }
+
+  ConstantSlots(Code& code, int32_t first) : code_(code), next_(first) {}
+  int32_t end() const { return next_; }
+  const std::map<std::pair<int, int64_t>, int32_t>& slots() const { return slots_; }
+
+  void visit_constant(const Expr& e) {
+    if (slots_.count(key(e))) return;
+    Slot v{};
+    if (e.type == Type::f32)
+      v.f = float(e.f);
+    else if (e.type == Type::i32)
+      v.i = int32_t(e.i);
+    else if (e.type == Type::b1)
+      v.i = e.i != 0;
+    else
+      v.i = e.i;
+    slots_[key(e)] = next_;
+    code_.consts.push_back({next_++, v});
+  }
+
+ private:
+  Code& code_;
+  int32_t next_;
+  std::map<std::pair<int, int64_t>, int32_t> slots_;
+};
+
+// Expression handlers evaluate into a destination slot `dst` (or, when dst < 0, a fresh
+// temporary or a leaf's own slot) and return the slot; statement handlers append code.
+class Compiler : public ir::IRVisitor<Compiler, int32_t> {
  public:
   explicit Compiler(const ir::Kernel& k) : k_(k) {}
 
   Code run() {
     code_.special_base = int32_t(k_.regs.size());
-    int32_t next = code_.special_base + kSpecials;
-    for (const Stmt& s : k_.body) collect_consts(s, next);
-    code_.param_base = next;
-    temp_base_ = next + int32_t(k_.params.size());
+    ConstantSlots constants(code_, code_.special_base + kSpecials);
+    for (const Stmt& s : k_.body) constants.visit(s);
+    const_slots_ = constants.slots();
+    code_.param_base = constants.end();
+    temp_base_ = code_.param_base + int32_t(k_.params.size());
     for (const ir::SharedRegion& r : k_.shared)
       need(r.base >= 0 && r.elems >= 0 && r.program_stride >= 0, "shared region '", r.name,
            "' has a negative base, size or stride");
-    block(k_.body);
+    visit_block(k_.body);
     code_.ins.push_back({Op::halt});
     code_.num_slots = temp_base_ + max_temps_;
     return std::move(code_);
   }
 
  private:
+  friend class ir::IRVisitor<Compiler, int32_t>;
+
   template <typename... Parts>  // builds the message only on failure
   void need(bool ok, const Parts&... what) const {
     if (!ok)
       throw ExecutionError("cpu executor: malformed IR in kernel '" + k_.name +
                            "': " + detail::concat(what...));
-  }
-
-  static std::pair<int, int64_t> const_key(const Expr& e) {
-    if (e.type != Type::f32)
-      return {int(e.type), e.type == Type::i32 ? int64_t(int32_t(e.i)) : e.i};
-    float f = float(e.f);
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    return {int(e.type), bits};
-  }
-  void collect_consts(const Expr* e, int32_t& next) {
-    if (!e) return;
-    if (e->kind == Expr::Kind::constant && !const_slots_.count(const_key(*e))) {
-      Slot v{};
-      if (e->type == Type::f32)
-        v.f = float(e->f);
-      else if (e->type == Type::i32)
-        v.i = int32_t(e->i);
-      else if (e->type == Type::b1)
-        v.i = e->i != 0;
-      else
-        v.i = e->i;
-      const_slots_[const_key(*e)] = next;
-      code_.consts.push_back({next++, v});
-    }
-    for (const ir::ExprPtr& a : e->args) collect_consts(a.get(), next);
-  }
-  void collect_consts(const Stmt& s, int32_t& next) {
-    for (const Expr* e : {s.value.get(), s.index.get(), s.valid.get(), s.aligned.get(),
-                          s.cond.get(), s.begin.get(), s.end.get()})
-      collect_consts(e, next);
-    for (const Stmt& b : s.body) collect_consts(b, next);
-    for (const Stmt& b : s.else_body) collect_consts(b, next);
   }
 
   int32_t temp() {
@@ -202,62 +212,82 @@ class Compiler {
     return to == Type::i32 && from == Type::i64 ? Op::i_to_i32 : Op::mov;
   }
 
-  // Evaluates `e` into `dst` (or a fresh temporary, or a leaf's own slot when dst < 0).
   int32_t expr(const Expr* e, int32_t dst = -1) {
     need(e != nullptr, "missing expression");
-    int32_t leaf = -1;
-    switch (e->kind) {
-      case Expr::Kind::constant: leaf = const_slots_.at(const_key(*e)); break;
-      case Expr::Kind::reg: leaf = reg_slot(e->id, e->type, "an expression"); break;
-      case Expr::Kind::special:
-        need(e->id >= 0 && e->id < kSpecials, "unknown special value");
-        leaf = code_.special_base + e->id;
-        break;
-      case Expr::Kind::param:
-        need(e->id >= 0 && e->id < int(k_.params.size()) && k_.params[e->id].type == e->type,
-             "parameter ", e->id, " does not exist or has another type");
-        leaf = code_.param_base + e->id;
-        break;
-      default: break;
-    }
-    if (leaf >= 0) {
-      if (dst >= 0 && dst != leaf) code_.ins.push_back({Op::mov, dst, leaf});
-      return dst >= 0 ? dst : leaf;
-    }
-    const size_t n = e->kind == Expr::Kind::select ? 3 : e->kind == Expr::Kind::binary ? 2 : 1;
-    need(e->args.size() == n, "expression with the wrong number of operands");
+    return visit(*e, dst);
+  }
+
+  // The executor defines what each node means: a kind without a handler here does not build.
+  template <typename Node, typename... Ctx>
+  int32_t visit_children(const Node&, Ctx&&...) {
+    static_assert(sizeof(Node) == 0, "the CPU executor needs a handler for every node kind");
+    return -1;
+  }
+
+  int32_t leaf(int32_t slot, int32_t dst) {
+    if (dst >= 0 && dst != slot) code_.ins.push_back({Op::mov, dst, slot});
+    return dst >= 0 ? dst : slot;
+  }
+  int32_t visit_constant(const Expr& e, int32_t dst) { return leaf(const_slots_.at(ConstantSlots::key(e)), dst); }
+  int32_t visit_reg(const Expr& e, int32_t dst) { return leaf(reg_slot(e.id, e.type, "an expression"), dst); }
+  int32_t visit_special(const Expr& e, int32_t dst) {
+    need(e.id >= 0 && e.id < kSpecials, "unknown special value");
+    return leaf(code_.special_base + e.id, dst);
+  }
+  int32_t visit_param(const Expr& e, int32_t dst) {
+    need(e.id >= 0 && e.id < int(k_.params.size()) && k_.params[e.id].type == e.type, "parameter ", e.id,
+         " does not exist or has another type");
+    return leaf(code_.param_base + e.id, dst);
+  }
+
+  // The slots of the first `n` operands, evaluated in order; an instruction with them as a, b, c.
+  Ins operands(const Expr& e, size_t n) {
+    need(e.args.size() == n, "expression with the wrong number of operands");
     int32_t a[3] = {0, 0, 0};
-    for (size_t j = 0; j < n; ++j) a[j] = expr(e->args[j].get());
-    Type t0 = e->args[0]->type;
-    if (e->kind == Expr::Kind::cast && cast_code(t0, e->type) == Op::mov && dst < 0) return a[0];
-    Ins in{Op::mov, 0, a[0], a[1], a[2]};
-    switch (e->kind) {
-      case Expr::Kind::unary: in.op = unop_code(e->unop, t0); break;
-      case Expr::Kind::binary:
-        need(e->args[1]->type == t0, ir::binop_name(e->binop), " of ", ir::type_name(t0), " and ",
-             ir::type_name(e->args[1]->type));
-        in.op = binop_code(e->binop, t0);
-        break;
-      case Expr::Kind::select:
-        need(t0 == Type::b1 && e->args[1]->type == e->args[2]->type, "ill-typed select");
-        in.op = Op::select;
-        break;
-      case Expr::Kind::cast: in.op = cast_code(t0, e->type); break;
-      case Expr::Kind::row_aligned:
-        need(e->id >= 0 && e->id < int(k_.buffers.size()) && e->i > 0 && is_int(t0),
-             "row_aligned with a bad buffer, offset or byte count");
-        in = {Op::row_aligned, 0, a[0], e->id, int32_t(e->i)};
-        break;
-      case Expr::Kind::unpack16:
-        need(t0 == Type::i32 && (e->id == int(DType::f16) || e->id == int(DType::bf16)) && (e->i == 0 || e->i == 1),
-             "unpack16 needs an i32 word, a 16-bit dtype and half 0 or 1");
-        in = {Op::unpack16, 0, a[0], e->id, int32_t(e->i)};
-        break;
-      default: need(false, "unknown expression kind");
-    }
+    for (size_t j = 0; j < n; ++j) a[j] = expr(e.args[j].get());
+    return {Op::mov, 0, a[0], a[1], a[2]};
+  }
+  int32_t emit(Ins in, int32_t dst) {
     in.d = dst >= 0 ? dst : temp();
     code_.ins.push_back(in);
     return in.d;
+  }
+  int32_t visit_unary(const Expr& e, int32_t dst) {
+    Ins in = operands(e, 1);
+    in.op = unop_code(e.unop, e.args[0]->type);
+    return emit(in, dst);
+  }
+  int32_t visit_binary(const Expr& e, int32_t dst) {
+    Ins in = operands(e, 2);
+    const Type t0 = e.args[0]->type;
+    need(e.args[1]->type == t0, ir::binop_name(e.binop), " of ", ir::type_name(t0), " and ",
+         ir::type_name(e.args[1]->type));
+    in.op = binop_code(e.binop, t0);
+    return emit(in, dst);
+  }
+  int32_t visit_select(const Expr& e, int32_t dst) {
+    Ins in = operands(e, 3);
+    need(e.args[0]->type == Type::b1 && e.args[1]->type == e.args[2]->type, "ill-typed select");
+    in.op = Op::select;
+    return emit(in, dst);
+  }
+  int32_t visit_cast(const Expr& e, int32_t dst) {
+    Ins in = operands(e, 1);
+    in.op = cast_code(e.args[0]->type, e.type);
+    if (in.op == Op::mov && dst < 0) return in.a;  // no conversion: the operand's own slot
+    return emit(in, dst);
+  }
+  int32_t visit_row_aligned(const Expr& e, int32_t dst) {
+    Ins in = operands(e, 1);
+    need(e.id >= 0 && e.id < int(k_.buffers.size()) && e.i > 0 && is_int(e.args[0]->type),
+         "row_aligned with a bad buffer, offset or byte count");
+    return emit({Op::row_aligned, 0, in.a, e.id, int32_t(e.i)}, dst);
+  }
+  int32_t visit_unpack16(const Expr& e, int32_t dst) {
+    Ins in = operands(e, 1);
+    need(e.args[0]->type == Type::i32 && (e.id == int(DType::f16) || e.id == int(DType::bf16)) && (e.i == 0 || e.i == 1),
+         "unpack16 needs an i32 word, a 16-bit dtype and half 0 or 1");
+    return emit({Op::unpack16, 0, in.a, e.id, int32_t(e.i)}, dst);
   }
 
   int32_t here() const { return int32_t(code_.ins.size()); }
@@ -288,97 +318,85 @@ class Compiler {
     code_.mem.push_back(m);
   }
 
-  void block(const std::vector<Stmt>& body) {
-    for (const Stmt& s : body) stmt(s);
-  }
-
-  void stmt(const Stmt& s) {
-    temps_ = 0;  // temporaries live within one statement
-    switch (s.kind) {
-      case Stmt::Kind::assign:
-        need(s.value != nullptr, "assign without a value");
-        need(s.dst >= 0 && s.dst < int(k_.regs.size()), "assign to a register that does not exist");
-        need(s.value->type == k_.regs[s.dst].type, "assign of ", ir::type_name(s.value->type),
-             " to register '", k_.regs[s.dst].name, "'");
-        expr(s.value.get(), s.dst);
-        break;
-      case Stmt::Kind::load: mem(s, true); break;
-      case Stmt::Kind::store: mem(s, false); break;
-      case Stmt::Kind::shfl_xor: {
-        need(s.src >= 0 && s.src < int(k_.regs.size()),
-             "shfl_xor of a register that does not exist");
-        Type t = k_.regs[s.src].type;
-        int32_t d = reg_slot(s.dst, t, "shfl_xor");
-        need(s.width >= 1 && s.width <= 32 && (s.width & (s.width - 1)) == 0, "shfl_xor width ",
-             s.width, " is not a power of two <= 32");
-        need(s.offset >= 0 && s.offset < 32, "shfl_xor offset ", s.offset, " is not in [0, 32)");
-        int32_t l = label("shfl_xor #" + std::to_string(shfls_++) + " of '" + k_.regs[s.src].name +
-                          "' (offset " + std::to_string(s.offset) + ", width " +
-                          std::to_string(s.width) + ")");
-        code_.ins.push_back({Op::shfl, d, s.src, s.offset | (s.width << 8), l});
-        break;
-      }
-      case Stmt::Kind::shared_store:
-      case Stmt::Kind::shared_load: {
-        need(s.region >= 0 && s.region < int(k_.shared.size()),
-             "shared region that does not exist");
-        need(s.index && is_int(s.index->type), "shared index must be an integer");
-        bool st = s.kind == Stmt::Kind::shared_store;
-        int32_t v =
-            st ? (need(s.value && s.value->type == Type::f32, "shared store of a non-f32 value"),
-                  expr(s.value.get()))
-               : reg_slot(s.dst, Type::f32, "shared_load");
-        int32_t i = expr(s.index.get());
-        code_.ins.push_back({st ? Op::shared_store : Op::shared_load, v, i, s.region});
-        break;
-      }
-      case Stmt::Kind::barrier: {
-        bool g = s.barrier == ir::BarrierKind::group;
-        int& n = g ? group_barriers_ : program_barriers_;
-        int32_t l = label((g ? "group barrier #" : "program barrier #") + std::to_string(n++));
-        code_.ins.push_back({g ? Op::group_barrier : Op::program_barrier, 0, l});
-        break;
-      }
-      case Stmt::Kind::if_: {
-        need(s.cond && s.cond->type == Type::b1, "if condition must be b1");
-        int32_t c = expr(s.cond.get());
-        int32_t br = here();
-        code_.ins.push_back({Op::branch_false, 0, c});
-        block(s.body);
-        if (!s.else_body.empty()) {
-          int32_t j = here();
-          code_.ins.push_back({Op::jump});
-          code_.ins[br].b = here();
-          block(s.else_body);
-          code_.ins[j].a = here();
-        } else {
-          code_.ins[br].b = here();
-        }
-        break;
-      }
-      case Stmt::Kind::for_: {
-        need(s.dst >= 0 && s.dst < int(k_.regs.size()) && is_int(k_.regs[s.dst].type),
-             "for_ variable must be an integer register");
-        Type t = k_.regs[s.dst].type;
-        need(s.begin && s.end && s.begin->type == t && s.end->type == t,
-             "for_ bounds must have the variable's type");
-        expr(s.begin.get(), s.dst);
-        int32_t top = here();
-        temps_ = 0;
-        int32_t e = expr(s.end.get());  // re-evaluated every iteration, as C does
-        int32_t c = temp();
-        code_.ins.push_back({Op::ilt, c, s.dst, e});
-        int32_t br = here();
-        code_.ins.push_back({Op::branch_false, 0, c});
-        block(s.body);
-        code_.ins.push_back({t == Type::i32 ? Op::inc32 : Op::inc64, s.dst});
-        code_.ins.push_back({Op::jump, 0, top});
-        code_.ins[br].b = here();
-        break;
-      }
-      case Stmt::Kind::comment: break;
+  void visit_block(const std::vector<Stmt>& body) {
+    for (const Stmt& s : body) {
+      temps_ = 0;  // temporaries live within one statement
+      visit(s);
     }
   }
+
+  void visit_assign(const Stmt& s) {
+    need(s.value != nullptr, "assign without a value");
+    need(s.dst >= 0 && s.dst < int(k_.regs.size()), "assign to a register that does not exist");
+    need(s.value->type == k_.regs[s.dst].type, "assign of ", ir::type_name(s.value->type), " to register '",
+         k_.regs[s.dst].name, "'");
+    expr(s.value.get(), s.dst);
+  }
+  void visit_load(const Stmt& s) { mem(s, true); }
+  void visit_store(const Stmt& s) { mem(s, false); }
+  void visit_shfl_xor(const Stmt& s) {
+    need(s.src >= 0 && s.src < int(k_.regs.size()), "shfl_xor of a register that does not exist");
+    Type t = k_.regs[s.src].type;
+    int32_t d = reg_slot(s.dst, t, "shfl_xor");
+    need(s.width >= 1 && s.width <= 32 && (s.width & (s.width - 1)) == 0, "shfl_xor width ", s.width,
+         " is not a power of two <= 32");
+    need(s.offset >= 0 && s.offset < 32, "shfl_xor offset ", s.offset, " is not in [0, 32)");
+    int32_t l = label("shfl_xor #" + std::to_string(shfls_++) + " of '" + k_.regs[s.src].name + "' (offset " +
+                      std::to_string(s.offset) + ", width " + std::to_string(s.width) + ")");
+    code_.ins.push_back({Op::shfl, d, s.src, s.offset | (s.width << 8), l});
+  }
+  void visit_shared_store(const Stmt& s) { shared(s, true); }
+  void visit_shared_load(const Stmt& s) { shared(s, false); }
+  void shared(const Stmt& s, bool st) {
+    need(s.region >= 0 && s.region < int(k_.shared.size()), "shared region that does not exist");
+    need(s.index && is_int(s.index->type), "shared index must be an integer");
+    int32_t v = st ? (need(s.value && s.value->type == Type::f32, "shared store of a non-f32 value"),
+                      expr(s.value.get()))
+                   : reg_slot(s.dst, Type::f32, "shared_load");
+    int32_t i = expr(s.index.get());
+    code_.ins.push_back({st ? Op::shared_store : Op::shared_load, v, i, s.region});
+  }
+  void visit_barrier(const Stmt& s) {
+    bool g = s.barrier == ir::BarrierKind::group;
+    int& n = g ? group_barriers_ : program_barriers_;
+    int32_t l = label((g ? "group barrier #" : "program barrier #") + std::to_string(n++));
+    code_.ins.push_back({g ? Op::group_barrier : Op::program_barrier, 0, l});
+  }
+  void visit_if(const Stmt& s) {
+    need(s.cond && s.cond->type == Type::b1, "if condition must be b1");
+    int32_t c = expr(s.cond.get());
+    int32_t br = here();
+    code_.ins.push_back({Op::branch_false, 0, c});
+    visit_block(s.body);
+    if (!s.else_body.empty()) {
+      int32_t j = here();
+      code_.ins.push_back({Op::jump});
+      code_.ins[br].b = here();
+      visit_block(s.else_body);
+      code_.ins[j].a = here();
+    } else {
+      code_.ins[br].b = here();
+    }
+  }
+  void visit_for(const Stmt& s) {
+    need(s.dst >= 0 && s.dst < int(k_.regs.size()) && is_int(k_.regs[s.dst].type),
+         "for_ variable must be an integer register");
+    Type t = k_.regs[s.dst].type;
+    need(s.begin && s.end && s.begin->type == t && s.end->type == t, "for_ bounds must have the variable's type");
+    expr(s.begin.get(), s.dst);
+    int32_t top = here();
+    temps_ = 0;
+    int32_t e = expr(s.end.get());  // re-evaluated every iteration, as C does
+    int32_t c = temp();
+    code_.ins.push_back({Op::ilt, c, s.dst, e});
+    int32_t br = here();
+    code_.ins.push_back({Op::branch_false, 0, c});
+    visit_block(s.body);
+    code_.ins.push_back({t == Type::i32 ? Op::inc32 : Op::inc64, s.dst});
+    code_.ins.push_back({Op::jump, 0, top});
+    code_.ins[br].b = here();
+  }
+  void visit_comment(const Stmt&) {}
 
   const ir::Kernel& k_;
   Code code_;

@@ -1,15 +1,15 @@
 // The CPU reference executor: runs a raw IR kernel on the host and so defines what the IR
 // means (src/ir/ir.hpp).
 //
-// The kernel is compiled once into flat three-address bytecode over a per-worker file of
-// 8-byte slots (registers, built-ins, constants, parameters, expression temporaries), with
-// structured control flow lowered to jumps. Groups run one after another; inside a group the
-// workers run lane by lane: one worker runs until it reaches a barrier or shfl_xor or
-// finishes, then the next; a barrier is released when every worker of its scope waits at that
-// same statement, a shfl_xor when every lane of the warp does. It reports, as ExecutionError,
-// out-of-bounds and misaligned accesses, shared-memory data races, skipped barriers and
-// shuffles, and integer division by zero (library bugs, so an InternalError). Tested by
-// tests/backend/cpu/executor_test.cpp.
+// The kernel is compiled once, by an IRVisitor (src/ir/visitor.hpp), into flat three-address
+// bytecode over a per-worker file of 8-byte slots (registers, built-ins, constants, parameters,
+// expression temporaries), with structured control flow lowered to jumps. Groups run one after
+// another; inside a group the workers run lane by lane: one worker runs until it reaches a
+// barrier or shfl_xor or finishes, then the next; a barrier is released when every worker of
+// its scope waits at that same statement, a shfl_xor when every lane of the warp does. It
+// reports, as ExecutionError, out-of-bounds and misaligned accesses, shared-memory data races,
+// skipped barriers and shuffles, and integer division by zero (library bugs, so an
+// InternalError). Tested by tests/backend/cpu/executor_test.cpp.
 #pragma once
 
 #include <cstdint>

@@ -23,7 +23,14 @@ cpu::LaunchArgs launch_args(const LoweredKernel& lk, const ArgumentValues& a, in
 class CpuTarget final : public Target {
  public:
   const char* name() const override { return "cpu"; }
-  DeviceLimits limits(const CallOptions&) const override { return DeviceLimits{}; }
+  // The executor can run any plan; it declares CUDA's caps so that a plan, and so the IR, is
+  // the same on both backends and the CPU checks what the GPU runs.
+  TargetCaps caps() const override {
+    TargetCaps c;
+    c.can_launch = true;
+    return c;
+  }
+  DeviceLimits limits(const CallOptions&) const override { return with_caps(DeviceLimits{}, caps()); }
   std::string source(const PreparedKernel&) const override { return ""; }
 
   LaunchRecord launch(const PreparedKernel& pk, const BoundCall& call, const CallOptions&) const override {

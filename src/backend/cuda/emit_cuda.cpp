@@ -85,7 +85,7 @@ class CudaEmitter : public IRPrinter {
       line(type_spelling(k_.regs[i].type) + " " + names_[i] + ";" +
            (k_.regs[i].cached ? "  // cached input" : ""));
     indent_ = 0;
-    print_block(k_.body);
+    visit_block(k_.body);
     os_ << "}\n";
   }
 
@@ -103,7 +103,7 @@ class CudaEmitter : public IRPrinter {
     return "?";
   }
 
-  std::string constant(const Expr& e) override {
+  std::string visit_constant(const Expr& e) override {
     if (e.type == Type::f32) {
       float f = float(e.f);
       if (std::isinf(f)) return f > 0 ? "__int_as_float(0x7f800000)" : "__int_as_float(0xff800000)";
@@ -154,12 +154,12 @@ class CudaEmitter : public IRPrinter {
   // aligned and the access lies in the row, else the scalar path.
   void open_access(const Stmt& s) {
     ++indent_;
-    line("const long long tile_i = " + expr(*s.index) + ";");
-    line("const long long tile_n = " + expr(*s.valid) + ";");
+    line("const long long tile_i = " + visit(*s.index) + ";");
+    line("const long long tile_n = " + visit(*s.valid) + ";");
     if (s.whole)
       line("if (tile_n >= " + std::to_string(s.width) + ") {");
     else
-      line("if (" + expr(*s.aligned) + " && tile_n >= " + std::to_string(s.width) + ") {");
+      line("if (" + visit(*s.aligned) + " && tile_n >= " + std::to_string(s.width) + ") {");
     ++indent_;
   }
   void else_access() {
@@ -175,8 +175,8 @@ class CudaEmitter : public IRPrinter {
     const int bytes = s.raw ? s.width * 2 : s.width * dtype_size(b.dtype);
     const std::string W = std::to_string(s.width);
     ++indent_;  // inside the block the caller opened
-    line("const long long tile_i = " + expr(*s.index) + ";");
-    line("const long long tile_n = " + expr(*s.valid) + ";");
+    line("const long long tile_i = " + visit(*s.index) + ";");
+    line("const long long tile_n = " + visit(*s.valid) + ";");
     line("const " + std::string(word_type(bytes)) + " tile_w = *reinterpret_cast<const " + word_type(bytes) + "*>(" +
          b.name + " + (tile_n >= " + W + " ? tile_i : tile_i + tile_n - " + W + "));");
     for (size_t j = 0; j < s.dsts.size(); ++j)
@@ -222,8 +222,8 @@ class CudaEmitter : public IRPrinter {
     const std::string fill = std::to_string(int64_t(s.fill)) + "LL";
     line("{  // " + std::string(s.clamp ? "clamped " : "") + "load " + b.name + ", " + std::to_string(s.width) + " elements");
     ++indent_;
-    line("const long long tile_i = " + expr(*s.index) + ";");
-    line("const long long tile_n = " + expr(*s.valid) + ";");
+    line("const long long tile_i = " + visit(*s.index) + ";");
+    line("const long long tile_n = " + visit(*s.valid) + ";");
     for (int j = 0; j < s.width; ++j) {
       std::string jj = std::to_string(j);
       std::string at = s.clamp ? b.name + "[tile_i + (" + jj + " < tile_n - 1 ? " + jj + " : tile_n - 1)]" : b.name + "[tile_i + " + jj + "]";
@@ -237,8 +237,8 @@ class CudaEmitter : public IRPrinter {
     const Buffer& b = k_.buffers[s.buffer];
     line("{  // store " + b.name + ", " + std::to_string(s.width) + " elements");
     ++indent_;
-    line("const long long tile_i = " + expr(*s.index) + ";");
-    line("const long long tile_n = " + expr(*s.valid) + ";");
+    line("const long long tile_i = " + visit(*s.index) + ";");
+    line("const long long tile_n = " + visit(*s.valid) + ";");
     for (int j = 0; j < s.width; ++j)
       line("if (" + std::to_string(j) + " < tile_n) " + b.name + "[tile_i + " + std::to_string(j) + "] = (" +
            element_type(b.dtype) + ")" + reg_name(s.dsts[j]) + ";");
@@ -246,7 +246,7 @@ class CudaEmitter : public IRPrinter {
     line("}");
   }
 
-  void print_load(const Stmt& s) override {
+  void visit_load(const Stmt& s) override {
     if (s.raw) return print_raw_load(s);
     if (!is_float(k_.buffers[s.buffer].dtype)) return print_int_load(s);
     const Buffer& b = k_.buffers[s.buffer];
@@ -258,7 +258,7 @@ class CudaEmitter : public IRPrinter {
       if (es == 2 && bytes > 2) word = j % 2 ? "(" + word + " >> 16)" : word;
       return "tile_" + dt + "_to_f32(" + word + ")";
     };
-    std::string fill = constant(*f32_const(s.fill));
+    std::string fill = visit(*f32_const(s.fill));
     if (s.whole && s.clamp) return print_clamped_whole_load(s, convert, fill);
     open_access(s);
     line("const " + std::string(word_type(bytes)) + " tile_w = *reinterpret_cast<const " + word_type(bytes) +
@@ -283,7 +283,7 @@ class CudaEmitter : public IRPrinter {
     close_access();
   }
 
-  void print_store(const Stmt& s) override {
+  void visit_store(const Stmt& s) override {
     if (!is_float(k_.buffers[s.buffer].dtype)) return print_int_store(s);
     const Buffer& b = k_.buffers[s.buffer];
     const std::string dt(dtype_name(b.dtype));
@@ -317,7 +317,7 @@ class CudaEmitter : public IRPrinter {
     close_access();
   }
 
-  void print_shfl(const Stmt& s) override {
+  void visit_shfl_xor(const Stmt& s) override {
     line(reg_name(s.dst) + " = __shfl_xor_sync(0xffffffffu, " + reg_name(s.src) + ", " + std::to_string(s.offset) +
          ", " + std::to_string(s.width) + ");");
   }
@@ -325,12 +325,12 @@ class CudaEmitter : public IRPrinter {
   std::string shared_slot(const Stmt& s) {
     const SharedRegion& r = k_.shared[s.region];
     return "tile_shared[" + std::to_string(r.base) + " + program_in_group * " + std::to_string(r.program_stride) +
-           " + " + expr(*s.index) + "]";
+           " + " + visit(*s.index) + "]";
   }
-  void print_shared_store(const Stmt& s) override { line(shared_slot(s) + " = " + expr(*s.value) + ";"); }
-  void print_shared_load(const Stmt& s) override { line(reg_name(s.dst) + " = " + shared_slot(s) + ";"); }
+  void visit_shared_store(const Stmt& s) override { line(shared_slot(s) + " = " + visit(*s.value) + ";"); }
+  void visit_shared_load(const Stmt& s) override { line(reg_name(s.dst) + " = " + shared_slot(s) + ";"); }
 
-  void print_barrier(const Stmt& s) override {
+  void visit_barrier(const Stmt& s) override {
     if (s.barrier == BarrierKind::group)
       line("__syncthreads();  // group barrier");
     else

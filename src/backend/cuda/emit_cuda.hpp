@@ -3,7 +3,9 @@
 // CudaEmitter is an IRPrinter that spells loads and stores as 16-byte (or narrower) vector
 // instructions with a scalar fallback, shuffles as __shfl_xor_sync, barriers as
 // __syncthreads or a named bar.sync per program, and prepends the device helpers
-// (device/tile_device.cuh). Tested by tests/backend/cuda/emit_cuda_test.cpp.
+// (device/tile_device.cuh). Text only, no CUDA header: compiled in builds without CUDA too,
+// where the no-CUDA target (src/backend/no_cuda/) still returns the source. Tested by
+// tests/backend/cuda/emit_cuda_test.cpp.
 #pragma once
 
 #include <string>
