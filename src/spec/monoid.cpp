@@ -253,17 +253,25 @@ Monoid scaled_mean_m2() {
   MonoidExpr mean = pick(mm + delta * share, b.mine(2), b.other(2));
   MonoidExpr m2 = pick(b.mine(3) * (rm * rm) + b.other(3) * (ro * ro) + delta * delta * (n * share), b.mine(3), b.other(3));
 
-  // A chunk: the sum of x / p over the count, clamped into the chunk's range; the squared
-  // deviations at half scale (x p^-1 / 2 - mean / 2, m2 = 4 Σ d^2: the same values, but no
-  // product x / p for the compiler to share with the sum and keep live beside a cached row).
+  // A chunk's mean: Σ x / p over the count, clamped into the chunk's range. Σ x is taken at two
+  // fixed scales in the same stage as the range, so a staged merge (which merges each chunk sum
+  // across the program on its own) needs no stage for p before it: Σ x 2^-64 cannot overflow,
+  // and loses only elements below 2^-62, negligible beside a largest |x| above 2^-30; Σ x 2^64
+  // is exact for the rest. Both become Σ x / p by exact powers of two.
   MonoidExpr k = b.count();
   MonoidExpr hi = b.chunk_max(b.element()), lo = b.unary(UnaryFn::neg, b.chunk_max(b.unary(UnaryFn::neg, b.element())));
-  MonoidExpr p = power_of_two_scale(b, b.binary(BinaryFn::max, b.constant(0.0), b.binary(BinaryFn::max, hi, b.unary(UnaryFn::neg, lo))));
+  MonoidExpr amax = b.binary(BinaryFn::max, b.constant(0.0), b.binary(BinaryFn::max, hi, b.unary(UnaryFn::neg, lo)));
+  MonoidExpr p = power_of_two_scale(b, amax);
   MonoidExpr inv = b.constant(1.0) / p;
-  MonoidExpr raw_mean = b.chunk_sum(b.element() * inv) / b.binary(BinaryFn::max, k, b.constant(1.0));
+  MonoidExpr sum_hi = b.chunk_sum(b.element() * b.constant(0x1p-64)), sum_lo = b.chunk_sum(b.element() * b.constant(0x1p64));
+  MonoidExpr sum = b.select(b.binary(BinaryFn::lt, b.constant(0x1p-30), amax), sum_hi * inv * b.constant(0x1p64),
+                            sum_lo * inv * b.constant(0x1p-64));
+  MonoidExpr raw_mean = sum / b.binary(BinaryFn::max, k, b.constant(1.0));
   MonoidExpr clamped = b.binary(BinaryFn::min, b.binary(BinaryFn::max, raw_mean, lo * inv), hi * inv);
   MonoidExpr any = b.binary(BinaryFn::lt, b.constant(0.0), k);
   MonoidExpr chunk_mean = b.select(any, clamped, b.constant(0.0));
+  // The squared deviations at half scale (x p^-1 / 2 - mean / 2, m2 = 4 Σ d^2: the same values,
+  // but no product for the compiler to share with another pass and keep live beside a cached row).
   MonoidExpr d = b.element() * (inv * b.constant(0.5)) - chunk_mean * b.constant(0.5);
   MonoidExpr chunk_m2 = b.chunk_sum(d * d) * b.constant(4.0);
   return b.build({total, merged, mean, m2}, {k, p, chunk_mean, chunk_m2});

@@ -105,6 +105,7 @@ TEST(CpuSweep, OneCaseOfEveryPlanFamily) {
     EXPECT_EQ(p.alignment, *f.c.plan.alignment);
     EXPECT_EQ(p.cache_format, *f.c.plan.cache_format);
     EXPECT_EQ(p.grid_limit, *f.c.plan.grid_limit);
+    EXPECT_EQ(p.merge, *f.c.plan.merge);
     EXPECT_TRUE(seen.insert(f.family).second) << "family listed twice";
     seen.insert("op " + op_name(f.c.op));
     seen.insert("x " + std::string(dtype_name(f.c.x)));
@@ -115,13 +116,13 @@ TEST(CpuSweep, OneCaseOfEveryPlanFamily) {
     EXPECT_TRUE(seen.count(std::string("x ") + dt)) << dt;
     EXPECT_TRUE(seen.count(std::string("y ") + dt)) << dt;
   }
-  for (const char* family : {"registers w8 packed group predicate require packed-cache",
-                             "reread w96 packed program clamp scalar_fallback f32-cache loop",
-                             "registers w96 packed program predicate scalar_fallback packed-cache",
-                             "registers w96 single group clamp require f32-cache loop",
-                             "reread w32 single group clamp require f32-cache"})
+  for (const char* family : {"registers w8 packed group predicate require packed-cache staged",
+                             "reread w96 packed program clamp scalar_fallback f32-cache loop combine",
+                             "registers w96 packed program predicate scalar_fallback packed-cache combine",
+                             "registers w96 single group clamp require f32-cache loop staged",
+                             "reread w32 single group clamp require f32-cache combine"})
     EXPECT_TRUE(seen.count(family)) << family;
-  EXPECT_EQ(seen.size(), size_t(168 + 4 + 3 + 3));  // 112 register and 56 re-read families, ops, dtypes
+  EXPECT_EQ(seen.size(), size_t(280 + 4 + 3 + 3));  // 224 register and 56 re-read families, ops, dtypes
 }
 
 TEST(CpuSweep, GroupsLoopingOverRowBlocksReuseTheirPartialsSafely) {

@@ -112,6 +112,7 @@ MappingPlan perturb(MappingPlan p, const PlanInputs& in, Rng& rng) {
     attempt([&](MappingPlan& q) { q.stripe_unroll = 1 + rng.below(16); });
   if (rng.chance(0.2)) attempt([&](MappingPlan& q) { q.private_budget = q.stripes * q.vector_elems + rng.below(64); });
   if (rng.chance(0.3)) attempt([&](MappingPlan& q) { q.resident_groups = 1 + rng.below(4); });
+  attempt([&](MappingPlan& q) { q.merge = rng.chance(0.5) ? MergeStrategy::staged : MergeStrategy::combine; });
   if (rng.chance(0.3)) attempt([&](MappingPlan& q) { q.grid_limit = 1 + rng.below(8); });  // groups loop over rows
   return p;
 }
@@ -132,6 +133,7 @@ std::optional<MappingPlan> random_plan(const PlanInputs& in, Rng& rng) {
   if (rng.chance(0.3)) r.cache_format = rng.chance(0.5) ? CacheFormat::packed : CacheFormat::f32;
   if (rng.chance(0.2)) r.resident_groups = 1 + rng.below(4);
   if (rng.chance(0.2)) r.grid_limit = rng.below(8);
+  if (rng.chance(0.3)) r.merge = rng.chance(0.5) ? MergeStrategy::staged : MergeStrategy::combine;
   MappingPlan p = choose_plan(in, r);
   if (!valid(p, in)) return std::nullopt;
   return p;
@@ -339,6 +341,8 @@ int fuzz(const Options& o) {
       if (p.tail == TailHandling::clamp) ++tally["clamp tail"];
       if (p.alignment == Alignment::require) ++tally["whole vectors"];
       if (p.cache_format == CacheFormat::packed) ++tally["packed cache"];
+      if (p.merge == MergeStrategy::staged) ++tally["staged merges"];
+      if (p.grid_limit > 0) ++tally["row-block loops"];
       if (f.c.special_values) ++tally["special values"];
       if (!fail.empty()) {
         ++failures;

@@ -217,7 +217,7 @@ inline std::vector<Case> packing_sweep() {
 
 // The structural classes of the mapping family: caching, width (sub-warp, one warp, several),
 // packing (one program, or several with a guard program), barrier scope, tail, alignment, cache
-// format, and groups that loop over row blocks. One case per valid combination, with the operator and the dtype rotating so
+// format, groups that loop over row blocks, and the merge strategy of cached rows. One case per valid combination, with the operator and the dtype rotating so
 // every operator and every dtype appears; used by the sanitizer set and its CPU twin.
 struct FamilyCase {
   Case c;
@@ -236,7 +236,9 @@ inline std::vector<FamilyCase> plan_family_cases() {
           for (TailHandling tail : {TailHandling::predicate, TailHandling::clamp})
             for (Alignment alignment : {Alignment::scalar_fallback, Alignment::require})
               for (CacheFormat format : {CacheFormat::f32, CacheFormat::packed})
-               for (bool loop : {false, true}) {  // groups that loop over row blocks (grid_limit)
+               for (bool loop : {false, true})  // groups that loop over row blocks (grid_limit)
+                for (MergeStrategy merge : {MergeStrategy::combine, MergeStrategy::staged}) {
+                if (merge == MergeStrategy::staged && caching != InputCaching::registers) continue;
                 if (scope == BarrierScope::program && width <= 32) continue;  // no barrier to scope
                 if (format == CacheFormat::packed && caching != InputCaching::registers) continue;
                 if (width < 32 && !packed) continue;  // sub-warp programs always fill a warp
@@ -258,10 +260,11 @@ inline std::vector<FamilyCase> plan_family_cases() {
                 p.barrier_scope = scope, p.tail = tail, p.alignment = alignment, p.cache_format = format;
                 p.stripe_unroll = caching == InputCaching::reread ? 2 : 1;
                 p.grid_limit = loop ? 2 : 0;  // 7 or 3 rows: two groups, each looping
+                p.merge = merge;
                 p.resident_groups = 1 + index % 2;
                 std::string family = to_string(caching) + " w" + std::to_string(width) + (packed ? " packed " : " single ") +
                                      to_string(scope) + " " + to_string(tail) + " " + to_string(alignment) + " " +
-                                     to_string(format) + "-cache" + (loop ? " loop" : "");
+                                     to_string(format) + "-cache" + (loop ? " loop" : "") + " " + to_string(merge);
                 out.push_back({c, family});
                 ++index;
               }
