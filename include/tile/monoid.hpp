@@ -12,8 +12,9 @@
 //   max             x                  -> (m)             NaN if any element is NaN
 //   online_softmax  x                  -> (m, Σ exp(x - m))  one pass; all -inf rows give s = 0
 //   mean_m2         x                  -> (n, mean, Σ (x - mean)^2)  Chan et al.'s merge
-//   scaled_sum_squares x               -> (m, s) with Σ x^2 = s m^2, m = max |x|: no overflow
-//                                         for any finite x; +inf gives s = +inf, NaN gives NaN
+//   scaled_sum_squares x               -> (e, s) with Σ x^2 = s 4^e, 2^e <= max |x| < 2^(e+1):
+//                                         no overflow or underflow for any finite x, scaled by
+//                                         exact powers of two; +inf gives s = +inf, NaN gives NaN
 #pragma once
 
 #include <cstdint>
@@ -22,8 +23,10 @@
 
 namespace tile {
 
-enum class UnaryFn : uint8_t { neg, exp, log, sqrt, rsqrt, abs, tanh, logical_not, to_f32 };
-enum class BinaryFn : uint8_t { add, sub, mul, div, max, min, lt, le, eq, ne, logical_and, logical_or };
+// exponent(x): floor(log2 |x|) as an f32 integer for finite nonzero x, else 0. ldexp(a, b):
+// a * 2^b, exact, for integer-valued b. Exact powers of two scale without division or rounding.
+enum class UnaryFn : uint8_t { neg, exp, log, sqrt, rsqrt, abs, tanh, logical_not, to_f32, exponent };
+enum class BinaryFn : uint8_t { add, sub, mul, div, max, min, lt, le, eq, ne, logical_and, logical_or, ldexp };
 const char* unary_fn_name(UnaryFn fn);
 const char* binary_fn_name(BinaryFn fn);
 inline bool is_comparison(BinaryFn fn) {

@@ -9,11 +9,11 @@
 namespace tile {
 
 const char* unary_fn_name(UnaryFn fn) {
-  static const char* names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "not", "to_f32"};
+  static const char* names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "not", "to_f32", "exponent"};
   return names[int(fn)];
 }
 const char* binary_fn_name(BinaryFn fn) {
-  static const char* names[] = {"add", "sub", "mul", "div", "max", "min", "lt", "le", "eq", "ne", "and", "or"};
+  static const char* names[] = {"add", "sub", "mul", "div", "max", "min", "lt", "le", "eq", "ne", "and", "or", "ldexp"};
   return names[int(fn)];
 }
 
@@ -196,25 +196,28 @@ Monoid mean_m2() {
   return b.build({total, mean, m2}, {k, chunk_mean, chunk_m2});
 }
 
-// (m, s): m = max |x|, s = Σ (x / m)^2, so Σ x^2 = s m^2 never overflows for finite x. A zero
-// scale means nothing but zeros; an infinite one makes s infinite (x^2 would be), so RMSNorm
-// keeps PyTorch's result there (y = x * 0); NaN propagates through the max.
+// (e, s): Σ x^2 = s 4^e with 2^e <= max |x| < 2^(e+1), so every (x 2^-e)^2 < 4 and nothing
+// overflows or underflows for finite x. Scales are exact powers of two (ldexp): merging parts
+// costs no division and no rounding of the scale. A part with s = 0 (only zeros, or nothing)
+// does not set the merged scale; +inf makes s infinite (x^2 would be), so RMSNorm keeps
+// PyTorch's result there (y = x * 0); NaN propagates.
 Monoid scaled_sum_squares() {
-  MonoidBuilder b("scaled_sum_squares", {"scale", "sum"}, {0.0, 0.0});
-  const MonoidExpr zero = b.constant(0.0), one = b.constant(1.0), inf = b.constant(kInf);
-  // a / m for m > 0, else 0 (a part with scale 0 holds only zeros).
-  auto ratio = [&](MonoidExpr a, MonoidExpr m) { return b.select(b.binary(BinaryFn::lt, zero, m), a / m, zero); };
-  MonoidExpr merged = b.binary(BinaryFn::max, b.mine(0), b.other(0));
-  MonoidExpr rm = ratio(b.mine(0), merged), ro = ratio(b.other(0), merged);
-  MonoidExpr sum = b.mine(1) * (rm * rm) + b.other(1) * (ro * ro);
-  MonoidExpr is_inf = b.binary(BinaryFn::eq, merged, inf);
+  MonoidBuilder b("scaled_sum_squares", {"exponent", "sum"}, {0.0, 0.0});
+  const MonoidExpr zero = b.constant(0.0), two = b.constant(2.0);
+  auto nonzero = [&](MonoidExpr s) { return b.binary(BinaryFn::ne, s, zero); };  // NaN counts
+  MonoidExpr has_mine = nonzero(b.mine(1)), has_other = nonzero(b.other(1));
+  MonoidExpr merged = b.select(has_mine, b.select(has_other, b.binary(BinaryFn::max, b.mine(0), b.other(0)), b.mine(0)),
+                               b.other(0));
+  auto rescaled = [&](MonoidExpr e, MonoidExpr s, MonoidExpr has) {
+    return b.select(has, b.binary(BinaryFn::ldexp, s, two * (e - merged)), zero);
+  };
+  MonoidExpr sum = rescaled(b.mine(0), b.mine(1), has_mine) + rescaled(b.other(0), b.other(1), has_other);
   // max(0, ...): an empty chunk's max is -inf, and its state must be the identity (0, 0).
-  MonoidExpr chunk_m = b.binary(BinaryFn::max, zero, b.chunk_max(b.unary(UnaryFn::abs, b.element())));
-  MonoidExpr inv = ratio(one, chunk_m);
-  MonoidExpr scaled = b.element() * inv;
+  MonoidExpr amax = b.binary(BinaryFn::max, zero, b.chunk_max(b.unary(UnaryFn::abs, b.element())));
+  MonoidExpr e = b.unary(UnaryFn::exponent, amax);
+  MonoidExpr scaled = b.binary(BinaryFn::ldexp, b.element(), zero - e);
   MonoidExpr chunk_s = b.chunk_sum(scaled * scaled);
-  MonoidExpr chunk_inf = b.binary(BinaryFn::eq, chunk_m, inf);
-  return b.build({merged, b.select(is_inf, inf, sum)}, {chunk_m, b.select(chunk_inf, inf, chunk_s)});
+  return b.build({merged, sum}, {e, chunk_s});
 }
 
 }  // namespace monoid

@@ -43,15 +43,14 @@ RowProgram rms_norm_program() {
   p.scalar_range(eps, 0.0, 1e300);
   Operand rstd = p.row_scalar_out("rstd", {DType::f32}, /*optional=*/true, "1 / sqrt(mean square + eps) per row");
   RowExpr v = p.load(x);
-  // The sum of squares as (m, s) with Σ x^2 = s m^2 (no overflow for any finite x). Where m^2
-  // fits fp32 comfortably rstd is rsqrt(s m^2 / cols + eps) directly; beyond, the same value
-  // as rsqrt(s / cols + eps / m^2) / m, whose terms stay finite.
-  auto [m, s] = p.reduce2(Axis::cols, monoid::scaled_sum_squares(), v);
-  RowExpr e = p.load(eps), n = p.cols();
-  RowExpr direct = rsqrt(s * (m * m) / n + e);
-  RowExpr inv_m = 1.0 / m;
-  RowExpr scaled = inv_m * rsqrt(s / n + e * (inv_m * inv_m));
-  RowExpr r = p.select(le(m, p.constant(1e18)), direct, scaled);
+  // The sum of squares as (k, s) with Σ x^2 = s 4^k (no overflow or underflow for any finite
+  // x): rstd = 2^-k / sqrt(s / cols + eps 4^-k), with exact power-of-two scaling. Where eps 4^-k
+  // dwarfs s / cols (< 4), rstd is 1 / sqrt(eps) to fp32's precision.
+  auto [k, s] = p.reduce2(Axis::cols, monoid::scaled_sum_squares(), v);
+  RowExpr e = p.load(eps);
+  RowExpr eps_scaled = ldexp(e, -2.0 * k);
+  RowExpr scaled = ldexp(rsqrt(s / p.cols() + eps_scaled), -k);
+  RowExpr r = p.select(lt(eps_scaled, p.constant(1e30)), scaled, rsqrt(e));
   p.store(rstd, r);
   p.store(y, v * r * p.load_or(w, 1.0));
   return p;
