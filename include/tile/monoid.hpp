@@ -12,11 +12,11 @@
 //   max             x                  -> (m)             NaN if any element is NaN
 //   online_softmax  x                  -> (m, Σ exp(x - m))  one pass; all -inf rows give s = 0
 //   mean_m2         x                  -> (n, mean, Σ (x - mean)^2)  Chan et al.'s merge
-//   scaled_sum_squares x               -> (p, s) with Σ x^2 = s p^2, p an exact power of two
-//                                         near max |x|: no overflow or underflow for any finite
-//                                         x; +inf gives s = +inf, NaN gives NaN
-//   scaled_mean_m2  x                  -> (n, p, mean, m2) of x / p, Chan's merge at the larger
-//                                         scale; a constant row has its exact mean and m2 = 0
+//   scaled_sum_squares x               -> (e, s) with Σ x^2 = s 4^e, 2^e <= max |x| < 2^(e+1):
+//                                         no overflow or underflow for any finite x, scaled by
+//                                         exact powers of two; +inf gives s = +inf, NaN gives NaN
+//   scaled_mean_m2  x                  -> (n, e, mean, m2) of x 2^-e, Chan's merge at the larger
+//                                         exponent; a constant row has its exact mean and m2 = 0
 #pragma once
 
 #include <cstdint>
@@ -25,8 +25,10 @@
 
 namespace tile {
 
-enum class UnaryFn : uint8_t { neg, exp, log, sqrt, rsqrt, abs, tanh, logical_not, to_f32 };
-enum class BinaryFn : uint8_t { add, sub, mul, div, max, min, lt, le, eq, ne, logical_and, logical_or };
+// exponent(x): floor(log2 |x|) as an f32 integer for finite nonzero x, else 0. ldexp(a, b):
+// a * 2^b, exact, for integer-valued b. Exact powers of two scale without division or rounding.
+enum class UnaryFn : uint8_t { neg, exp, log, sqrt, rsqrt, abs, tanh, logical_not, to_f32, exponent };
+enum class BinaryFn : uint8_t { add, sub, mul, div, max, min, lt, le, eq, ne, logical_and, logical_or, ldexp };
 const char* unary_fn_name(UnaryFn fn);
 const char* binary_fn_name(BinaryFn fn);
 inline bool is_comparison(BinaryFn fn) {

@@ -229,6 +229,9 @@ RowExpr tanh(RowExpr a);
 RowExpr max(RowExpr a, RowExpr b);  // NaN if either is NaN, as torch.maximum
 RowExpr min(RowExpr a, RowExpr b);
 RowExpr to_f32(RowExpr a);
+RowExpr exponent(RowExpr a);            // floor(log2 |a|) for finite nonzero a, else 0
+RowExpr ldexp(RowExpr a, RowExpr b);    // a * 2^b, exact, b integer-valued
+RowExpr ldexp(RowExpr a, double b);
 RowExpr eq(RowExpr a, RowExpr b);
 RowExpr ne(RowExpr a, RowExpr b);
 RowExpr lt(RowExpr a, RowExpr b);

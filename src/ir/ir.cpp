@@ -27,13 +27,13 @@ const char* special_name(Special s) {
 }
 
 const char* unop_name(UnOp op) {
-  static const char* names[] = {"neg", "exp", "log", "rsqrt", "sqrt", "not", "exp2", "abs", "tanh"};
+  static const char* names[] = {"neg", "exp", "log", "rsqrt", "sqrt", "not", "exp2", "abs", "tanh", "exponent"};
   return names[int(op)];
 }
 
 const char* binop_name(BinOp op) {
   static const char* names[] = {"add", "sub", "mul", "div", "rem", "min", "max",
-                                "lt",  "le",  "eq",  "ne",  "and", "or"};
+                                "lt",  "le",  "eq",  "ne",  "and", "or", "ldexp"};
   return names[int(op)];
 }
 

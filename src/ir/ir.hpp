@@ -35,8 +35,10 @@ enum class Special : uint8_t {
 };
 const char* special_name(Special s);
 
-enum class UnOp : uint8_t { neg, exp, log, rsqrt, sqrt, not_, exp2, abs, tanh };
-enum class BinOp : uint8_t { add, sub, mul, div, rem, min, max, lt, le, eq, ne, and_, or_ };
+// exponent: floor(log2 |a|) for finite nonzero a, else 0 (f32). ldexp: a * 2^b for an
+// integer-valued b (f32), exact, b clamped to [-1000, 1000]; NaN if b is NaN.
+enum class UnOp : uint8_t { neg, exp, log, rsqrt, sqrt, not_, exp2, abs, tanh, exponent };
+enum class BinOp : uint8_t { add, sub, mul, div, rem, min, max, lt, le, eq, ne, and_, or_, ldexp };
 const char* unop_name(UnOp op);
 const char* binop_name(BinOp op);
 

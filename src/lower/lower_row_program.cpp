@@ -69,6 +69,7 @@ class Emitter {
       case UnaryFn::rsqrt: return unary(UnOp::rsqrt, a);
       case UnaryFn::abs: return unary(UnOp::abs, a);
       case UnaryFn::tanh: return unary(UnOp::tanh, a);
+      case UnaryFn::exponent: return unary(UnOp::exponent, a);
       case UnaryFn::logical_not: return unary(UnOp::not_, a);
       case UnaryFn::to_f32: return a->type == Type::f32 ? a : cast(Type::f32, a);
     }
@@ -83,7 +84,8 @@ class Emitter {
     if ((fn == BinaryFn::add || fn == BinaryFn::sub) && is_const(b, 0.0)) return a;
     if (fn == BinaryFn::add && is_const(a, 0.0)) return b;
     static const BinOp ops[] = {BinOp::add, BinOp::sub, BinOp::mul, BinOp::div, BinOp::max, BinOp::min,
-                                BinOp::lt,  BinOp::le,  BinOp::eq,  BinOp::ne,  BinOp::and_, BinOp::or_};
+                                BinOp::lt,  BinOp::le,  BinOp::eq,  BinOp::ne,  BinOp::and_, BinOp::or_,
+                                BinOp::ldexp};
     return binary(ops[int(fn)], std::move(a), std::move(b));
   }
 

@@ -27,6 +27,7 @@ double apply(UnaryFn fn, double a) {
     case UnaryFn::tanh: return std::tanh(a);
     case UnaryFn::logical_not: return a == 0 ? 1 : 0;
     case UnaryFn::to_f32: return a;
+    case UnaryFn::exponent: return a == 0 || !std::isfinite(a) ? 0.0 : double(std::ilogb(a));
   }
   return kNaN;
 }
@@ -45,6 +46,7 @@ double apply(BinaryFn fn, double a, double b) {
     case BinaryFn::ne: return a != b;
     case BinaryFn::logical_and: return a != 0 && b != 0;
     case BinaryFn::logical_or: return a != 0 || b != 0;
+    case BinaryFn::ldexp: return std::isnan(b) ? b : std::ldexp(a, int(std::clamp(b, -1000.0, 1000.0)));
   }
   return kNaN;
 }

@@ -9,11 +9,11 @@
 namespace tile {
 
 const char* unary_fn_name(UnaryFn fn) {
-  static const char* names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "not", "to_f32"};
+  static const char* names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "not", "to_f32", "exponent"};
   return names[int(fn)];
 }
 const char* binary_fn_name(BinaryFn fn) {
-  static const char* names[] = {"add", "sub", "mul", "div", "max", "min", "lt", "le", "eq", "ne", "and", "or"};
+  static const char* names[] = {"add", "sub", "mul", "div", "max", "min", "lt", "le", "eq", "ne", "and", "or", "ldexp"};
   return names[int(fn)];
 }
 
@@ -196,85 +196,80 @@ Monoid mean_m2() {
   return b.build({total, mean, m2}, {k, chunk_mean, chunk_m2});
 }
 
-// Scaled statistics (RMSNorm's sum of squares, LayerNorm's mean and squared deviations) carry
-// an exact power of two p near the part's largest |x| and statistics of x / p, which lies in
-// [-8, 8]: no square or sum overflows or underflows for any finite x, and dividing by p only
-// moves the exponent. Merging brings both sides to the larger scale P by p / P, also an exact
-// power of two (0 when a side is negligible). docs/source/numerics.md gives the bounds.
-namespace {
-
-constexpr double kScaleLo = 0x1p-103, kScaleHi = 0x1p125;
-
-// 2^floor(log2 c) or twice that, for c = amax clamped to [2^-103, 2^125]: c + c 2^-23 rounds to
-// c plus one or two units in its last place, and their difference times 2^23 is that power of
-// two, exactly. The clamp keeps c 2^-23, p and 1 / p normal; NaN stays NaN.
-MonoidExpr power_of_two_scale(MonoidBuilder& b, MonoidExpr amax) {
-  MonoidExpr c = b.binary(BinaryFn::min, b.binary(BinaryFn::max, amax, b.constant(kScaleLo)), b.constant(kScaleHi));
-  return ((c + c * b.constant(0x1p-23)) - c) * b.constant(0x1p23);
-}
-
-// max |x| over the chunk, 0 for an empty chunk (whose max is -inf).
-MonoidExpr chunk_amax(MonoidBuilder& b) {
-  return b.binary(BinaryFn::max, b.constant(0.0), b.chunk_max(b.unary(UnaryFn::abs, b.element())));
-}
-
-}  // namespace
-
-// (p, s) with Σ x^2 = s p^2: a sum of squares that neither overflows nor underflows. +inf makes
-// s +inf (x / p is), NaN makes both NaN.
+// (e, s): Σ x^2 = s 4^e with 2^e <= max |x| < 2^(e+1), so every (x 2^-e)^2 < 4 and nothing
+// overflows or underflows for finite x. Scales are exact powers of two (ldexp): merging parts
+// costs no division and no rounding of the scale. A part with s = 0 (only zeros, or nothing)
+// does not set the merged scale; +inf makes s infinite (x^2 would be), so RMSNorm keeps
+// PyTorch's result there (y = x * 0); NaN propagates.
 Monoid scaled_sum_squares() {
-  MonoidBuilder b("scaled_sum_squares", {"scale", "sum"}, {kScaleLo, 0.0});
-  MonoidExpr merged = b.binary(BinaryFn::max, b.mine(0), b.other(0));
-  MonoidExpr rm = b.mine(0) / merged, ro = b.other(0) / merged;
-  MonoidExpr sum = b.mine(1) * (rm * rm) + b.other(1) * (ro * ro);
-  MonoidExpr p = power_of_two_scale(b, chunk_amax(b));
-  MonoidExpr scaled = b.element() * (b.constant(1.0) / p);
-  return b.build({merged, sum}, {p, b.chunk_sum(scaled * scaled)});
+  MonoidBuilder b("scaled_sum_squares", {"exponent", "sum"}, {0.0, 0.0});
+  const MonoidExpr zero = b.constant(0.0), two = b.constant(2.0);
+  auto nonzero = [&](MonoidExpr s) { return b.binary(BinaryFn::ne, s, zero); };  // NaN counts
+  MonoidExpr has_mine = nonzero(b.mine(1)), has_other = nonzero(b.other(1));
+  MonoidExpr merged = b.select(has_mine, b.select(has_other, b.binary(BinaryFn::max, b.mine(0), b.other(0)), b.mine(0)),
+                               b.other(0));
+  auto rescaled = [&](MonoidExpr e, MonoidExpr s, MonoidExpr has) {
+    return b.select(has, b.binary(BinaryFn::ldexp, s, two * (e - merged)), zero);
+  };
+  MonoidExpr sum = rescaled(b.mine(0), b.mine(1), has_mine) + rescaled(b.other(0), b.other(1), has_other);
+  // max(0, ...): an empty chunk's max is -inf, and its state must be the identity (0, 0).
+  MonoidExpr amax = b.binary(BinaryFn::max, zero, b.chunk_max(b.unary(UnaryFn::abs, b.element())));
+  MonoidExpr e = b.unary(UnaryFn::exponent, amax);
+  MonoidExpr scaled = b.binary(BinaryFn::ldexp, b.element(), zero - e);
+  MonoidExpr chunk_s = b.chunk_sum(scaled * scaled);
+  return b.build({merged, sum}, {e, chunk_s});
 }
 
-// (n, p, mean, m2) with the mean and sum of squared deviations of x / p, merged by Chan et al.'s
-// formulas at the larger scale. A chunk's mean is clamped into [min x, max x] / p, so a constant
-// chunk has its exact mean and m2 = 0, and Chan's merge of equal means is exact: a constant row
-// normalises to exactly 0. An empty side contributes nothing and is never used in arithmetic.
+// (n, e, mean, m2): the count, and the mean and sum of squared deviations of x 2^-e, with e the
+// exponent of the part's largest |x| clamped to [-103, 125] (so 2^-e is a normal float and one
+// multiply scales an element exactly); merged by Chan et al.'s formulas at the larger exponent,
+// the other side rescaled by ldexp (exact). Nothing overflows or underflows for finite x. A
+// chunk's mean is clamped into [min x, max x] 2^-e, so a constant chunk has its exact mean and
+// m2 = 0, and Chan's merge of equal means is exact: a constant row normalises to exactly 0. An
+// empty side contributes nothing and is never used in arithmetic.
 Monoid scaled_mean_m2() {
-  MonoidBuilder b("scaled_mean_m2", {"count", "scale", "mean", "m2"}, {0.0, kScaleLo, 0.0, 0.0});
+  MonoidBuilder b("scaled_mean_m2", {"count", "exponent", "mean", "m2"}, {0.0, 0.0, 0.0, 0.0});
+  const MonoidExpr zero = b.constant(0.0), one = b.constant(1.0), two = b.constant(2.0);
   MonoidExpr n = b.mine(0), on = b.other(0);
-  MonoidExpr merged = b.binary(BinaryFn::max, b.mine(1), b.other(1));
-  MonoidExpr rm = b.mine(1) / merged, ro = b.other(1) / merged;
-  MonoidExpr mm = b.mine(2) * rm, om = b.other(2) * ro;
-  MonoidExpr total = n + on;
-  MonoidExpr share = on / b.binary(BinaryFn::max, total, b.constant(1.0));
-  MonoidExpr delta = om - mm;
-  MonoidExpr other_empty = b.binary(BinaryFn::eq, on, b.constant(0.0));
-  MonoidExpr mine_empty = b.binary(BinaryFn::eq, n, b.constant(0.0));
+  MonoidExpr other_empty = b.binary(BinaryFn::eq, on, zero), mine_empty = b.binary(BinaryFn::eq, n, zero);
   auto pick = [&](MonoidExpr both, MonoidExpr mine, MonoidExpr other) {
     return b.select(other_empty, mine, b.select(mine_empty, other, both));
   };
+  MonoidExpr merged = b.binary(BinaryFn::max, b.mine(1), b.other(1));
+  MonoidExpr dm = b.mine(1) - merged, dother = b.other(1) - merged;  // <= 0
+  MonoidExpr mm = b.binary(BinaryFn::ldexp, b.mine(2), dm), om = b.binary(BinaryFn::ldexp, b.other(2), dother);
+  MonoidExpr total = n + on;
+  MonoidExpr share = on / b.binary(BinaryFn::max, total, one);
+  MonoidExpr delta = om - mm;
+  MonoidExpr both_m2 = b.binary(BinaryFn::ldexp, b.mine(3), two * dm) + b.binary(BinaryFn::ldexp, b.other(3), two * dother) +
+                       delta * delta * (n * share);
   MonoidExpr mean = pick(mm + delta * share, b.mine(2), b.other(2));
-  MonoidExpr m2 = pick(b.mine(3) * (rm * rm) + b.other(3) * (ro * ro) + delta * delta * (n * share), b.mine(3), b.other(3));
+  MonoidExpr m2 = pick(both_m2, b.mine(3), b.other(3));
+  MonoidExpr exponent = pick(merged, b.mine(1), b.other(1));
 
-  // A chunk's mean: Σ x / p over the count, clamped into the chunk's range. Σ x is taken at two
-  // fixed scales in the same stage as the range, so a staged merge (which merges each chunk sum
-  // across the program on its own) needs no stage for p before it: Σ x 2^-64 cannot overflow,
-  // and loses only elements below 2^-62, negligible beside a largest |x| above 2^-30; Σ x 2^64
-  // is exact for the rest. Both become Σ x / p by exact powers of two.
+  // A chunk's mean: Σ x 2^-e over the count, clamped into the chunk's range. Σ x is taken at two
+  // fixed scales in the same stage as the range, so a staged merge (each chunk sum merged across
+  // the program on its own) needs no stage for e before it: Σ x 2^-64 cannot overflow and loses
+  // only elements below 2^-62, negligible beside a largest |x| above 2^-30; Σ x 2^64 is exact
+  // for the rest. Both become Σ x 2^-e by ldexp.
   MonoidExpr k = b.count();
   MonoidExpr hi = b.chunk_max(b.element()), lo = b.unary(UnaryFn::neg, b.chunk_max(b.unary(UnaryFn::neg, b.element())));
-  MonoidExpr amax = b.binary(BinaryFn::max, b.constant(0.0), b.binary(BinaryFn::max, hi, b.unary(UnaryFn::neg, lo)));
-  MonoidExpr p = power_of_two_scale(b, amax);
-  MonoidExpr inv = b.constant(1.0) / p;
+  MonoidExpr amax = b.binary(BinaryFn::max, zero, b.binary(BinaryFn::max, hi, b.unary(UnaryFn::neg, lo)));
+  MonoidExpr e = b.binary(BinaryFn::min, b.binary(BinaryFn::max, b.unary(UnaryFn::exponent, amax), b.constant(-103)),
+                          b.constant(125));
+  MonoidExpr inv = b.binary(BinaryFn::ldexp, one, zero - e);
   MonoidExpr sum_hi = b.chunk_sum(b.element() * b.constant(0x1p-64)), sum_lo = b.chunk_sum(b.element() * b.constant(0x1p64));
-  MonoidExpr sum = b.select(b.binary(BinaryFn::lt, b.constant(0x1p-30), amax), sum_hi * inv * b.constant(0x1p64),
-                            sum_lo * inv * b.constant(0x1p-64));
-  MonoidExpr raw_mean = sum / b.binary(BinaryFn::max, k, b.constant(1.0));
+  MonoidExpr sum = b.select(b.binary(BinaryFn::lt, b.constant(0x1p-30), amax), b.binary(BinaryFn::ldexp, sum_hi, b.constant(64) - e),
+                            b.binary(BinaryFn::ldexp, sum_lo, b.constant(-64) - e));
+  MonoidExpr raw_mean = sum / b.binary(BinaryFn::max, k, one);
   MonoidExpr clamped = b.binary(BinaryFn::min, b.binary(BinaryFn::max, raw_mean, lo * inv), hi * inv);
-  MonoidExpr any = b.binary(BinaryFn::lt, b.constant(0.0), k);
-  MonoidExpr chunk_mean = b.select(any, clamped, b.constant(0.0));
-  // The squared deviations at half scale (x p^-1 / 2 - mean / 2, m2 = 4 Σ d^2: the same values,
-  // but no product for the compiler to share with another pass and keep live beside a cached row).
+  MonoidExpr chunk_mean = b.select(b.binary(BinaryFn::lt, zero, k), clamped, zero);
+  // The squared deviations at half scale (x 2^-e / 2 - mean / 2, m2 = 4 Σ d^2: the same values,
+  // but no product x 2^-e for the compiler to share with another pass and keep live beside a
+  // cached row).
   MonoidExpr d = b.element() * (inv * b.constant(0.5)) - chunk_mean * b.constant(0.5);
   MonoidExpr chunk_m2 = b.chunk_sum(d * d) * b.constant(4.0);
-  return b.build({total, merged, mean, m2}, {k, p, chunk_mean, chunk_m2});
+  return b.build({total, exponent, mean, m2}, {k, e, chunk_mean, chunk_m2});
 }
 
 }  // namespace monoid

@@ -36,21 +36,31 @@ RowProgram softmax_program(bool log) {
   return p;
 }
 
-// The normalisation factor k = p / sqrt(ms p^2 + eps) = rsqrt(ms + eps / p^2) of statistics
-// scaled by p (ms: the mean square of x / p), so the output (x / p) * k never forms 1 / p or
-// the mean square itself. Where eps / p^2 overflows (p small) eps dwarfs the statistics and
-// k = p * rsqrt(eps + ms p^2) (the second term only carries a NaN). Where it underflows (p
-// large), a floor of 2^-126 for eps > 0, below the statistics of any row that is not constant,
-// keeps a constant row's 0 * k at 0 rather than 0 * inf.
-RowExpr scaled_rstd(RowProgram& p, RowExpr scale, RowExpr mean_square, RowExpr eps) {
-  RowExpr inv = 1.0 / scale;
-  RowExpr e2 = max(eps * inv * inv, min(eps, p.constant(0x1p-126)));
-  RowExpr overflow = eq(e2, p.constant(std::numeric_limits<double>::infinity()));
-  return p.select(overflow, scale * rsqrt(eps + mean_square * scale * scale), rsqrt(mean_square + e2));
+// The normalisation of statistics kept at exponent e (ms: the mean square of x 2^-e) as row
+// scalars: the output is (x a - mean 2^(e - ec)) b, and rstd. With ec = e clamped to
+// [-103, 125], a = 2^-ec is a normal float and x a is exact and below 8, and
+// b = rsqrt(ms + eps 4^-e) 2^(ec - e) stays finite even where rstd = 2^-e rsqrt(...) exceeds
+// fp32 (a tiny row with eps = 0), so the output is right wherever fp32 holds it. Where
+// eps 4^-e >= 1e30 the statistics no longer matter: b = 2^ec rsqrt(eps + ms 4^e) (the second
+// term only carries a NaN). Where eps 4^-e underflows (a huge row), a floor of 2^-126 for
+// eps > 0, below ms of any row that is not constant, keeps a constant row's 0 * b at 0 rather
+// than 0 * inf.
+struct Normaliser {
+  RowExpr a, b, rstd;
+};
+Normaliser scaled_normaliser(RowProgram& p, RowExpr e, RowExpr mean_square, RowExpr eps) {
+  RowExpr ec = min(max(e, p.constant(-103)), p.constant(125));
+  RowExpr eps_scaled = max(ldexp(eps, -2.0 * e), min(eps, p.constant(0x1p-126)));
+  RowExpr dominated = le(p.constant(1e30), eps_scaled);
+  RowExpr plain = rsqrt(eps + ldexp(mean_square, 2.0 * e));
+  RowExpr scaled = rsqrt(mean_square + eps_scaled);
+  return {ldexp(p.constant(1.0), 0.0 - ec), p.select(dominated, ldexp(plain, ec), ldexp(scaled, ec - e)),
+          p.select(dominated, plain, ldexp(scaled, 0.0 - e))};
 }
 
-// RMSNorm on a sum of squares scaled by a power of two (scaled_sum_squares): right for every
-// finite input whose result fp32 holds (docs/source/numerics.md).
+// RMSNorm on a sum of squares kept at an exponent (scaled_sum_squares): right for every finite
+// input whose result fp32 holds, from subnormal rows to rows at fp32's largest values
+// (docs/source/numerics.md).
 RowProgram rms_norm_program() {
   RowProgram p("rms_norm");
   Operand x = p.row_in("x", DTypeSet::floats(), "input rows");
@@ -60,16 +70,15 @@ RowProgram rms_norm_program() {
   p.scalar_range(eps, 0.0, 1e300);
   Operand rstd = p.row_scalar_out("rstd", {DType::f32}, /*optional=*/true, "1 / sqrt(mean square + eps) per row");
   RowExpr v = p.load(x);
-  auto [scale, sum] = p.reduce2(Axis::cols, monoid::scaled_sum_squares(), v);
-  RowExpr k = scaled_rstd(p, scale, sum / p.cols(), p.load(eps));
-  RowExpr inv = 1.0 / scale;
-  p.store(rstd, k * inv);  // +inf where 1 / rms exceeds fp32 (a tiny row and eps = 0)
-  p.store(y, v * inv * k * p.load_or(w, 1.0));
+  auto [k, s] = p.reduce2(Axis::cols, monoid::scaled_sum_squares(), v);
+  Normaliser n = scaled_normaliser(p, k, s / p.cols(), p.load(eps));
+  p.store(rstd, n.rstd);  // +inf where 1 / rms exceeds fp32 (a tiny row and eps = 0)
+  p.store(y, v * n.a * n.b * p.load_or(w, 1.0));
   return p;
 }
 
 // LayerNorm's mean and variance come from one scaled_mean_m2 reduction (Chan's merge of parts
-// scaled by powers of two): the variance is a sum of squared deviations, never E[x^2] - E[x]^2,
+// kept at exponents): the variance is a sum of squared deviations, never E[x^2] - E[x]^2,
 // nothing overflows at any magnitude, and a constant row gives exactly the bias.
 RowProgram layer_norm_program() {
   RowProgram p("layer_norm");
@@ -83,12 +92,11 @@ RowProgram layer_norm_program() {
   Operand rstd_out = p.row_scalar_out("rstd", {DType::f32}, /*optional=*/true, "1 / sqrt(variance + eps) per row");
   RowExpr v = p.load(x);
   std::vector<RowExpr> stats = p.reduce(Axis::cols, monoid::scaled_mean_m2(), {v});
-  RowExpr scale = stats[1], mean = stats[2];
-  RowExpr k = scaled_rstd(p, scale, stats[3] / p.cols(), p.load(eps));
-  RowExpr inv = 1.0 / scale;
-  p.store(mean_out, mean * scale);
-  p.store(rstd_out, k * inv);
-  p.store(y, (v * inv - mean) * k * p.load_or(w, 1.0) + p.load_or(b, 0.0));
+  RowExpr e = stats[1], mean = stats[2];  // e is already within [-103, 125]
+  Normaliser n = scaled_normaliser(p, e, stats[3] / p.cols(), p.load(eps));
+  p.store(mean_out, ldexp(mean, e));
+  p.store(rstd_out, n.rstd);
+  p.store(y, (v * n.a - mean) * n.b * p.load_or(w, 1.0) + p.load_or(b, 0.0));
   return p;
 }
 

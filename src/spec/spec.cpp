@@ -453,6 +453,9 @@ RowExpr tanh(RowExpr a) { return un(UnaryFn::tanh, a); }
 RowExpr max(RowExpr a, RowExpr b) { return bin(BinaryFn::max, a, b); }
 RowExpr min(RowExpr a, RowExpr b) { return bin(BinaryFn::min, a, b); }
 RowExpr to_f32(RowExpr a) { return un(UnaryFn::to_f32, a); }
+RowExpr exponent(RowExpr a) { return un(UnaryFn::exponent, a); }
+RowExpr ldexp(RowExpr a, RowExpr b) { return bin(BinaryFn::ldexp, a, b); }
+RowExpr ldexp(RowExpr a, double b) { return ldexp(a, lit(a, b)); }
 RowExpr eq(RowExpr a, RowExpr b) { return bin(BinaryFn::eq, a, b); }
 RowExpr ne(RowExpr a, RowExpr b) { return bin(BinaryFn::ne, a, b); }
 RowExpr lt(RowExpr a, RowExpr b) { return bin(BinaryFn::lt, a, b); }

@@ -96,7 +96,9 @@ TEST(Monoid, EveryBuiltInAgreesWithAFloat64FoldUnderEverySplit) {
       for (float v : rows[r]) s += v, m = std::max(m, double(v)), amax = std::max(amax, std::abs(double(v)));
       for (float v : rows[r]) e += std::exp(double(v) - m);
       mean = s / double(rows[r].size());
-      for (float v : rows[r]) m2 += (v - mean) * (v - mean), ss += amax > 0 ? (v / amax) * (v / amax) : 0;
+      // Σ x^2 = ss 4^k with 2^k <= max |x| < 2^(k+1).
+      const int k = amax > 0 ? std::ilogb(amax) : 0;
+      for (float v : rows[r]) m2 += (v - mean) * (v - mean), ss += std::ldexp(double(v), -k) * std::ldexp(double(v), -k);
       const std::string at = tag + " row " + std::to_string(r);
       if (r != 2 && r != 3) expect_same(sum[r][0], s, "sum " + at);
       expect_same(mx[r][0], m, "max " + at);
@@ -108,17 +110,13 @@ TEST(Monoid, EveryBuiltInAgreesWithAFloat64FoldUnderEverySplit) {
         EXPECT_NEAR(stats[r][2], m2, 1e-4 * std::max(1.0, m2)) << "mean_m2 m2 " << at;
       }
       if (r != 2) {
-        // The scale: an exact power of two within a factor of two of max |x|, or 2^-103 for rows
-        // below that (it clamps to [2^-103, 2^125]).
-        const double p = sq[r][0];
-        EXPECT_EQ(p, std::exp2(std::round(std::log2(p)))) << "scaled_sum_squares scale " << at;
-        EXPECT_TRUE((amax <= 0x1p-103 && p == 0x1p-103) || (amax / p > 0.5 && amax / p <= 2))
-            << "scaled_sum_squares scale " << p << " " << at;
-        expect_same(sq[r][1], ss * (amax / p) * (amax / p), "scaled_sum_squares sum " + at);
+        expect_same(sq[r][0], k, "scaled_sum_squares exponent " + at);
+        expect_same(sq[r][1], ss, "scaled_sum_squares sum " + at);
         expect_same(scaled[r][0], double(rows[r].size()), "scaled_mean_m2 count " + at);
-        EXPECT_EQ(scaled[r][1], p) << "scaled_mean_m2 scale " << at;
-        EXPECT_NEAR(scaled[r][2] * p, mean, 1e-5 * std::max(1.0, std::abs(mean))) << "scaled_mean_m2 mean " << at;
-        EXPECT_NEAR(double(scaled[r][3]) * p * p, m2, 1e-4 * std::max(1.0, m2)) << "scaled_mean_m2 m2 " << at;
+        const double e = scaled[r][1];  // the exponent: k, clamped to [-103, 125]
+        EXPECT_EQ(e, std::clamp(k, -103, 125)) << "scaled_mean_m2 exponent " << at;
+        EXPECT_NEAR(std::ldexp(scaled[r][2], int(e)), mean, 1e-5 * std::max(1.0, std::abs(mean))) << "scaled_mean_m2 mean " << at;
+        EXPECT_NEAR(std::ldexp(double(scaled[r][3]), 2 * int(e)), m2, 1e-4 * std::max(1.0, m2)) << "scaled_mean_m2 m2 " << at;
       }
     }
   }
@@ -177,16 +175,16 @@ TEST(Monoid, ScaledStatisticsAtEveryMagnitude) {
       for (float v : rows[r]) mean += v, ss += double(v) * v;
       mean /= 150;
       for (float v : rows[r]) m2 += (v - mean) * (v - mean);
-      const double p = sq[r][0];
+      const int k = int(sq[r][0]), e = int(st[r][1]);  // Σ x^2 = s 4^k; mean, m2 of x 2^-e
       const std::string at = tag + " row " + std::to_string(r);
       EXPECT_TRUE(std::isfinite(sq[r][1]) && std::isfinite(st[r][2]) && std::isfinite(st[r][3])) << at;
-      EXPECT_NEAR(double(sq[r][1]) * p * p / ss, 1.0, 1e-5) << at;
-      EXPECT_NEAR(double(st[r][2]) * st[r][1], mean, 1e-5 * std::abs(mean) + 1e-45) << at;
+      EXPECT_NEAR(std::ldexp(double(sq[r][1]), 2 * k) / ss, 1.0, 1e-5) << at;
+      EXPECT_NEAR(std::ldexp(double(st[r][2]), e), mean, 1e-5 * std::abs(mean) + 1e-45) << at;
       if (r >= 3) {
-        EXPECT_EQ(double(st[r][2]) * st[r][1], double(rows[r][0])) << "constant row, exact mean " << at;
+        EXPECT_EQ(std::ldexp(double(st[r][2]), e), double(rows[r][0])) << "constant row, exact mean " << at;
         EXPECT_EQ(st[r][3], 0.0f) << "constant row, m2 " << at;
       } else {
-        EXPECT_NEAR(double(st[r][3]) * st[r][1] * st[r][1] / m2, 1.0, 1e-4) << at;
+        EXPECT_NEAR(std::ldexp(double(st[r][3]), 2 * e) / m2, 1.0, 1e-4) << at;
       }
     }
   }

@@ -28,7 +28,7 @@ union Slot {
 // clang-format off
 enum class Op : uint8_t {
   mov,
-  fneg, fexp, fexp2, flog, frsqrt, fsqrt, fabs, ftanh, fadd, fsub, fmul, fdiv, frem, fmin, fmax, flt, fle, feq, fne,
+  fneg, fexp, fexp2, flog, frsqrt, fsqrt, fabs, ftanh, fexponent, fldexp, fadd, fsub, fmul, fdiv, frem, fmin, fmax, flt, fle, feq, fne,
   neg32, add32, sub32, mul32, div32, rem32,
   neg64, add64, sub64, mul64, div64, rem64, iabs,
   imin, imax, ilt, ile, ieq, ine, band, bor, bnot,  // i32, i64 and b1 alike
@@ -186,6 +186,7 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
       case BinOp::ne: return f ? Op::fne : Op::ine;
       case BinOp::and_: need(!f, "and on f32"); return Op::band;
       case BinOp::or_: need(!f, "or on f32"); return Op::bor;
+      case BinOp::ldexp: need(f, "ldexp on a non-f32 value"); return Op::fldexp;
     }
     return Op::mov;
   }
@@ -200,6 +201,7 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
       case UnOp::log: return Op::flog;
       case UnOp::rsqrt: return Op::frsqrt;
       case UnOp::tanh: return Op::ftanh;
+      case UnOp::exponent: return Op::fexponent;
       default: return Op::fsqrt;
     }
   }
@@ -509,6 +511,10 @@ class Runner {
         case Op::fsqrt: d.f = std::sqrt(A.f); break;
         case Op::fabs: d.f = std::fabs(A.f); break;
         case Op::ftanh: d.f = std::tanh(A.f); break;
+        case Op::fexponent: d.f = A.f == 0 || !std::isfinite(A.f) ? 0.0f : float(std::ilogb(A.f)); break;
+        case Op::fldexp:
+          d.f = std::isnan(B.f) ? B.f : std::ldexp(A.f, int(std::fmin(std::fmax(B.f, -1000.0f), 1000.0f)));
+          break;
         case Op::fadd: d.f = A.f + B.f; break;
         case Op::fsub: d.f = A.f - B.f; break;
         case Op::fmul: d.f = A.f * B.f; break;

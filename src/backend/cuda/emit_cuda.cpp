@@ -127,6 +127,7 @@ class CudaEmitter : public IRPrinter {
       case UnOp::sqrt: return "sqrtf(" + a + ")";
       case UnOp::not_: return "(!" + a + ")";
       case UnOp::tanh: return "tanhf(" + a + ")";
+      case UnOp::exponent: return "tile_exponent(" + a + ")";
       case UnOp::abs: return t == Type::f32 ? "fabsf(" + a + ")" : "(" + a + " < 0 ? -" + a + " : " + a + ")";
     }
     return "?";
@@ -135,6 +136,9 @@ class CudaEmitter : public IRPrinter {
   std::string binary_expr(BinOp op, const std::string& a, const std::string& b, Type t) override {
     if (op == BinOp::min || op == BinOp::max) {
       if (t == Type::f32) return std::string(op == BinOp::min ? "tile_min(" : "tile_max(") + a + ", " + b + ")";
+    }
+    if (op == BinOp::ldexp) {
+      return "tile_ldexp(" + a + ", " + b + ")";
       return "(" + a + (op == BinOp::min ? " < " : " > ") + b + " ? " + a + " : " + b + ")";
     }
     return IRPrinter::binary_expr(op, a, b, t);

@@ -54,6 +54,15 @@ TILE_DEVICE float tile_min(float a, float b) {
 #endif
 }
 
+// floor(log2 |a|) for finite nonzero a (exact, subnormals included), else 0.
+TILE_DEVICE float tile_exponent(float a) {
+  return (a == 0.0f || !(fabsf(a) <= 3.40282347e38f)) ? 0.0f : (float)ilogbf(a);
+}
+// a * 2^b for an integer-valued b, exact; b clamped to [-1000, 1000], NaN if b is NaN.
+TILE_DEVICE float tile_ldexp(float a, float b) {
+  return b != b ? b : ldexpf(a, (int)fminf(fmaxf(b, -1000.0f), 1000.0f));
+}
+
 TILE_DEVICE bool tile_aligned(const void* p, unsigned long long bytes) {
   return (reinterpret_cast<unsigned long long>(p) & (bytes - 1)) == 0;
 }
