@@ -229,20 +229,21 @@ Monoid scaled_sum_squares() {
 // empty side contributes nothing and is never used in arithmetic.
 Monoid scaled_mean_m2() {
   MonoidBuilder b("scaled_mean_m2", {"count", "exponent", "mean", "m2"}, {0.0, 0.0, 0.0, 0.0});
-  const MonoidExpr zero = b.constant(0.0), one = b.constant(1.0), two = b.constant(2.0);
+  const MonoidExpr zero = b.constant(0.0), one = b.constant(1.0);
   MonoidExpr n = b.mine(0), on = b.other(0);
   MonoidExpr other_empty = b.binary(BinaryFn::eq, on, zero), mine_empty = b.binary(BinaryFn::eq, n, zero);
   auto pick = [&](MonoidExpr both, MonoidExpr mine, MonoidExpr other) {
     return b.select(other_empty, mine, b.select(mine_empty, other, both));
   };
+  // Each side's factor 2^(e - merged) <= 1, one of them 1: exact scaling (a side so much smaller
+  // that its factor squared underflows is negligible beside the other).
   MonoidExpr merged = b.binary(BinaryFn::max, b.mine(1), b.other(1));
-  MonoidExpr dm = b.mine(1) - merged, dother = b.other(1) - merged;  // <= 0
-  MonoidExpr mm = b.binary(BinaryFn::ldexp, b.mine(2), dm), om = b.binary(BinaryFn::ldexp, b.other(2), dother);
+  MonoidExpr fm = b.binary(BinaryFn::ldexp, one, b.mine(1) - merged), fo = b.binary(BinaryFn::ldexp, one, b.other(1) - merged);
+  MonoidExpr mm = b.mine(2) * fm, om = b.other(2) * fo;
   MonoidExpr total = n + on;
   MonoidExpr share = on / b.binary(BinaryFn::max, total, one);
   MonoidExpr delta = om - mm;
-  MonoidExpr both_m2 = b.binary(BinaryFn::ldexp, b.mine(3), two * dm) + b.binary(BinaryFn::ldexp, b.other(3), two * dother) +
-                       delta * delta * (n * share);
+  MonoidExpr both_m2 = b.mine(3) * (fm * fm) + b.other(3) * (fo * fo) + delta * delta * (n * share);
   MonoidExpr mean = pick(mm + delta * share, b.mine(2), b.other(2));
   MonoidExpr m2 = pick(both_m2, b.mine(3), b.other(3));
   MonoidExpr exponent = pick(merged, b.mine(1), b.other(1));
@@ -251,7 +252,7 @@ Monoid scaled_mean_m2() {
   // fixed scales in the same stage as the range, so a staged merge (each chunk sum merged across
   // the program on its own) needs no stage for e before it: Σ x 2^-64 cannot overflow and loses
   // only elements below 2^-62, negligible beside a largest |x| above 2^-30; Σ x 2^64 is exact
-  // for the rest. Both become Σ x 2^-e by ldexp.
+  // for the rest. Both become Σ x 2^-e by exact multiplications.
   MonoidExpr k = b.count();
   MonoidExpr hi = b.chunk_max(b.element()), lo = b.unary(UnaryFn::neg, b.chunk_max(b.unary(UnaryFn::neg, b.element())));
   MonoidExpr amax = b.binary(BinaryFn::max, zero, b.binary(BinaryFn::max, hi, b.unary(UnaryFn::neg, lo)));
@@ -259,8 +260,9 @@ Monoid scaled_mean_m2() {
                           b.constant(125));
   MonoidExpr inv = b.binary(BinaryFn::ldexp, one, zero - e);
   MonoidExpr sum_hi = b.chunk_sum(b.element() * b.constant(0x1p-64)), sum_lo = b.chunk_sum(b.element() * b.constant(0x1p64));
-  MonoidExpr sum = b.select(b.binary(BinaryFn::lt, b.constant(0x1p-30), amax), b.binary(BinaryFn::ldexp, sum_hi, b.constant(64) - e),
-                            b.binary(BinaryFn::ldexp, sum_lo, b.constant(-64) - e));
+  // sum_hi 2^-e stays normal where it is used (largest |x| above 2^-30), sum_lo 2^-e below 2^65 n.
+  MonoidExpr sum = b.select(b.binary(BinaryFn::lt, b.constant(0x1p-30), amax), sum_hi * inv * b.constant(0x1p64),
+                            sum_lo * inv * b.constant(0x1p-64));
   MonoidExpr raw_mean = sum / b.binary(BinaryFn::max, k, one);
   MonoidExpr clamped = b.binary(BinaryFn::min, b.binary(BinaryFn::max, raw_mean, lo * inv), hi * inv);
   MonoidExpr chunk_mean = b.select(b.binary(BinaryFn::lt, zero, k), clamped, zero);
