@@ -393,6 +393,10 @@ LoweredProgram RowLowering::run() {
     ExprPtr block = binary(BinOp::add, special(Special::group_index), binary(BinOp::mul, r(it), special(Special::group_count)));
     begin_row(loop, block);
     for (Stmt& s : row_body()) loop.push_back(std::move(s));
+    // The next row block reuses the merges' shared slots: every warp must have read the
+    // previous block's partials before any warp overwrites them.
+    if (!k_.shared.empty())
+      loop.push_back(barrier(plan_.barrier_scope == BarrierScope::group ? BarrierKind::group : BarrierKind::program));
     loop.push_back(assign(first_row_, b1_const(false)));
     body.push_back(for_(it, i64(0), count, std::move(loop)));
     flush_rows(body);

@@ -166,6 +166,30 @@ TEST(LowerRowProgram, RandomProgramsOnRandomPlansMatchTheFloat64Evaluation) {
   EXPECT_GT(cases, kPrograms * kPlansEach / 2);
 }
 
+// A group that loops over row blocks (grid_limit) merges each block's reductions through the
+// same shared slots: the executor reports a race unless the next block waits for every warp
+// to have read the last one's partials.
+TEST(LowerRowProgram, RowBlockLoopsReuseSharedSlotsAfterABarrier) {
+  RowProgram p("centered");
+  Operand x = p.row_in("x"), y = p.row_out("y");
+  RowExpr v = p.load(x);
+  p.store(y, v - p.reduce1(Axis::cols, monoid::sum(), v) / p.cols());
+  std::mt19937_64 rng(6);
+  testing::HostMatrix a(DType::f32, 9, 1000, 1000), out(DType::f32, 9, 1000, 1000);
+  a.fill_random(rng);
+  Args args;
+  args.set("x", a.view()).set("y", out.view());
+  for (BarrierScope scope : {BarrierScope::group, BarrierScope::program}) {
+    PlanRequest req;
+    req.grid_limit = 2, req.programs_per_group = 2, req.workers_per_program = 128, req.barrier_scope = scope;
+    out.poison();
+    const LaunchRecord rec = run(p, args, {req, nullptr, Backend::cpu});
+    EXPECT_EQ(rec.groups, 2);
+    EXPECT_TRUE(check_against_reference(p, args).ok);
+    EXPECT_TRUE(out.outside_untouched());
+  }
+}
+
 // Reductions over the rows are bitwise identical from run to run and across plans of the same
 // grid (partials folded in slot order).
 TEST(LowerRowProgram, ReductionsOverRowsAreBitwiseRepeatable) {
