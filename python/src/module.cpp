@@ -576,8 +576,9 @@ Bound convert(const Program& prog, nb::handle operands, nb::handle labels, Array
     return h && h != Py_None ? nb::handle(h) : nb::handle();
   };
 
+  // Rows, columns and the device come from the first row operand that is not optional.
   size_t first = 0;
-  while (first < decls.size() && !is_row(decls[first].role)) ++first;
+  while (first < decls.size() && !(is_row(decls[first].role) && !decls[first].optional)) ++first;
   TILE_CHECK(first < decls.size(), "a validated program without a row operand");
   const Slot first_slot{op, names[first], decls[first]};
   const nb::handle first_handle = get(first);
@@ -890,18 +891,20 @@ void bind_program(nb::module_& m) {
              return std::make_pair(std::string(tile::value_type_name(nodes[id].type)),
                                    tile::shape_name(nodes[id].shape));
            })
-      .def("row_in", [](Program& p, const std::string& name, const std::vector<std::string>& dtypes,
-                        const std::string& doc) { return p.builder().row_in(name, dtype_set(dtypes), doc).id; })
+      .def("row_in",
+           [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, const std::string& doc,
+              bool optional) { return p.builder().row_in(name, dtype_set(dtypes), doc, optional).id; })
       .def("row_out",
            [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, int may_alias,
-              const std::string& doc) {
+              const std::string& doc, bool optional) {
              tile::RowProgram& b = p.builder();
-             return b.row_out(name, dtype_set(dtypes), may_alias < 0 ? tile::Operand{} : operand(may_alias), doc).id;
+             return b
+                 .row_out(name, dtype_set(dtypes), may_alias < 0 ? tile::Operand{} : operand(may_alias), doc, optional)
+                 .id;
            })
       .def("row_scalar_in",
-           [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, const std::string& doc) {
-             return p.builder().row_scalar_in(name, dtype_set(dtypes), doc).id;
-           })
+           [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, const std::string& doc,
+              bool optional) { return p.builder().row_scalar_in(name, dtype_set(dtypes), doc, optional).id; })
       .def("row_scalar_out",
            [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, bool optional,
               const std::string& doc) { return p.builder().row_scalar_out(name, dtype_set(dtypes), optional, doc).id; })

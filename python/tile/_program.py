@@ -257,18 +257,22 @@ class RowProgram:
                              f"'{operand.program.name}'")
         return operand.id
 
-    def row_in(self, name, dtypes=None, doc=""):
-        """(rows, cols) read; rows may be strided, each row contiguous."""
-        return self._declare("row_in", name, self._dtypes(name, dtypes, ("f32", "f16", "bf16")), doc)
+    def row_in(self, name, dtypes=None, doc="", optional=False):
+        """(rows, cols) read; rows may be strided, each row contiguous. An optional one is read
+        with load_or; rows and columns come from the first row operand that is not optional."""
+        return self._declare("row_in", name, self._dtypes(name, dtypes, ("f32", "f16", "bf16")), doc, bool(optional))
 
-    def row_out(self, name, dtypes=None, may_alias=None, doc=""):
-        """(rows, cols) written; may be exactly the row input `may_alias` (in place)."""
+    def row_out(self, name, dtypes=None, may_alias=None, doc="", optional=False):
+        """(rows, cols) written; may be exactly the row input `may_alias` (in place). An optional
+        one given as None is not computed."""
         alias = -1 if may_alias is None else self._own(may_alias, f"row_out '{name}': may_alias")
-        return self._declare("row_out", name, self._dtypes(name, dtypes, ("f32", "f16", "bf16")), alias, doc)
+        return self._declare("row_out", name, self._dtypes(name, dtypes, ("f32", "f16", "bf16")), alias, doc,
+                             bool(optional))
 
-    def row_scalar_in(self, name, dtypes, doc=""):
-        """(rows,) read: one value per row (a target class, a saved statistic)."""
-        return self._declare("row_scalar_in", name, self._dtypes(name, dtypes, ()), doc)
+    def row_scalar_in(self, name, dtypes, doc="", optional=False):
+        """(rows,) read: one value per row (a target class, a saved statistic); an array of stride
+        0 (numpy.broadcast_to, torch.expand) gives every row one value."""
+        return self._declare("row_scalar_in", name, self._dtypes(name, dtypes, ()), doc, bool(optional))
 
     def row_scalar_out(self, name, dtypes=None, optional=True, doc=""):
         """(rows,) written: one value per row (rstd, a per-row loss)."""

@@ -549,7 +549,8 @@ void RowLowering::begin_row(std::vector<Stmt>& b, ExprPtr block) {
 void RowLowering::row_inputs_of(int node, std::set<int>& out) const {
   const RowNode& n = prog_.nodes()[node];
   if (n.kind == RowNode::Kind::result) return;  // a row value, computed in an earlier pass
-  if (n.kind == RowNode::Kind::load && decl(n.operand).role == Role::row_in) out.insert(n.operand);
+  // An absent optional input is its constant (element()): nothing to load.
+  if (n.kind == RowNode::Kind::load && decl(n.operand).role == Role::row_in && present(n.operand)) out.insert(n.operand);
   for (int o : {n.a, n.b, n.c})
     if (o >= 0) row_inputs_of(o, out);
 }
@@ -597,6 +598,7 @@ ExprPtr RowLowering::row_value(std::vector<Stmt>& out, int node) {
     case RowNode::Kind::cols: value = cast(Type::f32, param(p_cols_, Type::i64)); break;
     case RowNode::Kind::load:
       if (decl(n.operand).role == Role::scalar_in) return param(scalar_of_.at(n.operand), ir_type(n.type));
+      if (!present(n.operand)) return row_values_[node] = n.type == ValueType::f32 ? f32_const(n.value) : i64(int64_t(n.value));
       TILE_CHECK(false, "per-row input '", decl(n.operand).name, "' was not loaded");
       break;
     case RowNode::Kind::unary: value = em_.unary_fn(n.unary, row_value(out, n.a)); break;

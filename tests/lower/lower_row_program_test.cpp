@@ -190,6 +190,40 @@ TEST(LowerRowProgram, RowBlockLoopsReuseSharedSlotsAfterABarrier) {
   }
 }
 
+// Optional row and per-row inputs left out read as their constants and are never loaded;
+// given, they are read like any other.
+TEST(LowerRowProgram, OptionalRowInputsPresentOrAbsent) {
+  RowProgram p("optional_inputs");
+  Operand x = p.row_in("x"), extra = p.row_in("extra", DTypeSet::floats(), "", true);
+  Operand scale = p.row_scalar_in("scale", DTypeSet::floats(), "", true);
+  Operand y = p.row_out("y"), more = p.row_out("more", DTypeSet::floats(), extra, "", true);
+  RowExpr v = p.load(x) + p.load_or(extra, 0.5);
+  p.store(y, (v - p.reduce1(Axis::cols, monoid::sum(), v) / p.cols()) * p.load_or(scale, 2.0));
+  p.store(more, v * 3.0);
+  std::mt19937_64 rng(8);
+  testing::HostMatrix a(DType::f32, 5, 300, 300), b(DType::bf16, 5, 300, 304), out(DType::f32, 5, 300, 300);
+  testing::HostVector s(DType::f32, 5);
+  a.fill_random(rng), b.fill_random(rng), s.fill_random(rng, 1.0, 0.5);
+  for (bool given : {false, true})
+    for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
+      Args args;
+      args.set("x", a.view()).set("y", out.view());
+      if (given) args.set("extra", b.view()).set("scale", s.view()).set("more", b.view());  // more: in place
+      PlanRequest req;
+      req.caching = caching;
+      out.poison();
+      const Reference want = reference(p, args);
+      const LaunchRecord rec = run(p, args, {req, nullptr, Backend::cpu});
+      const OracleCheck check = check_against_reference(p, args, want);
+      EXPECT_TRUE(check.ok) << check.first_mismatch;
+      EXPECT_EQ(check.checked, given ? 2 * 5 * 300 : 5 * 300);
+      // Absent: only x is read (once per pass that needs it), and no per-row value.
+      if (!given) {
+        EXPECT_EQ(rec.bytes_loaded, (caching == InputCaching::registers ? 1 : 2) * 5 * 300 * 4);
+      }
+    }
+}
+
 // Reductions over the rows are bitwise identical from run to run and across plans of the same
 // grid (partials folded in slot order).
 TEST(LowerRowProgram, ReductionsOverRowsAreBitwiseRepeatable) {
