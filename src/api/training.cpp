@@ -16,6 +16,11 @@ namespace {
 void set_if(Args& a, const std::string& name, const VectorView& v) {
   if (v.data) a.set(name, v);
 }
+// Required per-row operands too, unless there are no rows (then any pointer will do), so the
+// binding says the operand is missing rather than empty.
+void set_rows(Args& a, const std::string& name, const VectorView& v, int64_t rows) {
+  if (v.data || rows == 0) a.set(name, v);
+}
 void set_if(Args& a, const std::string& name, const TensorView& t) {
   if (t.data) a.set(name, t);
 }
@@ -53,7 +58,8 @@ void layer_norm(const TensorView& x, const TensorView& y, const VectorView& weig
 void rms_norm_backward(const TensorView& dy, const TensorView& x, const VectorView& weight, const VectorView& rstd,
                        const TensorView& dx, const VectorView& dweight, const CallOptions& options) {
   Args a;
-  a.set("dy", dy).set("x", x).set("rstd", rstd).set("dx", dx);
+  a.set("dy", dy).set("x", x).set("dx", dx);
+  set_rows(a, "rstd", rstd, dy.rows);
   set_if(a, "weight", weight);
   set_if(a, "dweight", dweight);
   run(training_program("rms_norm_backward"), a, options);
@@ -63,7 +69,9 @@ void layer_norm_backward(const TensorView& dy, const TensorView& x, const Vector
                          const VectorView& rstd, const TensorView& dx, const VectorView& dweight,
                          const VectorView& dbias, const CallOptions& options) {
   Args a;
-  a.set("dy", dy).set("x", x).set("mean", mean).set("rstd", rstd).set("dx", dx);
+  a.set("dy", dy).set("x", x).set("dx", dx);
+  set_rows(a, "mean", mean, dy.rows);
+  set_rows(a, "rstd", rstd, dy.rows);
   set_if(a, "weight", weight);
   set_if(a, "dweight", dweight);
   set_if(a, "dbias", dbias);
@@ -85,7 +93,8 @@ void fused_add_rms_norm_backward(const TensorView& dy, const TensorView& dresidu
                                  const VectorView& weight, const VectorView& rstd, const TensorView& dx,
                                  const TensorView& dresidual, const VectorView& dweight, const CallOptions& options) {
   Args a;
-  a.set("dy", dy).set("residual_out", residual_out).set("rstd", rstd).set("dx", dx);
+  a.set("dy", dy).set("residual_out", residual_out).set("dx", dx);
+  set_rows(a, "rstd", rstd, dy.rows);
   set_if(a, "dresidual_out", dresidual_out);
   set_if(a, "dresidual", dresidual);
   set_if(a, "weight", weight);
@@ -114,7 +123,10 @@ void check_cross_entropy(const char* op, const TensorView& logits, const VectorV
   // A mean divides by the count of rows not ignored, a float32 sum: exact up to 2^24 rows.
   if (ce.reduction == Reduction::mean && logits.rows > (int64_t(1) << 24))
     throw_argument_error(op, "logits", "at most 2^24 rows for reduction mean", std::to_string(logits.rows));
-  if (backend != Backend::cpu || !target.data || target.size != logits.rows || is_float(target.dtype)) return;
+  // (Arguments the binding refuses are left to it, with its message.)
+  if (backend != Backend::cpu || !target.data || target.size != logits.rows || is_float(target.dtype) ||
+      target.stride < 0 || std::abs(double(ce.ignore_index)) > 9007199254740992.0)
+    return;
   for (int64_t r = 0; r < logits.rows; ++r) {
     const int64_t t = load_as_int(target.data, r * target.stride, target.dtype);
     if (t != ce.ignore_index && (t < 0 || t >= logits.cols))
@@ -174,7 +186,8 @@ void cross_entropy(const TensorView& logits, const VectorView& target, const Vec
                    const CallOptions& options) {
   check_cross_entropy("cross_entropy", logits, target, ce, options.backend);
   Args a;
-  a.set("logits", logits).set("target", target);
+  a.set("logits", logits);
+  set_rows(a, "target", target, logits.rows);
   set_ce_scalars(a, ce);
   set_loss("cross_entropy", a, loss, ce.reduction);
   set_if(a, "lse", lse);
@@ -188,7 +201,9 @@ void cross_entropy_backward(const VectorView& dloss, const TensorView& logits, c
   const char* op = "cross_entropy_backward";
   check_cross_entropy(op, logits, target, ce, options.backend);
   Args a;
-  a.set("logits", logits).set("target", target).set("lse", lse).set("dlogits", dlogits);
+  a.set("logits", logits).set("dlogits", dlogits);
+  set_rows(a, "target", target, logits.rows);
+  set_rows(a, "lse", lse, logits.rows);
   set_ce_scalars(a, ce);
   if (dloss.data) a.set("dloss", per_row_dloss(op, dloss, logits.rows, ce.reduction));
   if (ce.reduction == Reduction::mean) a.set("count", per_row_count(op, count, logits.rows));
@@ -201,7 +216,8 @@ void cross_entropy_fused(const TensorView& logits, const VectorView& target, con
   const char* op = "cross_entropy_fused";
   check_cross_entropy(op, logits, target, ce, options.backend);
   Args a;
-  a.set("logits", logits).set("target", target).set("dlogits", dlogits);
+  a.set("logits", logits).set("dlogits", dlogits);
+  set_rows(a, "target", target, logits.rows);
   set_ce_scalars(a, ce);
   set_loss(op, a, loss, ce.reduction);
   set_if(a, "lse", lse);
