@@ -38,6 +38,7 @@
 #include "backend/cuda/nvrtc.hpp"       // needs only <nvrtc.h>: where NVRTC is searched for
 #endif
 #include "tile/tile.hpp"
+#include "tile/training.hpp"
 #pragma GCC visibility pop
 #include "tile_git_commit.h"  // generated on every build: TILE_GIT_COMMIT, TILE_GIT_DIRTY
 
@@ -878,6 +879,24 @@ void bind_program(nb::module_& m) {
             return p;
           },
           nb::arg("name"))
+      .def_static(
+          "library",
+          [](const std::string& name, bool label_smoothing, bool softcap) {
+            // The training operators' programs (include/tile/training.hpp); cross-entropy's in
+            // the variant with or without its label_smoothing and softcap scalars.
+            Program p;
+            static const std::pair<const char*, tile::CrossEntropyPass> passes[] = {
+                {"cross_entropy", tile::CrossEntropyPass::forward},
+                {"cross_entropy_fused", tile::CrossEntropyPass::fused},
+                {"cross_entropy_backward", tile::CrossEntropyPass::backward}};
+            p.program = nullptr;
+            for (const auto& [n, pass] : passes)
+              if (name == n) p.program = &tile::cross_entropy_program(pass, label_smoothing, softcap);
+            if (!p.program) p.program = &tile::training_program(name);
+            return p;
+          },
+          nb::arg("name"), nb::arg("label_smoothing") = false, nb::arg("softcap") = false)
+      .def_static("library_names", [] { return tile::training_program_names(); })
       .def_prop_ro("name", [](const Program& p) { return p.program->name(); })
       .def_prop_ro("is_builtin", [](const Program& p) { return p.builtin.has_value(); })
       .def_prop_ro("serial", [](const Program& p) { return p.program->serial(); })

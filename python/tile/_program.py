@@ -20,7 +20,7 @@ import json
 from . import _call, _tile
 from .monoid import Monoid
 
-__all__ = ["RowProgram", "Operand", "Expr", "Axis", "builtin", "exp", "log", "sqrt", "rsqrt", "abs", "tanh",
+__all__ = ["RowProgram", "Operand", "Expr", "Axis", "builtin", "training_programs", "exp", "log", "sqrt", "rsqrt", "abs", "tanh",
            "maximum", "minimum", "to_f32", "eq", "ne", "lt", "le", "logical_and", "logical_or", "logical_not"]
 
 # Keywords of a call, so no operand may take these names.
@@ -433,12 +433,21 @@ _BUILTINS = {}
 
 
 def builtin(name):
-    """A built-in operator as a row program ("softmax", "log_softmax", "rms_norm", "layer_norm"):
-    the same calls and introspection as a program of your own; it cannot be changed."""
+    """A built-in operator as a row program ("softmax", "log_softmax", "rms_norm", "layer_norm",
+    or a training operator's: "rms_norm_backward", "cross_entropy", ...; tile.training_programs()
+    lists them): the same calls and introspection as a program of your own; it cannot be
+    changed."""
     p = _BUILTINS.get(name)
     if p is None:
         if not isinstance(name, str):
             raise TypeError(f"builtin: argument 'name': expected one of 'softmax', 'log_softmax', 'rms_norm', "
-                            f"'layer_norm', got {name!r}")
-        p = _BUILTINS[name] = RowProgram._of(_tile.Program.builtin(name))
+                            f"'layer_norm' or a training operator's name, got {name!r}")
+        made = (_tile.Program.library(name) if name in _tile.Program.library_names()
+                else _tile.Program.builtin(name))
+        p = _BUILTINS[name] = RowProgram._of(made)
     return p
+
+
+def training_programs():
+    """The names of the training operators' programs, for tile.builtin."""
+    return tuple(_tile.Program.library_names())

@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <tuple>
 
 #include "tile/error.hpp"
 #include "tile/training.hpp"
@@ -173,9 +174,9 @@ RowProgram cross_entropy_program_of(CrossEntropyPass pass, bool smoothing, bool 
   RowExpr hit = eq(p.col_index(), t);
   RowExpr zero = p.constant(0.0), nan = p.constant(kNaN);
   RowExpr eps = smoothing ? p.load(ls) : zero;
-  RowExpr lse, prob;
+  RowExpr lse, m, s;
   if (forward) {
-    auto [m, s] = p.reduce2(Axis::cols, monoid::online_softmax(), z);
+    std::tie(m, s) = p.reduce2(Axis::cols, monoid::online_softmax(), z);
     RowExpr zt = p.reduce1(Axis::cols, monoid::sum(), p.select(hit, z, zero));
     RowExpr log_s = log(s);
     lse = m + log_s;
@@ -190,12 +191,12 @@ RowProgram cross_entropy_program_of(CrossEntropyPass pass, bool smoothing, bool 
     p.store(loss_sum, total);
     p.store(loss_mean, total / counted);
     if (pass == CrossEntropyPass::forward) p.store(count_out, counted);
-    prob = exp(z - m) * (1.0 / s);
   } else {
     lse = p.load(lse_in);
-    prob = exp(z - lse);
   }
   if (gradient) {
+    // softmax(z) from this pass's statistics, or from the saved lse.
+    RowExpr prob = forward ? exp(z - m) * (1.0 / s) : exp(z - lse);
     RowExpr scale = p.load_or(dloss, 1.0) / p.load_or(count, 1.0);
     RowExpr g = (1.0 + (2.0 * p.load(zl)) * lse) * prob;
     g = smoothing ? g - p.select(hit, 1.0 - eps, zero) - eps / p.cols() : g - p.select(hit, p.constant(1.0), zero);
