@@ -2,11 +2,11 @@
 // it (src/api/ops.cpp); cross-entropy also picks its program variant, checks what the binding
 // cannot (the loss's shape per reduction, the targets on the CPU backend) and, for a mean
 // reduction, counts the rows that are not ignored on the device first.
+#include "tile/training.hpp"
+
 #include <cmath>
 #include <cstdio>
 #include <string>
-
-#include "tile/training.hpp"
 
 namespace tile {
 

@@ -99,13 +99,15 @@ RowProgram fused_add_rms_norm_program() {
 RowProgram fused_add_rms_norm_backward_program() {
   RowProgram p("fused_add_rms_norm_backward");
   Operand dy = p.row_in("dy", DTypeSet::floats(), "gradient of y");
-  Operand dres = p.row_in("dresidual_out", DTypeSet::floats(), "gradient of residual_out (absent: 0)", /*optional=*/true);
+  Operand dres =
+      p.row_in("dresidual_out", DTypeSet::floats(), "gradient of residual_out (absent: 0)", /*optional=*/true);
   Operand h = p.row_in("residual_out", DTypeSet::floats(), "x + residual, as fused_add_rms_norm saved it");
   Operand w = p.col_in("weight", DTypeSet::floats(), /*optional=*/true, "per-column scale");
   Operand rstd = p.row_scalar_in("rstd", {DType::f32}, "1 / sqrt(mean square + eps) per row, as saved");
   Operand dx = p.row_out("dx", DTypeSet::floats(), dy, "gradient of x (may be dy itself)");
-  Operand dr = p.row_out("dresidual", DTypeSet::floats(), dres,
-                         "gradient of residual, the same values as dx (may be dresidual_out itself)", /*optional=*/true);
+  Operand dr =
+      p.row_out("dresidual", DTypeSet::floats(), dres,
+                "gradient of residual, the same values as dx (may be dresidual_out itself)", /*optional=*/true);
   Operand dw = p.col_out("dweight", DTypeSet::floats(), /*optional=*/true, "gradient of weight, summed over the rows");
   RowExpr r = p.load(rstd), g0 = p.load(dy);
   RowExpr hhat = p.load(h) * r, g = g0 * p.load_or(w, 1.0);
@@ -180,9 +182,9 @@ RowProgram cross_entropy_program_of(CrossEntropyPass pass, bool smoothing, bool 
     RowExpr zt = p.reduce1(Axis::cols, monoid::sum(), p.select(hit, z, zero));
     RowExpr log_s = log(s);
     lse = m + log_s;
-    RowExpr nll = smoothing ? log_s + (1.0 - eps) * (m - zt) +
-                                  eps * (m - p.reduce1(Axis::cols, monoid::sum(), z) / p.cols())
-                            : log_s + (m - zt);
+    RowExpr nll = smoothing
+                      ? log_s + (1.0 - eps) * (m - zt) + eps * (m - p.reduce1(Axis::cols, monoid::sum(), z) / p.cols())
+                      : log_s + (m - zt);
     RowExpr row_loss = p.select(ignored, zero, p.select(in_range, nll + (p.load(zl) * lse) * lse, nan));
     p.store(loss, row_loss);
     p.store(lse_out, lse);
@@ -210,9 +212,12 @@ RowProgram cross_entropy_program_of(CrossEntropyPass pass, bool smoothing, bool 
 
 std::string reduction_name(Reduction r) {
   switch (r) {
-    case Reduction::none: return "none";
-    case Reduction::sum: return "sum";
-    case Reduction::mean: return "mean";
+    case Reduction::none:
+      return "none";
+    case Reduction::sum:
+      return "sum";
+    case Reduction::mean:
+      return "mean";
   }
   return "?";
 }
@@ -228,24 +233,24 @@ const RowProgram& cross_entropy_program(CrossEntropyPass pass, bool label_smooth
   static std::once_flag once[3][2][2];
   static std::unique_ptr<RowProgram> programs[3][2][2];
   auto& slot = programs[int(pass)][label_smoothing][softcap];
-  std::call_once(once[int(pass)][label_smoothing][softcap],
-                 [&] { slot = std::make_unique<RowProgram>(cross_entropy_program_of(pass, label_smoothing, softcap)); });
+  std::call_once(once[int(pass)][label_smoothing][softcap], [&] {
+    slot = std::make_unique<RowProgram>(cross_entropy_program_of(pass, label_smoothing, softcap));
+  });
   return *slot;
 }
 
 const std::vector<std::string>& training_program_names() {
-  static const std::vector<std::string> names = {"softmax_backward",    "log_softmax_backward",
-                                                 "rms_norm_backward",   "layer_norm_backward",
-                                                 "fused_add_rms_norm",  "fused_add_rms_norm_backward",
-                                                 "cross_entropy",       "cross_entropy_fused",
-                                                 "cross_entropy_backward"};
+  static const std::vector<std::string> names = {
+      "softmax_backward",    "log_softmax_backward", "rms_norm_backward",
+      "layer_norm_backward", "fused_add_rms_norm",   "fused_add_rms_norm_backward",
+      "cross_entropy",       "cross_entropy_fused",  "cross_entropy_backward"};
   return names;
 }
 
 const RowProgram& training_program(const std::string& name) {
   static const RowProgram programs[] = {softmax_backward_program(false), softmax_backward_program(true),
-                                        rms_norm_backward_program(),      layer_norm_backward_program(),
-                                        fused_add_rms_norm_program(),     fused_add_rms_norm_backward_program()};
+                                        rms_norm_backward_program(),     layer_norm_backward_program(),
+                                        fused_add_rms_norm_program(),    fused_add_rms_norm_backward_program()};
   if (name == "cross_entropy") return cross_entropy_program(CrossEntropyPass::forward);
   if (name == "cross_entropy_fused") return cross_entropy_program(CrossEntropyPass::fused);
   if (name == "cross_entropy_backward") return cross_entropy_program(CrossEntropyPass::backward);

@@ -44,7 +44,8 @@ TEST_F(TrainingCuda, EveryOperatorOnEveryLoweringPath) {
       for (auto [rows, cols, pad, offset] :
            {std::tuple<int64_t, int64_t, int64_t, int64_t>{37, 1537, 0, 1}, {64, 4096, 0, 0}, {5, 32000, 8, 0}}) {
         TrainCase c;
-        c.op = TrainOp(op), c.rows = rows, c.cols = cols, c.pad = pad, c.offset = offset, c.plan = plan, c.seed = seed++;
+        c.op = TrainOp(op), c.rows = rows, c.cols = cols, c.pad = pad, c.offset = offset, c.plan = plan,
+        c.seed = seed++;
         c.in = c.out = seed % 2 ? DType::bf16 : DType::f32;
         c.special = true;
         c.ce.label_smoothing = 0.05, c.ce.z_loss = 1e-4;

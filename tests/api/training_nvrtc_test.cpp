@@ -30,14 +30,16 @@ struct Operands {
       if (d.optional && !optional) continue;
       DType t = d.dtypes.contains(rows_dtype) ? rows_dtype : d.dtypes.contains(DType::f32) ? DType::f32 : DType::i64;
       const bool matrix_role = d.role == Role::row_in || d.role == Role::row_out;
-      const int64_t n = matrix_role ? rows * cols
+      const int64_t n = matrix_role                                                       ? rows * cols
                         : d.role == Role::row_scalar_in || d.role == Role::row_scalar_out ? rows
-                        : d.role == Role::col_in || d.role == Role::col_out ? cols
-                                                                          : 1;
+                        : d.role == Role::col_in || d.role == Role::col_out               ? cols
+                                                                                          : 1;
       storage.emplace_back(size_t(n * dtype_size(t) + 64));
       void* data = storage.back().data();
-      if (matrix_role) args.set(d.name, matrix(data, t, rows, cols));
-      else args.set(d.name, VectorView{data, t, n});
+      if (matrix_role)
+        args.set(d.name, matrix(data, t, rows, cols));
+      else
+        args.set(d.name, VectorView{data, t, n});
     }
   }
 };
@@ -58,22 +60,24 @@ TEST(TrainingSource, NvrtcCompilesEveryProgramForSm90) {
   for (const RowProgram* p : programs)
     for (DType t : {DType::f32, DType::bf16})
       for (bool optional : {false, true})
-        for (const PlanRequest& plan : plans)
-          {
-            Operands ops(*p, 37, 1500, t, optional);
-            auto pk = prepare(*p, bind(*p, ops.args), plan, cuda_target().limits(CallOptions{}));
-            sources.insert(cuda::emit_cuda(pk->lowered.main.kernel));
-            if (pk->lowered.finish) sources.insert(cuda::emit_cuda(pk->lowered.finish->kernel));
-          }
+        for (const PlanRequest& plan : plans) {
+          Operands ops(*p, 37, 1500, t, optional);
+          auto pk = prepare(*p, bind(*p, ops.args), plan, cuda_target().limits(CallOptions{}));
+          sources.insert(cuda::emit_cuda(pk->lowered.main.kernel));
+          if (pk->lowered.finish) sources.insert(cuda::emit_cuda(pk->lowered.finish->kernel));
+        }
   int compiled = 0, finish = 0;
   for (const std::string& src : sources) {
     auto result = cuda::compile_cubin(src, "sm_90");
-    ASSERT_EQ(result->cubin.compare(0, 4, "\x7f" "ELF"), 0);
+    ASSERT_EQ(result->cubin.compare(0, 4,
+                                    "\x7f"
+                                    "ELF"),
+              0);
     ++compiled;
     finish += src.find("_finish") != std::string::npos;
   }
-  std::printf("NVRTC %s compiled %d training sources (%d with a second phase) for sm_90\n", cuda::nvrtc_version().c_str(),
-              compiled, finish);
+  std::printf("NVRTC %s compiled %d training sources (%d with a second phase) for sm_90\n",
+              cuda::nvrtc_version().c_str(), compiled, finish);
   EXPECT_GT(compiled, 100);
   EXPECT_GT(finish, 5);
 }

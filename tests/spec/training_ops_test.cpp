@@ -61,9 +61,11 @@ TEST(TrainingOps, EveryOperatorOnEveryLoweringPath) {
   uint64_t seed = 9000;
   for (int op = 0; op <= int(TrainOp::cross_entropy_fused); ++op)
     for (const PlanRequest& plan : plan_variants())
-      for (auto [rows, cols, pad, offset] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{9, 1537, 0, 1}, {5, 256, 3, 0}}) {
+      for (auto [rows, cols, pad, offset] :
+           {std::tuple<int64_t, int64_t, int64_t, int64_t>{9, 1537, 0, 1}, {5, 256, 3, 0}}) {
         TrainCase c;
-        c.op = TrainOp(op), c.rows = rows, c.cols = cols, c.pad = pad, c.offset = offset, c.plan = plan, c.seed = seed++;
+        c.op = TrainOp(op), c.rows = rows, c.cols = cols, c.pad = pad, c.offset = offset, c.plan = plan,
+        c.seed = seed++;
         c.special = true;
         c.ce.label_smoothing = 0.05, c.ce.z_loss = 1e-4;
         c.ce.reduction = Reduction(seed % 3);
@@ -101,7 +103,8 @@ TEST(TrainingOps, CrossEntropyOptionsOneByOne) {
 // ---- finite differences ----
 
 // Central differences of f at x, in float64.
-std::vector<double> numeric_gradient(const std::function<double(const std::vector<double>&)>& f, std::vector<double> x) {
+std::vector<double> numeric_gradient(const std::function<double(const std::vector<double>&)>& f,
+                                     std::vector<double> x) {
   std::vector<double> g(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     const double v = x[i], h = 1e-6 * std::max(1.0, std::abs(v));
@@ -118,8 +121,8 @@ std::vector<double> numeric_gradient(const std::function<double(const std::vecto
 // got (a kernel's fp32 output, or a float64 formula) against the numeric gradient: within
 // `rtol` of each value plus `rtol` of the largest, or of `terms` when the gradient is a
 // difference of larger terms (fp32 rounds those, not their small difference).
-void expect_gradient(const std::string& what, const std::vector<double>& got, const std::vector<double>& numeric, double rtol,
-                     double terms = 0) {
+void expect_gradient(const std::string& what, const std::vector<double>& got, const std::vector<double>& numeric,
+                     double rtol, double terms = 0) {
   ASSERT_EQ(got.size(), numeric.size()) << what;
   double scale = terms;
   for (double v : numeric) scale = std::max(scale, std::abs(v));
@@ -193,14 +196,16 @@ TEST(TrainingGradients, SoftmaxAndLogSoftmaxBackwardAreTheForwardsDerivatives) {
   for (bool log : {false, true})
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{3, 7}, {2, 33}, {2, 1}}) {
       SCOPED_TRACE(std::string(log ? "log_softmax" : "softmax") + " " + std::to_string(cols));
-      const std::vector<double> x = random_values(rng, size_t(rows * cols), 0, 2), dy = random_values(rng, x.size(), 0, 1);
+      const std::vector<double> x = random_values(rng, size_t(rows * cols), 0, 2),
+                                dy = random_values(rng, x.size(), 0, 1);
       auto loss = [&](const std::vector<double>& v) { return dot(dy, softmax_rows(v, rows, cols, log)); };
       const std::vector<double> numeric = numeric_gradient(loss, x);
       Env env(Backend::cpu);
       env.add("y", matrix_of(softmax_rows(x, rows, cols, log), rows, cols));
       env.add("dy", matrix_of(dy, rows, cols));
       env.add("dx", Buf::matrix(DType::f32, rows, cols, cols));
-      (log ? log_softmax_backward : softmax_backward)(env.mat("y"), env.mat("dy"), env.mat("dx"), {{}, nullptr, Backend::cpu});
+      (log ? log_softmax_backward : softmax_backward)(env.mat("y"), env.mat("dy"), env.mat("dx"),
+                                                      {{}, nullptr, Backend::cpu});
       expect_gradient("kernel dx", values(env["dx"]), numeric, 1e-5);
       expect_gradient("reference dx", softmax_backward_ref(env["y"], env["dy"], log).want, numeric, 1e-6);
     }
@@ -221,13 +226,14 @@ TEST(TrainingGradients, NormBackwardsAreTheForwardsDerivatives) {
         for (int64_t c = 0; c < cols; ++c) x[size_t(r * cols + c)] += 0.25;
       }
       const std::vector<double> dy = random_values(rng, x.size(), 0, 1);
-      const std::vector<double> w = random_values(rng, size_t(cols), 1, 0.5), b = random_values(rng, size_t(cols), 0, 0.5);
-      const std::vector<double> dx_num =
-          numeric_gradient([&](const std::vector<double>& v) { return dot(dy, norm_rows(v, w, b, rows, cols, layer)); }, x);
-      const std::vector<double> dw_num =
-          numeric_gradient([&](const std::vector<double>& v) { return dot(dy, norm_rows(x, v, b, rows, cols, layer)); }, w);
-      const std::vector<double> db_num =
-          numeric_gradient([&](const std::vector<double>& v) { return dot(dy, norm_rows(x, w, v, rows, cols, layer)); }, b);
+      const std::vector<double> w = random_values(rng, size_t(cols), 1, 0.5),
+                                b = random_values(rng, size_t(cols), 0, 0.5);
+      const std::vector<double> dx_num = numeric_gradient(
+          [&](const std::vector<double>& v) { return dot(dy, norm_rows(v, w, b, rows, cols, layer)); }, x);
+      const std::vector<double> dw_num = numeric_gradient(
+          [&](const std::vector<double>& v) { return dot(dy, norm_rows(x, v, b, rows, cols, layer)); }, w);
+      const std::vector<double> db_num = numeric_gradient(
+          [&](const std::vector<double>& v) { return dot(dy, norm_rows(x, w, v, rows, cols, layer)); }, b);
       Env env(Backend::cpu);
       env.add("dy", matrix_of(dy, rows, cols)), env.add("x", matrix_of(x, rows, cols));
       env.add("weight", vector_of(w));
@@ -242,21 +248,24 @@ TEST(TrainingGradients, NormBackwardsAreTheForwardsDerivatives) {
       env.add("dweight", Buf::vector(DType::f32, cols)), env.add("dbias", Buf::vector(DType::f32, cols));
       const CallOptions cpu{{}, nullptr, Backend::cpu};
       if (layer)
-        layer_norm_backward(env.mat("dy"), env.mat("x"), env.vec("weight"), env.vec("mean"), env.vec("rstd"), env.mat("dx"),
-                            env.vec("dweight"), env.vec("dbias"), cpu);
+        layer_norm_backward(env.mat("dy"), env.mat("x"), env.vec("weight"), env.vec("mean"), env.vec("rstd"),
+                            env.mat("dx"), env.vec("dweight"), env.vec("dbias"), cpu);
       else
-        rms_norm_backward(env.mat("dy"), env.mat("x"), env.vec("weight"), env.vec("rstd"), env.mat("dx"), env.vec("dweight"),
-                          cpu);
+        rms_norm_backward(env.mat("dy"), env.mat("x"), env.vec("weight"), env.vec("rstd"), env.mat("dx"),
+                          env.vec("dweight"), cpu);
       // dx is rstd times a difference of terms of the size of dy * weight.
       double terms = 0;
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) terms = std::max(terms, rstd[size_t(r)] * std::abs(dy[size_t(r * cols + c)] * w[size_t(c)]));
+        for (int64_t c = 0; c < cols; ++c)
+          terms = std::max(terms, rstd[size_t(r)] * std::abs(dy[size_t(r * cols + c)] * w[size_t(c)]));
       expect_gradient("kernel dx", values(env["dx"]), dx_num, 2e-5, terms);
       expect_gradient("kernel dweight", values(env["dweight"]), dw_num, 2e-5);
       if (layer) expect_gradient("kernel dbias", values(env["dbias"]), db_num, 2e-5);
       Expected dx, dw, db;
-      if (layer) layer_norm_backward_ref(env["dy"], env["x"], &env["weight"], env["mean"], env["rstd"], dx, dw, db);
-      else rms_norm_backward_ref(env["dy"], env["x"], &env["weight"], env["rstd"], nullptr, dx, dw);
+      if (layer)
+        layer_norm_backward_ref(env["dy"], env["x"], &env["weight"], env["mean"], env["rstd"], dx, dw, db);
+      else
+        rms_norm_backward_ref(env["dy"], env["x"], &env["weight"], env["rstd"], nullptr, dx, dw);
       expect_gradient("reference dx", dx.want, dx_num, 1e-6, terms);
       expect_gradient("reference dweight", dw.want, dw_num, 1e-6);
     }
@@ -265,7 +274,8 @@ TEST(TrainingGradients, NormBackwardsAreTheForwardsDerivatives) {
 TEST(TrainingGradients, FusedAddRmsNormBackwardIsTheForwardsDerivative) {
   std::mt19937_64 rng(3);
   const int64_t rows = 3, cols = 9;
-  const std::vector<double> x = random_values(rng, size_t(rows * cols), 0, 1), res = random_values(rng, x.size(), 0.2, 1);
+  const std::vector<double> x = random_values(rng, size_t(rows * cols), 0, 1),
+                            res = random_values(rng, x.size(), 0.2, 1);
   const std::vector<double> w = random_values(rng, size_t(cols), 1, 0.5);
   const std::vector<double> dy = random_values(rng, x.size(), 0, 1), dres = random_values(rng, x.size(), 0, 1);
   // The loss of both outputs: dy . y + dres . residual_out, y = rms_norm(x + residual) * w.
@@ -279,11 +289,14 @@ TEST(TrainingGradients, FusedAddRmsNormBackwardIsTheForwardsDerivative) {
   const std::vector<double> dw_num = numeric_gradient([&](const std::vector<double>& v) { return loss(x, res, v); }, w);
   // The forward pass on the CPU backend saves residual_out and rstd; the backward reads them.
   Env env(Backend::cpu);
-  env.add("x", matrix_of(x, rows, cols)), env.add("residual", matrix_of(res, rows, cols)), env.add("weight", vector_of(w));
-  env.add("y", Buf::matrix(DType::f32, rows, cols, cols)), env.add("residual_out", Buf::matrix(DType::f32, rows, cols, cols));
+  env.add("x", matrix_of(x, rows, cols)), env.add("residual", matrix_of(res, rows, cols)),
+      env.add("weight", vector_of(w));
+  env.add("y", Buf::matrix(DType::f32, rows, cols, cols)),
+      env.add("residual_out", Buf::matrix(DType::f32, rows, cols, cols));
   env.add("rstd", Buf::vector(DType::f32, rows));
   env.add("dy", matrix_of(dy, rows, cols)), env.add("dresidual_out", matrix_of(dres, rows, cols));
-  env.add("dx", Buf::matrix(DType::f32, rows, cols, cols)), env.add("dresidual", Buf::matrix(DType::f32, rows, cols, cols));
+  env.add("dx", Buf::matrix(DType::f32, rows, cols, cols)),
+      env.add("dresidual", Buf::matrix(DType::f32, rows, cols, cols));
   env.add("dweight", Buf::vector(DType::f32, cols));
   const CallOptions cpu{{}, nullptr, Backend::cpu};
   fused_add_rms_norm(env.mat("x"), env.mat("residual"), env.mat("y"), env.mat("residual_out"), env.vec("weight"), 1e-6f,
@@ -329,18 +342,20 @@ TEST(TrainingGradients, CrossEntropyBackwardAndFusedAreTheLossDerivative) {
       env.add("target", t), env.add("dloss", vector_of(dloss));
       env.add("loss", Buf::vector(DType::f32, none ? rows : 1)), env.add("lse", Buf::vector(DType::f32, rows));
       env.add("count", Buf::vector(DType::f32, 1));
-      env.add("dlogits", Buf::matrix(DType::f32, rows, cols, cols)), env.add("fused", Buf::matrix(DType::f32, rows, cols, cols));
+      env.add("dlogits", Buf::matrix(DType::f32, rows, cols, cols)),
+          env.add("fused", Buf::matrix(DType::f32, rows, cols, cols));
       const CallOptions cpu{{}, nullptr, Backend::cpu};
       cross_entropy(env.mat("logits"), env.vec("target"), env.vec("loss"), ce, env.vec("lse"), env.vec("count"), cpu);
-      EXPECT_NEAR(env["loss"].at(0), none ? cross_entropy_row(std::vector<double>(z.begin(), z.begin() + cols), 0, ce, false).loss
-                                          : loss(z) / dloss[0],
+      EXPECT_NEAR(env["loss"].at(0),
+                  none ? cross_entropy_row(std::vector<double>(z.begin(), z.begin() + cols), 0, ce, false).loss
+                       : loss(z) / dloss[0],
                   1e-5 * std::abs(env["loss"].at(0)) + 1e-5);
       EXPECT_EQ(env["count"].at(0), 4.0);
-      cross_entropy_backward(env.vec("dloss"), env.mat("logits"), env.vec("target"), env.vec("lse"), env.mat("dlogits"), ce,
-                             env.vec("count"), cpu);
+      cross_entropy_backward(env.vec("dloss"), env.mat("logits"), env.vec("target"), env.vec("lse"), env.mat("dlogits"),
+                             ce, env.vec("count"), cpu);
       expect_gradient("cross_entropy_backward dlogits", values(env["dlogits"]), numeric, 2e-5);
-      cross_entropy_fused(env.mat("logits"), env.vec("target"), env.vec("loss"), env.mat("fused"), ce, env.vec("dloss"), {},
-                          env.vec("count"), cpu);
+      cross_entropy_fused(env.mat("logits"), env.vec("target"), env.vec("loss"), env.mat("fused"), ce, env.vec("dloss"),
+                          {}, env.vec("count"), cpu);
       expect_gradient("cross_entropy_fused dlogits", values(env["fused"]), numeric, 2e-5);
       // The reference's own gradient, per unit upstream gradient, scaled as the kernels scale it.
       std::vector<double> ref;
@@ -380,7 +395,8 @@ TEST(TrainingOps, AnOutOfRangeTargetMakesItsRowNaNInTheKernel) {
   const int64_t rows = 3, cols = 5;
   std::vector<float> z(rows * cols, 0.5f), dz(rows * cols), loss(rows), total(1);
   std::vector<int64_t> t = {1, 5, -1};
-  for (const RowProgram* p : {&cross_entropy_program(CrossEntropyPass::forward), &cross_entropy_program(CrossEntropyPass::fused)}) {
+  for (const RowProgram* p :
+       {&cross_entropy_program(CrossEntropyPass::forward), &cross_entropy_program(CrossEntropyPass::fused)}) {
     Args a;
     a.set("logits", matrix(z.data(), DType::f32, rows, cols)).set("target", VectorView{t.data(), DType::i64, rows});
     a.set("loss", VectorView{loss.data(), DType::f32, rows}).set("loss_sum", VectorView{total.data(), DType::f32, 1});

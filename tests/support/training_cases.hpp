@@ -60,11 +60,14 @@ struct Buf {
   void* host() { return bytes.data() + offset * dtype_size(dtype); }
   const void* host() const { return bytes.data() + offset * dtype_size(dtype); }
   double at(int64_t r, int64_t c = 0) const {
-    return is_float(dtype) ? double(load_as_float(host(), index(r, c), dtype)) : double(load_as_int(host(), index(r, c), dtype));
+    return is_float(dtype) ? double(load_as_float(host(), index(r, c), dtype))
+                           : double(load_as_int(host(), index(r, c), dtype));
   }
   void set(int64_t r, int64_t c, double v) {
-    if (is_float(dtype)) store_from_float(host(), index(r, c), dtype, float(v));
-    else store_from_int(host(), index(r, c), dtype, int64_t(v));
+    if (is_float(dtype))
+      store_from_float(host(), index(r, c), dtype, float(v));
+    else
+      store_from_int(host(), index(r, c), dtype, int64_t(v));
   }
   void poison() { std::memset(bytes.data(), 0xff, bytes.size()); }
   // True when no byte outside the view's elements differs from the poison.
@@ -244,8 +247,9 @@ struct CrossEntropyRow {
   std::vector<double> grad, grad_mag;  // d loss / d logits, per unit upstream gradient
 };
 
-inline CrossEntropyRow cross_entropy_row(const std::vector<double>& logits, int64_t target, const CrossEntropyOptions& ce,
-                                         bool want_grad, const double* saved_lse = nullptr) {
+inline CrossEntropyRow cross_entropy_row(const std::vector<double>& logits, int64_t target,
+                                         const CrossEntropyOptions& ce, bool want_grad,
+                                         const double* saved_lse = nullptr) {
   const int64_t C = int64_t(logits.size());
   const double ls = ce.label_smoothing, zl = ce.z_loss;
   std::vector<double> z(logits), th(logits.size(), 0.0);
@@ -272,7 +276,9 @@ inline CrossEntropyRow cross_entropy_row(const std::vector<double>& logits, int6
   for (int64_t j = 0; j < C; ++j) {
     const double p = saved_lse ? std::exp(z[size_t(j)] - lse) : std::exp(z[size_t(j)] - m) / s;
     double g = coef * p - (j == target ? 1 - ls : 0.0) - ls / double(C);
-    double gm = (p == 0 ? 0.0 : (std::abs(coef) + 2 * zl * std::abs(lse)) * p * (2 + std::abs(z[size_t(j)]) + std::abs(lse))) + 1;
+    double gm =
+        (p == 0 ? 0.0 : (std::abs(coef) + 2 * zl * std::abs(lse)) * p * (2 + std::abs(z[size_t(j)]) + std::abs(lse))) +
+        1;
     if (ce.softcap) {
       const double d = 1 - th[size_t(j)] * th[size_t(j)];
       // 1 - tanh^2 errs by about two ulps of tanh: absolute, not relative to a small d.
@@ -331,9 +337,9 @@ enum class TrainOp : uint8_t {
 };
 
 inline const char* train_op_name(TrainOp op) {
-  static const char* names[] = {"softmax_backward",   "log_softmax_backward",        "rms_norm_backward",
-                                "layer_norm_backward", "fused_add_rms_norm",          "fused_add_rms_norm_backward",
-                                "cross_entropy",       "cross_entropy_backward",      "cross_entropy_fused"};
+  static const char* names[] = {"softmax_backward",    "log_softmax_backward",   "rms_norm_backward",
+                                "layer_norm_backward", "fused_add_rms_norm",     "fused_add_rms_norm_backward",
+                                "cross_entropy",       "cross_entropy_backward", "cross_entropy_fused"};
   return names[int(op)];
 }
 
@@ -386,7 +392,9 @@ inline Buf random_vector(std::mt19937_64& rng, DType t, int64_t n, double mean, 
   for (int64_t i = 0; i < n; ++i) b.set(i, 0, d(rng));
   return b;
 }
-inline Buf output_matrix(DType t, const TrainCase& c) { return Buf::matrix(t, c.rows, c.cols, c.cols + c.pad, c.offset); }
+inline Buf output_matrix(DType t, const TrainCase& c) {
+  return Buf::matrix(t, c.rows, c.cols, c.cols + c.pad, c.offset);
+}
 inline std::vector<double> row_of(const Buf& b, int64_t r) {
   std::vector<double> v;
   for (int64_t k = 0; k < b.cols; ++k) v.push_back(b.at(r, k));
@@ -421,7 +429,8 @@ inline TrainResult run_train_case(const TrainCase& c, Backend backend) {
         double m = -kInf, s = 0;
         for (double v : x) m = std::max(m, v);
         for (double v : x) s += std::exp(v - m);
-        for (int64_t k = 0; k < C; ++k) y.set(r, k, log ? x[size_t(k)] - m - std::log(s) : std::exp(x[size_t(k)] - m) / s);
+        for (int64_t k = 0; k < C; ++k)
+          y.set(r, k, log ? x[size_t(k)] - m - std::log(s) : std::exp(x[size_t(k)] - m) / s);
         if (c.special && r == 1) y.set(r, C / 2, log ? -kInf : 0.0);
         if (c.special && r == 2)
           for (int64_t k = 0; k < C; ++k) y.set(r, k, kNaN);
@@ -462,8 +471,10 @@ inline TrainResult run_train_case(const TrainCase& c, Backend backend) {
       if (ln && c.second) env.add("dbias", Buf::vector(c.w, C));
       Expected dx, dw, db;
       const Buf* w = c.weight ? &env["weight"] : nullptr;
-      if (ln) layer_norm_backward_ref(env["dy"], env["x"], w, env["mean"], env["rstd"], dx, dw, db);
-      else rms_norm_backward_ref(env["dy"], env["x"], w, env["rstd"], nullptr, dx, dw);
+      if (ln)
+        layer_norm_backward_ref(env["dy"], env["x"], w, env["mean"], env["rstd"], dx, dw, db);
+      else
+        rms_norm_backward_ref(env["dy"], env["x"], w, env["rstd"], nullptr, dx, dw);
       want[target_of(c, "dx", "dy")] = dx;
       outputs.push_back(target_of(c, "dx", "dy"));
       if (c.weight) want["dweight"] = dw, outputs.push_back("dweight");
@@ -526,7 +537,9 @@ inline TrainResult run_train_case(const TrainCase& c, Backend backend) {
                             c.second ? &env["dresidual_out"] : nullptr, dx, dw);
       want[target_of(c, "dx", "dy")] = dx;
       outputs.push_back(target_of(c, "dx", "dy"));
-      if (c.second) want[target_of(c, "dresidual", "dresidual_out")] = dx, outputs.push_back(target_of(c, "dresidual", "dresidual_out"));
+      if (c.second)
+        want[target_of(c, "dresidual", "dresidual_out")] = dx,
+                                       outputs.push_back(target_of(c, "dresidual", "dresidual_out"));
       if (c.weight) want["dweight"] = dw, outputs.push_back("dweight");
       env.upload();
       fused_add_rms_norm_backward(env.mat("dy"), env.mat("dresidual_out"), env.mat("residual_out"), env.vec("weight"),
@@ -553,12 +566,15 @@ inline TrainResult run_train_case(const TrainCase& c, Backend backend) {
         const int64_t specials = std::min<int64_t>(R, 7);
         for (int64_t r = 2; r < specials; ++r) {
           const int64_t kind = r - 2;
-          if (kind == 0) for (int64_t k = 0; k < C; ++k) z.set(r, k, -kInf);      // all -inf
-          if (kind == 1) z.set(r, C / 2, kNaN);                                    // a NaN
-          if (kind == 2) for (int64_t k = 0; k < C; k += 2) z.set(r, k, -kInf);     // some -inf, target among them
+          if (kind == 0)
+            for (int64_t k = 0; k < C; ++k) z.set(r, k, -kInf);  // all -inf
+          if (kind == 1) z.set(r, C / 2, kNaN);                  // a NaN
+          if (kind == 2)
+            for (int64_t k = 0; k < C; k += 2) z.set(r, k, -kInf);  // some -inf, target among them
           if (kind == 2) target.set(r, 0, 0.0);
-          if (kind == 3) z.set(r, C - 1, kInf);                                     // +inf
-          if (kind == 4) for (int64_t k = 0; k < C; ++k) z.set(r, k, kNaN), target.set(r, 0, double(ce.ignore_index));
+          if (kind == 3) z.set(r, C - 1, kInf);  // +inf
+          if (kind == 4)
+            for (int64_t k = 0; k < C; ++k) z.set(r, k, kNaN), target.set(r, 0, double(ce.ignore_index));
         }
       }
       env.add("target", target);
@@ -598,8 +614,10 @@ inline TrainResult run_train_case(const TrainCase& c, Backend backend) {
       }
       if (ce.reduction == Reduction::mean || c.op == TrainOp::cross_entropy) {
         env.add("count", Buf::vector(DType::f32, 1));
-        if (c.op != TrainOp::cross_entropy_backward) want["count"] = Expected{{count}, {0.0}}, outputs.push_back("count");
-        else env["count"].set(0, 0, count);
+        if (c.op != TrainOp::cross_entropy_backward)
+          want["count"] = Expected{{count}, {0.0}}, outputs.push_back("count");
+        else
+          env["count"].set(0, 0, count);
       }
       if (c.op != TrainOp::cross_entropy) {
         const bool in_place = c.in_place;
