@@ -37,7 +37,7 @@ TEST_F(TrainingCuda, EveryOperatorOnEveryLoweringPath) {
   plans.push_back(p);
   p = {}, p.merge = MergeStrategy::combine, p.workers_per_program = 64;
   plans.push_back(p);
-  p = {}, p.grid_limit = 2, p.programs_per_group = 2;
+  p = {}, p.grid_limit = 2, p.programs_per_group = 2, p.workers_per_program = 128;
   plans.push_back(p);
   for (int op = 0; op <= int(TrainOp::cross_entropy_fused); ++op)
     for (const PlanRequest& plan : plans)

@@ -52,7 +52,7 @@ std::vector<PlanRequest> plan_variants() {
   plans.push_back(p);
   p = {}, p.merge = MergeStrategy::combine, p.workers_per_program = 64;
   plans.push_back(p);
-  p = {}, p.grid_limit = 2, p.programs_per_group = 2;  // many rows per slot
+  p = {}, p.grid_limit = 2, p.programs_per_group = 2, p.workers_per_program = 128;  // many rows per slot
   plans.push_back(p);
   return plans;
 }
