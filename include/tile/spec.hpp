@@ -145,10 +145,14 @@ class RowProgram {
   RowProgram(RowProgram&&) = default;
 
   // ---- operands (declared once; the call binds them by name) ----
-  Operand row_in(std::string name, DTypeSet dtypes = DTypeSet::floats(), std::string doc = "");
+  // Optional row and per-row inputs are read with load_or; rows and cols come from the first
+  // row operand that is not optional.
+  Operand row_in(std::string name, DTypeSet dtypes = DTypeSet::floats(), std::string doc = "",
+                 bool optional = false);
   Operand row_out(std::string name, DTypeSet dtypes = DTypeSet::floats(), Operand may_alias = {},
-                  std::string doc = "");
-  Operand row_scalar_in(std::string name, DTypeSet dtypes, std::string doc = "");
+                  std::string doc = "", bool optional = false);
+  // A per-row input may be given with stride 0: one value broadcast to every row.
+  Operand row_scalar_in(std::string name, DTypeSet dtypes, std::string doc = "", bool optional = false);
   Operand row_scalar_out(std::string name, DTypeSet dtypes = {DType::f32}, bool optional = true,
                          std::string doc = "");
   Operand col_in(std::string name, DTypeSet dtypes = DTypeSet::floats(), bool optional = false,

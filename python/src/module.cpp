@@ -38,6 +38,7 @@
 #include "backend/cuda/nvrtc.hpp"       // needs only <nvrtc.h>: where NVRTC is searched for
 #endif
 #include "tile/tile.hpp"
+#include "tile/training.hpp"
 #pragma GCC visibility pop
 #include "tile_git_commit.h"  // generated on every build: TILE_GIT_COMMIT, TILE_GIT_DIRTY
 
@@ -576,8 +577,9 @@ Bound convert(const Program& prog, nb::handle operands, nb::handle labels, Array
     return h && h != Py_None ? nb::handle(h) : nb::handle();
   };
 
+  // Rows, columns and the device come from the first row operand that is not optional.
   size_t first = 0;
-  while (first < decls.size() && !is_row(decls[first].role)) ++first;
+  while (first < decls.size() && !(is_row(decls[first].role) && !decls[first].optional)) ++first;
   TILE_CHECK(first < decls.size(), "a validated program without a row operand");
   const Slot first_slot{op, names[first], decls[first]};
   const nb::handle first_handle = get(first);
@@ -877,6 +879,24 @@ void bind_program(nb::module_& m) {
             return p;
           },
           nb::arg("name"))
+      .def_static(
+          "library",
+          [](const std::string& name, bool label_smoothing, bool softcap) {
+            // The training operators' programs (include/tile/training.hpp); cross-entropy's in
+            // the variant with or without its label_smoothing and softcap scalars.
+            Program p;
+            static const std::pair<const char*, tile::CrossEntropyPass> passes[] = {
+                {"cross_entropy", tile::CrossEntropyPass::forward},
+                {"cross_entropy_fused", tile::CrossEntropyPass::fused},
+                {"cross_entropy_backward", tile::CrossEntropyPass::backward}};
+            p.program = nullptr;
+            for (const auto& [n, pass] : passes)
+              if (name == n) p.program = &tile::cross_entropy_program(pass, label_smoothing, softcap);
+            if (!p.program) p.program = &tile::training_program(name);
+            return p;
+          },
+          nb::arg("name"), nb::arg("label_smoothing") = false, nb::arg("softcap") = false)
+      .def_static("library_names", [] { return tile::training_program_names(); })
       .def_prop_ro("name", [](const Program& p) { return p.program->name(); })
       .def_prop_ro("is_builtin", [](const Program& p) { return p.builtin.has_value(); })
       .def_prop_ro("serial", [](const Program& p) { return p.program->serial(); })
@@ -890,18 +910,20 @@ void bind_program(nb::module_& m) {
              return std::make_pair(std::string(tile::value_type_name(nodes[id].type)),
                                    tile::shape_name(nodes[id].shape));
            })
-      .def("row_in", [](Program& p, const std::string& name, const std::vector<std::string>& dtypes,
-                        const std::string& doc) { return p.builder().row_in(name, dtype_set(dtypes), doc).id; })
+      .def("row_in",
+           [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, const std::string& doc,
+              bool optional) { return p.builder().row_in(name, dtype_set(dtypes), doc, optional).id; })
       .def("row_out",
            [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, int may_alias,
-              const std::string& doc) {
+              const std::string& doc, bool optional) {
              tile::RowProgram& b = p.builder();
-             return b.row_out(name, dtype_set(dtypes), may_alias < 0 ? tile::Operand{} : operand(may_alias), doc).id;
+             return b
+                 .row_out(name, dtype_set(dtypes), may_alias < 0 ? tile::Operand{} : operand(may_alias), doc, optional)
+                 .id;
            })
       .def("row_scalar_in",
-           [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, const std::string& doc) {
-             return p.builder().row_scalar_in(name, dtype_set(dtypes), doc).id;
-           })
+           [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, const std::string& doc,
+              bool optional) { return p.builder().row_scalar_in(name, dtype_set(dtypes), doc, optional).id; })
       .def("row_scalar_out",
            [](Program& p, const std::string& name, const std::vector<std::string>& dtypes, bool optional,
               const std::string& doc) { return p.builder().row_scalar_out(name, dtype_set(dtypes), optional, doc).id; })

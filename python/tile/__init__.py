@@ -1,4 +1,5 @@
-"""Tile: generated row-reduction kernels (softmax, log-softmax, RMSNorm, LayerNorm) and row
+"""Tile: generated row-reduction kernels (softmax, log-softmax, RMSNorm, LayerNorm), their
+backward passes, fused residual-add RMSNorm and cross-entropy (tile/_training.py), and row
 programs of your own.
 
 Arrays cross without copies: numpy (CPU) arrays run on the CPU backend, torch CUDA tensors on
@@ -25,11 +26,16 @@ import sys
 from . import _call, _tile, monoid
 from ._call import init_torch as _init_torch
 from ._program import (Axis, Expr, Operand, RowProgram, abs, builtin, eq, exp, le, log, logical_and, logical_not,
-                       logical_or, lt, maximum, minimum, ne, rsqrt, sqrt, tanh, to_f32)
+                       logical_or, lt, maximum, minimum, ne, rsqrt, sqrt, tanh, to_f32, training_programs)
+from ._training import (cross_entropy, cross_entropy_backward, cross_entropy_fused, fused_add_rms_norm,
+                        fused_add_rms_norm_backward, layer_norm_backward, log_softmax_backward, rms_norm_backward,
+                        softmax_backward)
 
 __all__ = [
     "softmax", "log_softmax", "rms_norm", "layer_norm", "run", "plan", "ir", "source",
-    "RowProgram", "Operand", "Expr", "Axis", "monoid", "builtin",
+    "softmax_backward", "log_softmax_backward", "rms_norm_backward", "layer_norm_backward", "fused_add_rms_norm",
+    "fused_add_rms_norm_backward", "cross_entropy", "cross_entropy_backward", "cross_entropy_fused",
+    "RowProgram", "Operand", "Expr", "Axis", "monoid", "builtin", "training_programs",
     "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "maximum", "minimum", "to_f32", "eq", "ne", "lt", "le",
     "logical_and", "logical_or", "logical_not",
     "clear_kernel_caches", "cache_dir", "nvrtc_version", "nvrtc_library", "device_info", "build_info",

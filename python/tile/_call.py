@@ -74,8 +74,8 @@ class Info:
         self.arrays = {d["name"] for d in self.decls if d["role"] != "scalar_in"}
         self.scalars = [d["name"] for d in self.decls if d["role"] == "scalar_in"]
         self.outputs = [d for d in self.decls if d["role"] in _OUTPUTS]
-        rows = [d["name"] for d in self.decls if d["role"] in _ROW]
-        row_ins = [d["name"] for d in self.decls if d["role"] == "row_in"]
+        rows = [d["name"] for d in self.decls if d["role"] in _ROW and not d["optional"]]
+        row_ins = [d["name"] for d in self.decls if d["role"] == "row_in" and not d["optional"]]
         self.first_row = rows[0] if rows else None        # the extension's: rows, columns, device
         self.first_row_in = row_ins[0] if row_ins else self.first_row  # outputs are allocated like it
 

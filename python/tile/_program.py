@@ -20,7 +20,7 @@ import json
 from . import _call, _tile
 from .monoid import Monoid
 
-__all__ = ["RowProgram", "Operand", "Expr", "Axis", "builtin", "exp", "log", "sqrt", "rsqrt", "abs", "tanh",
+__all__ = ["RowProgram", "Operand", "Expr", "Axis", "builtin", "training_programs", "exp", "log", "sqrt", "rsqrt", "abs", "tanh",
            "maximum", "minimum", "to_f32", "eq", "ne", "lt", "le", "logical_and", "logical_or", "logical_not"]
 
 # Keywords of a call, so no operand may take these names.
@@ -257,18 +257,22 @@ class RowProgram:
                              f"'{operand.program.name}'")
         return operand.id
 
-    def row_in(self, name, dtypes=None, doc=""):
-        """(rows, cols) read; rows may be strided, each row contiguous."""
-        return self._declare("row_in", name, self._dtypes(name, dtypes, ("f32", "f16", "bf16")), doc)
+    def row_in(self, name, dtypes=None, doc="", optional=False):
+        """(rows, cols) read; rows may be strided, each row contiguous. An optional one is read
+        with load_or; rows and columns come from the first row operand that is not optional."""
+        return self._declare("row_in", name, self._dtypes(name, dtypes, ("f32", "f16", "bf16")), doc, bool(optional))
 
-    def row_out(self, name, dtypes=None, may_alias=None, doc=""):
-        """(rows, cols) written; may be exactly the row input `may_alias` (in place)."""
+    def row_out(self, name, dtypes=None, may_alias=None, doc="", optional=False):
+        """(rows, cols) written; may be exactly the row input `may_alias` (in place). An optional
+        one given as None is not computed."""
         alias = -1 if may_alias is None else self._own(may_alias, f"row_out '{name}': may_alias")
-        return self._declare("row_out", name, self._dtypes(name, dtypes, ("f32", "f16", "bf16")), alias, doc)
+        return self._declare("row_out", name, self._dtypes(name, dtypes, ("f32", "f16", "bf16")), alias, doc,
+                             bool(optional))
 
-    def row_scalar_in(self, name, dtypes, doc=""):
-        """(rows,) read: one value per row (a target class, a saved statistic)."""
-        return self._declare("row_scalar_in", name, self._dtypes(name, dtypes, ()), doc)
+    def row_scalar_in(self, name, dtypes, doc="", optional=False):
+        """(rows,) read: one value per row (a target class, a saved statistic); an array of stride
+        0 (numpy.broadcast_to, torch.expand) gives every row one value."""
+        return self._declare("row_scalar_in", name, self._dtypes(name, dtypes, ()), doc, bool(optional))
 
     def row_scalar_out(self, name, dtypes=None, optional=True, doc=""):
         """(rows,) written: one value per row (rstd, a per-row loss)."""
@@ -429,12 +433,21 @@ _BUILTINS = {}
 
 
 def builtin(name):
-    """A built-in operator as a row program ("softmax", "log_softmax", "rms_norm", "layer_norm"):
-    the same calls and introspection as a program of your own; it cannot be changed."""
+    """A built-in operator as a row program ("softmax", "log_softmax", "rms_norm", "layer_norm",
+    or a training operator's: "rms_norm_backward", "cross_entropy", ...; tile.training_programs()
+    lists them): the same calls and introspection as a program of your own; it cannot be
+    changed."""
     p = _BUILTINS.get(name)
     if p is None:
         if not isinstance(name, str):
             raise TypeError(f"builtin: argument 'name': expected one of 'softmax', 'log_softmax', 'rms_norm', "
-                            f"'layer_norm', got {name!r}")
-        p = _BUILTINS[name] = RowProgram._of(_tile.Program.builtin(name))
+                            f"'layer_norm' or a training operator's name, got {name!r}")
+        made = (_tile.Program.library(name) if name in _tile.Program.library_names()
+                else _tile.Program.builtin(name))
+        p = _BUILTINS[name] = RowProgram._of(made)
     return p
+
+
+def training_programs():
+    """The names of the training operators' programs, for tile.builtin."""
+    return tuple(_tile.Program.library_names())

@@ -76,9 +76,9 @@ const ProgramFacts& facts_of(const RowProgram& program) {
     if (program.nodes()[r.inputs[0]].shape.cols) f->rows_reduction_parts += int(r.monoid.parts.size());
   }
   for (size_t i = 0; i < program.operands().size() && f->first_row_operand < 0; ++i)
-    if (is_row(program.operands()[i].role)) f->first_row_operand = int(i);
+    if (is_row(program.operands()[i].role) && !program.operands()[i].optional) f->first_row_operand = int(i);
   if (f->first_row_operand < 0)
-    throw Error("row program '" + program.name() + "': expected at least one row input or output operand");
+    throw Error("row program '" + program.name() + "': expected at least one row input or output operand that is not optional");
   std::unique_lock lock(mutex);
   return *cache.emplace(program.serial(), std::move(f)).first->second;
 }
@@ -155,7 +155,9 @@ BoundCall bind_values(const RowProgram& program, const Args::Value* const* value
   // rows and cols come from the first row operand; every other operand must agree.
   const int first = facts.first_row_operand;
 
-  for (size_t i = 0; i < decls.size(); ++i) {
+  // The first row operand is checked first, then the others in declaration order.
+  for (size_t k = 0; k < decls.size(); ++k) {
+    const size_t i = k == 0 ? size_t(first) : k <= size_t(first) ? k - 1 : k;
     const OperandDecl& d = decls[i];
     BoundOperand& b = call.operands[i];
     const Args::Value* v = values[i];
@@ -229,8 +231,11 @@ BoundCall bind_values(const RowProgram& program, const Args::Value* const* value
       } else {
         throw_argument_error(op, name, "a vector with one value per row", kind_of(*v));
       }
-      if (b.stride < 1) throw_argument_error(op, name, "a stride >= 1", std::to_string(b.stride));
-      if (call.rows > 1 && call.rows - 1 > (kMaxExtent - 1) / b.stride)
+      // An input may broadcast one value to every row (stride 0); an output may not.
+      const int64_t min_stride = d.role == Role::row_scalar_in ? 0 : 1;
+      if (b.stride < min_stride)
+        throw_argument_error(op, name, "a stride >= " + std::to_string(min_stride), std::to_string(b.stride));
+      if (call.rows > 1 && b.stride > 0 && call.rows - 1 > (kMaxExtent - 1) / b.stride)
         throw_argument_error(op, name, "(rows - 1) * stride + 1 at most 2^61 - 1 elements", std::to_string(b.stride));
       b.extent = call.rows == 0 ? 0 : (call.rows - 1) * b.stride + 1;
     } else {  // per-column operands and scalar outputs
@@ -265,7 +270,8 @@ BoundCall bind_values(const RowProgram& program, const Args::Value* const* value
     const Role role = decls[i].role;
     const int64_t es = dtype_size(b.dtype);
     if (is_row(role)) return StridedBytes{reinterpret_cast<uintptr_t>(b.data), b.stride * es, call.cols * es, call.rows};
-    if (is_row_scalar(role)) return StridedBytes{reinterpret_cast<uintptr_t>(b.data), b.stride * es, es, call.rows};
+    if (is_row_scalar(role))
+      return StridedBytes{reinterpret_cast<uintptr_t>(b.data), b.stride * es, es, b.stride == 0 ? 1 : call.rows};
     return StridedBytes{reinterpret_cast<uintptr_t>(b.data), b.extent * es, b.extent * es, 1};
   };
   for (size_t o = 0; o < decls.size(); ++o) {
@@ -334,10 +340,7 @@ int64_t grid_groups(const BoundCall& call, const MappingPlan& plan) {
   int64_t groups = (call.rows + P - 1) / P;
   if (plan.grid_limit > 0) groups = std::min<int64_t>(groups, plan.grid_limit);
   if (groups > std::numeric_limits<int32_t>::max()) {
-    const auto& decls = call.program->operands();
-    size_t first = 0;
-    while (decls[first].role != Role::row_in && decls[first].role != Role::row_out) ++first;
-    throw_argument_error(call.program->name(), decls[first].name,
+    throw_argument_error(call.program->name(), call.program->operands()[call.facts->first_row_operand].name,
                          "at most 2^31 - 1 groups of " + std::to_string(P) + " rows (the grid's limit)",
                          std::to_string(call.rows) + " rows");
   }

@@ -395,9 +395,9 @@ LoweredProgram RowLowering::run() {
     ExprPtr block = binary(BinOp::add, special(Special::group_index), binary(BinOp::mul, r(it), special(Special::group_count)));
     begin_row(loop, block);
     for (Stmt& s : row_body()) loop.push_back(std::move(s));
-    // The next row block's partials reuse the shared slots: every warp must have read this
-    // block's before any warp writes them again (the loop is uniform across the group).
-    if (plan_.workers_per_program > 32)
+    // The next row block reuses the merges' shared slots: every warp must have read the
+    // previous block's partials before any warp overwrites them.
+    if (!k_.shared.empty())
       loop.push_back(barrier(plan_.barrier_scope == BarrierScope::group ? BarrierKind::group : BarrierKind::program));
     loop.push_back(assign(first_row_, b1_const(false)));
     body.push_back(for_(it, i64(0), count, std::move(loop)));
@@ -551,7 +551,8 @@ void RowLowering::begin_row(std::vector<Stmt>& b, ExprPtr block) {
 void RowLowering::row_inputs_of(int node, std::set<int>& out) const {
   const RowNode& n = prog_.nodes()[node];
   if (n.kind == RowNode::Kind::result) return;  // a row value, computed in an earlier pass
-  if (n.kind == RowNode::Kind::load && decl(n.operand).role == Role::row_in) out.insert(n.operand);
+  // An absent optional input is its constant (element()): nothing to load.
+  if (n.kind == RowNode::Kind::load && decl(n.operand).role == Role::row_in && present(n.operand)) out.insert(n.operand);
   for (int o : {n.a, n.b, n.c})
     if (o >= 0) row_inputs_of(o, out);
 }
@@ -599,6 +600,7 @@ ExprPtr RowLowering::row_value(std::vector<Stmt>& out, int node) {
     case RowNode::Kind::cols: value = cast(Type::f32, param(p_cols_, Type::i64)); break;
     case RowNode::Kind::load:
       if (decl(n.operand).role == Role::scalar_in) return param(scalar_of_.at(n.operand), ir_type(n.type));
+      if (!present(n.operand)) return row_values_[node] = n.type == ValueType::f32 ? f32_const(n.value) : i64(int64_t(n.value));
       TILE_CHECK(false, "per-row input '", decl(n.operand).name, "' was not loaded");
       break;
     case RowNode::Kind::unary: value = em_.unary_fn(n.unary, row_value(out, n.a)); break;

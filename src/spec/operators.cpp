@@ -2,6 +2,7 @@
 #include <limits>
 
 #include "tile/error.hpp"
+#include "spec/normaliser.hpp"
 #include "tile/spec.hpp"
 
 namespace tile {
@@ -22,6 +23,17 @@ Op parse_op(const std::string& name) {
   throw Error("operator: expected one of softmax, log_softmax, rms_norm, layer_norm, got '" + name + "'");
 }
 
+Normaliser scaled_normaliser(RowProgram& p, RowExpr e, RowExpr mean_square, RowExpr eps) {
+  RowExpr ec = min(max(e, p.constant(-103)), p.constant(125));
+  RowExpr eps_scaled = max(ldexp(eps, -2.0 * e), min(eps, p.constant(0x1p-126)));
+  RowExpr dominated = le(p.constant(1e30), eps_scaled);
+  RowExpr plain = rsqrt(eps + ldexp(mean_square, 2.0 * e));
+  RowExpr scaled = rsqrt(mean_square + eps_scaled);
+  return {ldexp(p.constant(1.0), 0.0 - ec), p.select(dominated, ldexp(plain, ec), ldexp(scaled, ec - e)),
+          p.select(dominated, plain, ldexp(scaled, 0.0 - e))};
+}
+
+
 namespace {
 
 // Softmax and log-softmax: the row max and the sum of exp(x - max) in one reduction (one pass
@@ -34,28 +46,6 @@ RowProgram softmax_program(bool log) {
   auto [m, s] = p.reduce2(Axis::cols, monoid::online_softmax(), v);
   p.store(y, log ? (v - m) - tile::log(s) : exp(v - m) * (1.0 / s));
   return p;
-}
-
-// The normalisation of statistics kept at exponent e (ms: the mean square of x 2^-e) as row
-// scalars: the output is (x a - mean 2^(e - ec)) b, and rstd. With ec = e clamped to
-// [-103, 125], a = 2^-ec is a normal float and x a is exact and below 8, and
-// b = rsqrt(ms + eps 4^-e) 2^(ec - e) stays finite even where rstd = 2^-e rsqrt(...) exceeds
-// fp32 (a tiny row with eps = 0), so the output is right wherever fp32 holds it. Where
-// eps 4^-e >= 1e30 the statistics no longer matter: b = 2^ec rsqrt(eps + ms 4^e) (the second
-// term only carries a NaN). Where eps 4^-e underflows (a huge row), a floor of 2^-126 for
-// eps > 0, below ms of any row that is not constant, keeps a constant row's 0 * b at 0 rather
-// than 0 * inf.
-struct Normaliser {
-  RowExpr a, b, rstd;
-};
-Normaliser scaled_normaliser(RowProgram& p, RowExpr e, RowExpr mean_square, RowExpr eps) {
-  RowExpr ec = min(max(e, p.constant(-103)), p.constant(125));
-  RowExpr eps_scaled = max(ldexp(eps, -2.0 * e), min(eps, p.constant(0x1p-126)));
-  RowExpr dominated = le(p.constant(1e30), eps_scaled);
-  RowExpr plain = rsqrt(eps + ldexp(mean_square, 2.0 * e));
-  RowExpr scaled = rsqrt(mean_square + eps_scaled);
-  return {ldexp(p.constant(1.0), 0.0 - ec), p.select(dominated, ldexp(plain, ec), ldexp(scaled, ec - e)),
-          p.select(dominated, plain, ldexp(scaled, 0.0 - e))};
 }
 
 // RMSNorm on a sum of squares kept at an exponent (scaled_sum_squares): right for every finite

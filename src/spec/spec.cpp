@@ -111,16 +111,17 @@ OperandDecl make_decl(std::string name, Role role, DTypeSet dtypes, bool optiona
 }
 }  // namespace
 
-Operand RowProgram::row_in(std::string name, DTypeSet dtypes, std::string doc) {
-  return declare(make_decl(std::move(name), Role::row_in, dtypes, false, -1, std::move(doc)));
+Operand RowProgram::row_in(std::string name, DTypeSet dtypes, std::string doc, bool optional) {
+  return declare(make_decl(std::move(name), Role::row_in, dtypes, optional, -1, std::move(doc)));
 }
-Operand RowProgram::row_out(std::string name, DTypeSet dtypes, Operand may_alias, std::string doc) {
-  if (may_alias && operands_.at(may_alias.id).role != Role::row_in)
-    fail("row output '" + name + "' may alias only a row input, not '" + operands_[may_alias.id].name + "'");
-  return declare(make_decl(std::move(name), Role::row_out, dtypes, false, may_alias.id, std::move(doc)));
+Operand RowProgram::row_out(std::string name, DTypeSet dtypes, Operand may_alias, std::string doc, bool optional) {
+  if (may_alias && (may_alias.id >= int(operands_.size()) || operands_[may_alias.id].role != Role::row_in))
+    fail("row output '" + name + "' may alias only a row input" +
+         (may_alias.id < int(operands_.size()) ? ", not '" + operands_[may_alias.id].name + "'" : ""));
+  return declare(make_decl(std::move(name), Role::row_out, dtypes, optional, may_alias.id, std::move(doc)));
 }
-Operand RowProgram::row_scalar_in(std::string name, DTypeSet dtypes, std::string doc) {
-  return declare(make_decl(std::move(name), Role::row_scalar_in, dtypes, false, -1, std::move(doc)));
+Operand RowProgram::row_scalar_in(std::string name, DTypeSet dtypes, std::string doc, bool optional) {
+  return declare(make_decl(std::move(name), Role::row_scalar_in, dtypes, optional, -1, std::move(doc)));
 }
 Operand RowProgram::row_scalar_out(std::string name, DTypeSet dtypes, bool optional, std::string doc) {
   return declare(make_decl(std::move(name), Role::row_scalar_out, dtypes, optional, -1, std::move(doc)));

@@ -106,6 +106,52 @@ TEST(Bind, AliasingFollowsTheDeclarations) {
                                    .set("loss", VectorView{wide.data() + 10, DType::f32, 6, 11})));
 }
 
+// A per-row input of stride 0 gives every row one value (a device scalar broadcast, as
+// torch's expand makes it); an output of stride 0 would have every row write one place.
+TEST(Bind, PerRowInputsMayBroadcastOneValue) {
+  Program prog;
+  std::vector<float> x(6 * 10), g(6 * 10), loss(6);
+  std::vector<int64_t> t(6, 3);
+  Args a;
+  a.set("logits", matrix(x.data(), DType::f32, 6, 10)).set("dlogits", matrix(g.data(), DType::f32, 6, 10));
+  const BoundCall call = bind(prog.p, Args(a).set("target", VectorView{t.data(), DType::i64, 6, 0}));
+  EXPECT_EQ(call.operand("target").stride, 0);
+  EXPECT_EQ(call.operand("target").extent, 1);
+  a.set("target", VectorView{t.data(), DType::i64, 6});
+  EXPECT_EQ(error_of(prog.p, Args(a).set("loss", VectorView{loss.data(), DType::f32, 6, 0})),
+            "xent: argument 'loss': expected a stride >= 1, got 0");
+  EXPECT_EQ(error_of(prog.p, Args(a).set("target", VectorView{t.data(), DType::i64, 6, -1})),
+            "xent: argument 'target': expected a stride >= 0, got -1");
+  // The broadcast value is one element: it may sit beside an output, not inside it.
+  std::vector<float> f(6 * 11);
+  RowProgram q("scaled");
+  Operand xq = q.row_in("x"), s = q.row_scalar_in("s", {DType::f32}), yq = q.row_out("y");
+  q.store(yq, q.load(xq) * q.load(s));
+  Args b;
+  b.set("x", matrix(x.data(), DType::f32, 6, 10)).set("y", matrix(f.data(), DType::f32, 6, 10, 11));
+  EXPECT_NO_THROW(bind(q, Args(b).set("s", VectorView{f.data() + 10, DType::f32, 6, 0})));
+  EXPECT_EQ(error_of(q, Args(b).set("s", VectorView{f.data() + 12, DType::f32, 6, 0})),
+            "scaled: argument 'y': expected memory that does not overlap s, got an overlapping view");
+}
+
+// Rows and columns come from the first row operand that is not optional, whatever the order of
+// the declarations; an optional row operand given must agree with it.
+TEST(Bind, OptionalRowOperandsFollowTheRequiredOne) {
+  RowProgram p("residual");
+  Operand extra = p.row_in("extra", DTypeSet::floats(), "", /*optional=*/true);
+  Operand x = p.row_in("x"), y = p.row_out("y");
+  p.store(y, p.load(x) + p.load_or(extra, 0.0));
+  std::vector<float> a(4 * 8), b(4 * 8), out(4 * 8);
+  Args args;
+  args.set("x", matrix(a.data(), DType::f32, 4, 8)).set("y", matrix(out.data(), DType::f32, 4, 8));
+  const BoundCall call = bind(p, args);
+  EXPECT_EQ(call.rows, 4);
+  EXPECT_FALSE(call.operand("extra").present);
+  EXPECT_EQ(error_of(p, Args(args).set("extra", matrix(b.data(), DType::f32, 4, 7))),
+            "residual: argument 'extra': expected shape (4, 8) like x, got (4, 7)");
+  EXPECT_TRUE(bind(p, Args(args).set("extra", matrix(b.data(), DType::f32, 4, 8))).operand("extra").present);
+}
+
 TEST(Bind, AProgramRunsEndToEndAgainstItsReference) {
   Program prog;
   const int64_t rows = 9, cols = 37;

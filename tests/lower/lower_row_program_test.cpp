@@ -166,6 +166,64 @@ TEST(LowerRowProgram, RandomProgramsOnRandomPlansMatchTheFloat64Evaluation) {
   EXPECT_GT(cases, kPrograms * kPlansEach / 2);
 }
 
+// A group that loops over row blocks (grid_limit) merges each block's reductions through the
+// same shared slots: the executor reports a race unless the next block waits for every warp
+// to have read the last one's partials.
+TEST(LowerRowProgram, RowBlockLoopsReuseSharedSlotsAfterABarrier) {
+  RowProgram p("centered");
+  Operand x = p.row_in("x"), y = p.row_out("y");
+  RowExpr v = p.load(x);
+  p.store(y, v - p.reduce1(Axis::cols, monoid::sum(), v) / p.cols());
+  std::mt19937_64 rng(6);
+  testing::HostMatrix a(DType::f32, 9, 1000, 1000), out(DType::f32, 9, 1000, 1000);
+  a.fill_random(rng);
+  Args args;
+  args.set("x", a.view()).set("y", out.view());
+  for (BarrierScope scope : {BarrierScope::group, BarrierScope::program}) {
+    PlanRequest req;
+    req.grid_limit = 2, req.programs_per_group = 2, req.workers_per_program = 128, req.barrier_scope = scope;
+    out.poison();
+    const LaunchRecord rec = run(p, args, {req, nullptr, Backend::cpu});
+    EXPECT_EQ(rec.groups, 2);
+    EXPECT_TRUE(check_against_reference(p, args).ok);
+    EXPECT_TRUE(out.outside_untouched());
+  }
+}
+
+// Optional row and per-row inputs left out read as their constants and are never loaded;
+// given, they are read like any other.
+TEST(LowerRowProgram, OptionalRowInputsPresentOrAbsent) {
+  RowProgram p("optional_inputs");
+  Operand x = p.row_in("x"), extra = p.row_in("extra", DTypeSet::floats(), "", true);
+  Operand scale = p.row_scalar_in("scale", DTypeSet::floats(), "", true);
+  Operand y = p.row_out("y"), more = p.row_out("more", DTypeSet::floats(), extra, "", true);
+  RowExpr v = p.load(x) + p.load_or(extra, 0.5);
+  p.store(y, (v - p.reduce1(Axis::cols, monoid::sum(), v) / p.cols()) * p.load_or(scale, 2.0));
+  p.store(more, v * 3.0);
+  std::mt19937_64 rng(8);
+  testing::HostMatrix a(DType::f32, 5, 300, 300), b(DType::bf16, 5, 300, 304), out(DType::f32, 5, 300, 300);
+  testing::HostVector s(DType::f32, 5);
+  a.fill_random(rng), b.fill_random(rng), s.fill_random(rng, 1.0, 0.5);
+  for (bool given : {false, true})
+    for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
+      Args args;
+      args.set("x", a.view()).set("y", out.view());
+      if (given) args.set("extra", b.view()).set("scale", s.view()).set("more", b.view());  // more: in place
+      PlanRequest req;
+      req.caching = caching;
+      out.poison();
+      const Reference want = reference(p, args);
+      const LaunchRecord rec = run(p, args, {req, nullptr, Backend::cpu});
+      const OracleCheck check = check_against_reference(p, args, want);
+      EXPECT_TRUE(check.ok) << check.first_mismatch;
+      EXPECT_EQ(check.checked, given ? 2 * 5 * 300 : 5 * 300);
+      // Absent: only x is read (once per pass that needs it), and no per-row value.
+      if (!given) {
+        EXPECT_EQ(rec.bytes_loaded, (caching == InputCaching::registers ? 1 : 2) * 5 * 300 * 4);
+      }
+    }
+}
+
 // Reductions over the rows are bitwise identical from run to run and across plans of the same
 // grid (partials folded in slot order).
 TEST(LowerRowProgram, ReductionsOverRowsAreBitwiseRepeatable) {

@@ -2,6 +2,7 @@
 // program is built, each error naming the program and what was wrong.
 #include <gtest/gtest.h>
 
+#include "bind/bind.hpp"
 #include "tile/tile.hpp"
 
 namespace tile {
@@ -30,6 +31,22 @@ TEST(RowProgram, DeclarationsAreCheckedOnce) {
   EXPECT_ERROR(p.row_out("y", DTypeSet::floats(), t), "may alias only a row input");
   EXPECT_ERROR(RowProgram("bad name"), "expected an identifier");
   (void)x;
+}
+
+// Optional row and per-row operands: read with load_or, and rows come from a row operand that
+// is always given.
+TEST(RowProgram, OptionalRowOperands) {
+  RowProgram p("demo");
+  Operand extra = p.row_in("extra", DTypeSet::floats(), "", /*optional=*/true);
+  Operand scale = p.row_scalar_in("scale", {DType::f32}, "", /*optional=*/true);
+  Operand maybe = p.row_out("maybe", DTypeSet::floats(), extra, "", /*optional=*/true);
+  EXPECT_TRUE(p.operands()[extra.id].optional && p.operands()[scale.id].optional && p.operands()[maybe.id].optional);
+  EXPECT_ERROR(p.load(extra), "load of optional operand 'extra': use load_or");
+  EXPECT_ERROR(p.load(scale), "load of optional operand 'scale': use load_or");
+  p.store(maybe, p.load_or(extra, 0.0) * p.load_or(scale, 1.0));
+  // Without a row operand that is always present, a call has no rows to run.
+  EXPECT_ERROR(bind(p, Args()), "expected at least one row input or output operand that is not optional");
+  EXPECT_ERROR(p.row_out("z", DTypeSet::floats(), Operand{42}), "may alias only a row input");
 }
 
 TEST(RowProgram, ExpressionsAreTypedAndShaped) {
