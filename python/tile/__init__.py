@@ -285,7 +285,10 @@ def _launch_with_stats(op, x, out, weight, bias, eps, plan, stats):
     if len(x.shape) and x.shape[-1] == 0:
         return _empty_result(op, x, out, weight, bias, None, False, given=stats)
     info = _INFOS.get(op) or _INFOS.setdefault(op, _call.Info(_PROGRAMS[op]))
-    ops = {"x": x, "y": out, "weight": weight, "bias": bias, "eps": eps, **stats}
+    ops = {"x": x, "y": out, **stats}
+    for name, v in (("weight", weight), ("bias", bias), ("eps", eps)):
+        if v is not None:
+            ops[name] = v
     _call.launch(_PROGRAMS[op], info, (ops, x), _call.plan_json(op, plan), None, False, _LABELS)
 
 

@@ -340,7 +340,10 @@ def _fused_add_rms_norm_backward(dy: Tensor, dresidual_out: Tensor, residual_out
         dn, dw = _training("rms_norm_backward", "the gradient of tile.fused_add_rms_norm")(dy, s, weight, rstd)
         dx = dres = dn.float() + dresidual_out.float()
     dw = torch.zeros(w_like[0], dtype=w_like[1], device=s.device) if dw is None else dw.to(w_like[1])
-    return dx.to(x_dtype).contiguous(), dres.to(s.dtype).contiguous(), dw
+    dx, dres = dx.to(x_dtype).contiguous(), dres.to(s.dtype).contiguous()
+    if dx.data_ptr() == dres.data_ptr():        # equal gradients, but a custom op returns no aliases
+        dres = dres.clone()
+    return dx, dres, dw
 
 
 @torch.library.custom_op("tile::cross_entropy", mutates_args=())

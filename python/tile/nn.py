@@ -62,7 +62,7 @@ def _rows(cls, x, normalized_shape):
 
 
 def _flat(p):
-    return None if p is None or p.dim() == 1 else p.reshape(-1)
+    return p if p is None or p.dim() == 1 else p.reshape(-1)
 
 
 def _eps(eps, x):
@@ -96,8 +96,7 @@ class RMSNorm(torch.nn.RMSNorm):
         if self.rounding == "cast_then_weight" and self.weight is not None:
             y = _tile().rms_norm(rows, eps=eps).reshape(shape)
             return self.weight * y
-        return _tile().rms_norm(rows, weight=_flat(self.weight) if self.weight is not None else None,
-                                eps=eps).reshape(shape)
+        return _tile().rms_norm(rows, weight=_flat(self.weight), eps=eps).reshape(shape)
 
     def extra_repr(self):
         extra = super().extra_repr()
@@ -116,9 +115,7 @@ class LayerNorm(torch.nn.LayerNorm):
     def forward(self, x):
         shape = x.shape
         rows = _rows(type(self).__name__, x, self.normalized_shape)
-        return _tile().layer_norm(rows, weight=_flat(self.weight) if self.weight is not None else None,
-                                  bias=_flat(self.bias) if self.bias is not None else None,
-                                  eps=self.eps).reshape(shape)
+        return _tile().layer_norm(rows, weight=_flat(self.weight), bias=_flat(self.bias), eps=self.eps).reshape(shape)
 
 
 class FusedAddRMSNorm(RMSNorm):
