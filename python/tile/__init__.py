@@ -69,8 +69,8 @@ _routed = None
 def _init_torch(torch):
     """Switches the torch paths on: the fast launch, the custom ops and the routing to them."""
     global _torch_api, _routed
-    if _torch_api is not None:
-        return
+    if _torch_api is not None or not isinstance(getattr(torch, "Tensor", None), type):
+        return                                  # set up already, or not torch (a docs build's stand-in)
     _call.init_torch(torch)
     if not hasattr(torch.library, "register_autograd"):   # torch.library's custom ops came in 2.4
         why = f"tile's torch integration needs torch >= 2.5 (found {torch.__version__})"

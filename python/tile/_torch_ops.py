@@ -37,13 +37,14 @@ _grad_enabled = torch.is_grad_enabled
 
 
 def route(x, w=None, b=None):
-    """True when a call with these arrays takes the custom-op path (see the module docstring)."""
-    if not isinstance(x, Tensor):
-        return False
-    if _is_compiling() or type(x) is not Tensor:
+    """True when a call with these arrays takes the custom-op path (see the module docstring).
+    Ordered for the common eager call, which it costs about 0.1-0.2 us."""
+    if type(x) is not Tensor:
+        return isinstance(x, Tensor)            # subclasses and fake tensors; numpy & co. go direct
+    if _is_compiling():                          # dynamo sees type(x) as Tensor while tracing
         return True
-    if _grad_enabled():
-        return x.requires_grad or (w is not None and w.requires_grad) or (b is not None and b.requires_grad)
+    if x.requires_grad or (w is not None and w.requires_grad) or (b is not None and b.requires_grad):
+        return _grad_enabled()
     return False
 
 
