@@ -188,9 +188,12 @@ def _empty_result(op, x, out, weight, bias, dtype, record, stats=(), given=None)
         extra = tuple(_call.allocate(op, name, x, "x", tuple(x.shape[:-1]), "f32") for name in stats)
     for a in extra:
         a.fill_(float("nan")) if _is_torch(a) else a.fill(float("nan"))
-    if record:
-        return {"plan": None, "kernel_name": "", "kernels": 0, "groups": 0, "cache_origin": "", "compile_ms": 0.0,
-                "backend": "cuda" if _is_torch(x) and x.is_cuda else "cpu", "out": out}
+    if record:                                  # a record of nothing launched
+        rec = dict.fromkeys(("kernel_name", "source_sha256", "ir_sha256", "cubin_sha256", "arch", "cache_origin"), "")
+        rec.update(plan=None, kernels=0, workspace_bytes=0, groups=0, threads_per_group=0, shared_bytes=0,
+                   bytes_loaded=0, compile_ms=0.0, compile_options=[], out=out,
+                   backend="cuda" if _is_torch(x) and x.is_cuda else "cpu")
+        return rec
     return (out, *extra) if extra else out
 
 
@@ -249,6 +252,8 @@ def _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats=()
     else:                                       # the library launches into the current context
         with _torch().cuda.device(device):
             rec = _tile.launch_raw(_PROGRAMS[op], ops, plan, handle, record, _LABELS, True)
+    if rec is None and not extra:               # the common call, without a function call more
+        return out
     return _result(op, out, extra, rec, record)
 
 

@@ -195,6 +195,20 @@ def _(x, weight, bias, eps, out, mean, rstd, plan=None):
 
 # ---- backward operators: the training operators of the package, found when called ----
 
+def _fresh(outputs, inputs):
+    """outputs, each cloned where it shares memory with an input or an earlier output: a custom
+    op returns no aliases, and a training operator may reuse a buffer (dx in dy's, ...)."""
+    seen = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, Tensor) and t.numel()}
+    out = []
+    for t in outputs:
+        if t.numel():
+            if t.untyped_storage().data_ptr() in seen:
+                t = t.clone()
+            seen.add(t.untyped_storage().data_ptr())
+        out.append(t)
+    return tuple(out)
+
+
 def _zero_grads(*likes):
     return tuple(torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in likes)
 
@@ -224,7 +238,7 @@ def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Te
     dx, dw = _training("rms_norm_backward", "the gradient of tile.rms_norm")(dy, x, weight, rstd)
     dx = dx.to(x.dtype).contiguous()
     dw = torch.zeros(w_like[0], dtype=w_like[1], device=w_like[2]) if dw is None else dw.to(w_like[1])
-    return dx, dw
+    return _fresh((dx, dw), (dy, x, weight, rstd))
 
 
 @torch.library.custom_op("tile::layer_norm_backward", mutates_args=())
@@ -237,7 +251,7 @@ def _layer_norm_backward(dy: Tensor, x: Tensor, weight: Optional[Tensor], bias: 
     grads = [dx.to(x.dtype).contiguous()]
     for g, (shape, dtype, device) in zip((dw, db), likes):
         grads.append(torch.zeros(shape, dtype=dtype, device=device) if g is None else g.to(dtype))
-    return tuple(grads)
+    return _fresh(grads, (dy, x, weight, bias, mean, rstd))
 
 
 @_softmax_backward.register_fake
@@ -318,7 +332,7 @@ def _fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor],
                         eps: float) -> Tuple[Tensor, Tensor, Tensor]:
     fn = _training("fused_add_rms_norm", "tile.fused_add_rms_norm")
     y, residual_out, rstd = fn(x, residual, weight=weight, eps=eps, return_rstd=True)
-    return y.to(x.dtype), residual_out.to(residual.dtype), rstd.to(torch.float32)
+    return _fresh((y.to(x.dtype), residual_out.to(residual.dtype), rstd.to(torch.float32)), (x, residual, weight))
 
 
 @torch.library.custom_op("tile::fused_add_rms_norm_", mutates_args=("x", "residual"))
@@ -341,10 +355,8 @@ def _fused_add_rms_norm_backward(dy: Tensor, dresidual_out: Tensor, residual_out
         dn, dw = _training("rms_norm_backward", "the gradient of tile.fused_add_rms_norm")(dy, s, weight, rstd)
         dx = dres = dn.float() + dresidual_out.float()
     dw = torch.zeros(w_like[0], dtype=w_like[1], device=s.device) if dw is None else dw.to(w_like[1])
-    dx, dres = dx.to(x_dtype).contiguous(), dres.to(s.dtype).contiguous()
-    if dx.data_ptr() == dres.data_ptr():        # equal gradients, but a custom op returns no aliases
-        dres = dres.clone()
-    return dx, dres, dw
+    return _fresh((dx.to(x_dtype).contiguous(), dres.to(s.dtype).contiguous(), dw),
+                  (dy, dresidual_out, residual_out, weight, rstd))
 
 
 @torch.library.custom_op("tile::cross_entropy", mutates_args=())
@@ -358,7 +370,8 @@ def _cross_entropy(logits: Tensor, target: Tensor, ignore_index: int, reduction:
     loss, lse = _training("cross_entropy", "tile.cross_entropy")(
         logits, target, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
         z_loss=z_loss, softcap=softcap, return_lse=True)
-    return loss.to(torch.float32).reshape(rows if reduction == "none" else ()), lse.to(torch.float32).reshape(rows)
+    return _fresh((loss.to(torch.float32).reshape(rows if reduction == "none" else ()),
+                   lse.to(torch.float32).reshape(rows)), (logits, target))
 
 
 @torch.library.custom_op("tile::cross_entropy_backward", mutates_args=())
@@ -369,7 +382,7 @@ def _cross_entropy_backward(dloss: Tensor, logits: Tensor, target: Tensor, lse: 
     dlogits = _training("cross_entropy_backward", "the gradient of tile.cross_entropy")(
         dloss, logits, target, lse, ignore_index=ignore_index, reduction=reduction,
         label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap)
-    return dlogits.to(logits.dtype).contiguous()
+    return _fresh((dlogits.to(logits.dtype).contiguous(),), (dloss, logits, target, lse))[0]
 
 
 @_fused_add_rms_norm.register_fake

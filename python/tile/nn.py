@@ -316,8 +316,11 @@ def patch_transformers(model, *, rms_norm=True, layer_norm=True, loss=True, roun
             found = re.search("|".join(_LOSSES), type(model).__name__)
             kind = found.group(0) if found else None
         if kind is not None and hasattr(model, "loss_function"):
-            model.loss_function = _LOSSES[kind]
-            report["loss"] = kind
+            try:
+                model.loss_function = _LOSSES[kind]
+                report["loss"] = kind
+            except AttributeError as e:          # a read-only property
+                report["skipped"]["loss_function"] = f"cannot be set on {type(model).__name__} ({e})"
         elif hasattr(model, "loss_function"):
             report["skipped"]["loss_function"] = (f"loss type {getattr(model, 'loss_type', None)!r} of "
                                                   f"{type(model).__name__}: only ForCausalLM and ForMaskedLM are "
