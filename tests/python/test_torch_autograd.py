@@ -254,3 +254,34 @@ def test_double_backward_raises(training_ops):
     (g,) = torch.autograd.grad(tile.softmax(x).pow(2).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match=r"tile\.softmax_backward.*no autograd formula"):
         g.sum().backward()
+
+
+# ---- the package's own backward operators on the GPU ----
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "rms_norm", "layer_norm"])
+def test_gradients_on_the_gpu_match_torch(op, dtype):
+    if getattr(tile, f"{op}_backward", None) is None:
+        pytest.skip(f"tile.{op}_backward is not in this version of the package")
+    x = leaf((64, 3000), dtype, 24).cuda().detach().requires_grad_()
+    w = leaf(3000, dtype, 25, 1.0).cuda().detach().requires_grad_()
+    b = leaf(3000, dtype, 26, 1.0).cuda().detach().requires_grad_()
+    dy = torch.randn(64, 3000, device="cuda").to(dtype)
+    calls = {"softmax": (lambda x: tile.softmax(x), lambda x: torch.softmax(x.float(), -1)),
+             "log_softmax": (lambda x: tile.log_softmax(x), lambda x: torch.log_softmax(x.float(), -1)),
+             "rms_norm": (lambda x: tile.rms_norm(x, weight=w), lambda x: F.rms_norm(x.float(), (3000,), w2.float(),
+                                                                                      1e-6)),
+             "layer_norm": (lambda x: tile.layer_norm(x, weight=w, bias=b),
+                            lambda x: F.layer_norm(x.float(), (3000,), w2.float(), b2.float(), 1e-5))}
+    w2, b2 = twin(w), twin(b)
+    ours, theirs = calls[op]
+    ours(x).backward(dy)
+    x2 = twin(x)
+    theirs(x2).to(dtype).backward(dy)
+    close(x.grad, x2.grad, dtype)
+    if op in ("rms_norm", "layer_norm"):
+        close(w.grad, w2.grad, dtype)
+    if op == "layer_norm":
+        close(b.grad, b2.grad, dtype)

@@ -187,8 +187,8 @@ class CudaTarget final : public Target {
     }
     if (!loaded.first.function) {
       if (capturing(static_cast<CUstream>(options.stream)))
-        throw Error("CUDA-graph capture: kernel " + lp.main.kernel.name + " is not loaded on cuda:" +
-                    std::to_string(device) +
+        throw Error("CUDA-graph capture: kernel " + lp.main.kernel.name +
+                    " is not loaded on cuda:" + std::to_string(device) +
                     " yet and cannot be compiled or loaded during capture: build it before capturing (Python: "
                     "tile.precompile; C++: one tile::run with the same shapes)");
       loaded.first = load(st.source, lp.main.kernel.name, device);
