@@ -468,6 +468,7 @@ def __getattr__(name):
 # The training operators, where this version defines them, differentiate and trace like the
 # forward operators: each is wrapped so that torch tensors needing autograd or traced by
 # torch.compile take its custom op (tile/_torch_ops.py); `_tile_direct` keeps the function itself.
+# Keep this after every operator's definition (test_torch_autograd.py checks it).
 _TRAINING = ("fused_add_rms_norm", "cross_entropy", "softmax_backward", "log_softmax_backward", "rms_norm_backward",
              "layer_norm_backward")
 

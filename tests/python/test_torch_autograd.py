@@ -41,6 +41,14 @@ def test_backward_operators_of_the_package():
                     f"{', '.join('tile.' + n for n in missing)}")
 
 
+def test_training_operators_of_the_package_are_differentiable():
+    # Each one the package defines is wrapped at import (the loop at the end of tile/__init__.py
+    # must come after every definition): its torch calls then differentiate and trace.
+    for name in tile._TRAINING:
+        fn = getattr(tile, name, None)
+        assert fn is None or hasattr(fn, "_tile_direct"), f"tile.{name} is not wrapped: its gradients would be lost"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 def test_softmax_gradients_match_torch(training_ops, op, dtype):
