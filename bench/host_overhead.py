@@ -9,9 +9,12 @@ thread. `calls` stays well under the launch queue's depth (about a thousand), so
 than the host never blocks the loop; wall_us also counts the synchronize (about max(host, GPU)).
 Each number is the median of `repeats` samples, with the garbage collector off while timing.
 
-Variants: tile with out= given, tile allocating its output, torch eager with out= (softmax and
-log_softmax only: the norms have no out=) and torch eager allocating. Shapes: the four seed
-shapes and decode sizes (1, 8, 64 rows x 4096 and 16384 columns).
+Variants: tile with out= given and tile allocating its output (the direct path, taken in eager
+when no input requires grad), tile through its custom op (torch.ops.tile.*, the path of
+torch.compile and of tensor subclasses), tile with x requiring grad (custom op and autograd
+node: the forward's host time), torch eager with out= (softmax and log_softmax only: the norms
+have no out=), torch eager allocating, and torch eager with x requiring grad. Shapes: the four
+seed shapes and decode sizes (1, 8, 64 rows x 4096 and 16384 columns).
 
 Needs torch with a CUDA device and the tile package (the folder holding tile/ on PYTHONPATH);
 reads nothing else of bench/.
@@ -35,14 +38,20 @@ def fail(why):
     sys.exit(2)
 
 
+VARIANTS = ("tile_out", "tile_alloc", "tile_op", "tile_grad", "torch_out", "torch_alloc", "torch_grad")
+
+
 def variants(torch, tile, op, x, w, b, y):
-    """name -> a no-argument callable issuing one launch."""
+    """name -> a no-argument callable issuing one launch (with x requiring grad: the forward)."""
     F = torch.nn.functional
+    ops = torch.ops.tile
     cols = x.shape[-1]
     eps = EPS.get(op)
+    xg = x.detach().requires_grad_()
     if op in ("softmax", "log_softmax"):
-        tile_fn, torch_fn = getattr(tile, op), getattr(torch, op)
-        out = {"tile_out": lambda: tile_fn(x, out=y), "tile_alloc": lambda: tile_fn(x)}
+        tile_fn, torch_fn, op_fn = getattr(tile, op), getattr(torch, op), getattr(ops, op)
+        out = {"tile_out": lambda: tile_fn(x, out=y), "tile_alloc": lambda: tile_fn(x), "tile_op": lambda: op_fn(x),
+               "tile_grad": lambda: tile_fn(xg)}
         try:
             torch_fn(x, -1, out=y)
             out["torch_out"] = lambda: torch_fn(x, -1, out=y)
@@ -50,32 +59,39 @@ def variants(torch, tile, op, x, w, b, y):
             inner = getattr(torch, "_" + op)
             out["torch_out"] = lambda: inner(x, -1, False, out=y)
         out["torch_alloc"] = lambda: torch_fn(x, -1)
+        out["torch_grad"] = lambda: torch_fn(xg, -1)
         return out
     if op == "rms_norm":
         return {"tile_out": lambda: tile.rms_norm(x, weight=w, eps=eps, out=y),
                 "tile_alloc": lambda: tile.rms_norm(x, weight=w, eps=eps),
-                "torch_alloc": lambda: F.rms_norm(x, (cols,), w, eps)}
+                "tile_op": lambda: ops.rms_norm(x, w, eps),
+                "tile_grad": lambda: tile.rms_norm(xg, weight=w, eps=eps),
+                "torch_alloc": lambda: F.rms_norm(x, (cols,), w, eps),
+                "torch_grad": lambda: F.rms_norm(xg, (cols,), w, eps)}
     return {"tile_out": lambda: tile.layer_norm(x, weight=w, bias=b, eps=eps, out=y),
             "tile_alloc": lambda: tile.layer_norm(x, weight=w, bias=b, eps=eps),
-            "torch_alloc": lambda: F.layer_norm(x, (cols,), w, b, eps)}
+            "tile_op": lambda: ops.layer_norm(x, w, b, eps),
+            "tile_grad": lambda: tile.layer_norm(xg, weight=w, bias=b, eps=eps),
+            "torch_alloc": lambda: F.layer_norm(x, (cols,), w, b, eps),
+            "torch_grad": lambda: F.layer_norm(xg, (cols,), w, b, eps)}
 
 
-def measure(torch, fn, calls, repeats):
+def measure(torch, fn, calls, repeats, sync):
     """(host_us, wall_us) per call: medians over `repeats` samples of `calls` launches."""
     for _ in range(20):  # compile, load and settle the caches
         fn()
-    torch.cuda.synchronize()
+    sync()
     host, wall = [], []
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         for _ in range(repeats):
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
             t1 = time.perf_counter()
-            torch.cuda.synchronize()
+            sync()
             t2 = time.perf_counter()
             host.append((t1 - t0) / calls * 1e6)
             wall.append((t2 - t0) / calls * 1e6)
@@ -92,7 +108,17 @@ def main():
     parser.add_argument("--calls", type=int, default=200, help="launches per timed sample (default 200)")
     parser.add_argument("--repeats", type=int, default=25, help="samples per number; the median is kept")
     parser.add_argument("--out", help="also write the results as JSON to this file")
+    parser.add_argument("--shapes", help="comma-separated RxC shapes instead of the seed and decode shapes")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                        help="cpu: a smoke run of the script (the CPU backend executes the kernel within the call, "
+                             "so its times are not host overhead)")
     args = parser.parse_args()
+    shapes = SEED_SHAPES + DECODE_SHAPES
+    if args.shapes:
+        try:
+            shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+        except ValueError:
+            fail(f"--shapes: expected comma-separated RxC, got {args.shapes!r}")
     ops = args.ops.split(",")
     for op in ops:
         if op not in OPS:
@@ -102,8 +128,11 @@ def main():
         import torch
     except ImportError as e:
         fail(f"needs torch with a CUDA device; torch is not importable ({e})")
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         fail("needs torch with a CUDA device; torch sees none")
+    device = args.device
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke run)"
     try:
         import tile
     except ImportError as e:
@@ -113,30 +142,28 @@ def main():
     dtype = getattr(torch, args.dtype)
     rows = []
     print(f"host us per call, median of {args.repeats} x {args.calls} calls, {args.dtype}, "
-          f"{torch.cuda.get_device_name()}; wall (with the synchronize) in brackets")
-    header = f"{'op':<12}{'shape':>14}" + "".join(f"{v:>22}" for v in
-                                                  ("tile_out", "tile_alloc", "torch_out", "torch_alloc"))
+          f"{device_name}; wall (with the synchronize) in brackets")
+    header = f"{'op':<12}{'shape':>14}" + "".join(f"{v:>22}" for v in VARIANTS)
     print(header)
     for op in ops:
-        for shape in SEED_SHAPES + DECODE_SHAPES:
-            g = torch.Generator(device="cuda").manual_seed(0)
-            x = torch.randn(shape, generator=g, device="cuda").to(dtype)
-            w = torch.randn(shape[-1], generator=g, device="cuda").to(dtype)
-            b = torch.randn(shape[-1], generator=g, device="cuda").to(dtype)
+        for shape in shapes:
+            g = torch.Generator(device=device).manual_seed(0)
+            x = torch.randn(shape, generator=g, device=device).to(dtype)
+            w = torch.randn(shape[-1], generator=g, device=device).to(dtype)
+            b = torch.randn(shape[-1], generator=g, device=device).to(dtype)
             y = torch.empty_like(x)
             cells = {}
             for name, fn in variants(torch, tile, op, x, w, b, y).items():
-                host_us, wall_us = measure(torch, fn, args.calls, args.repeats)
+                host_us, wall_us = measure(torch, fn, args.calls, args.repeats, sync)
                 cells[name] = f"{host_us:8.2f} [{wall_us:8.2f}]"
                 rows.append({"op": op, "shape": list(shape), "variant": name, "host_us": round(host_us, 3),
                              "wall_us": round(wall_us, 3)})
             shape_s = "x".join(map(str, shape))
-            print(f"{op:<12}{shape_s:>14}" + "".join(f"{cells.get(v, '-'):>22}" for v in
-                                                   ("tile_out", "tile_alloc", "torch_out", "torch_alloc")))
+            print(f"{op:<12}{shape_s:>14}" + "".join(f"{cells.get(v, '-'):>22}" for v in VARIANTS))
 
     if args.out:
         result = {"what": "host microseconds per call (batched, time.perf_counter)", "dtype": args.dtype,
-                  "calls": args.calls, "repeats": args.repeats, "device": torch.cuda.get_device_name(),
+                  "calls": args.calls, "repeats": args.repeats, "device": device_name,
                   "torch": torch.__version__, "python": sys.version.split()[0], "tile": tile.build_info(),
                   "rows": rows}
         with open(args.out, "w") as f:

@@ -631,8 +631,10 @@ Bound convert(const Program& prog, nb::handle operands, nb::handle labels, Array
 nb::object json_loads(const std::string& text) { return nb::module_::import_("json").attr("loads")(text); }
 
 // Runs a converted call; returns the launch record as a dict, or None when `record` is false
-// (the operators' path, which builds no dict).
-nb::object execute(Bound& b, uintptr_t stream, bool record) {
+// (the operators' path, which builds no dict) — unless `events` asks for the record of a call
+// that compiled or loaded its kernel (cache_origin other than "launch-cache"; CUDA only), which
+// python/tile/_log.py reports: the hot path pays one string comparison for it.
+nb::object execute(Bound& b, uintptr_t stream, bool record, bool events) {
   b.options.stream = reinterpret_cast<void*>(stream);
   tile::LaunchRecord rec;
   {
@@ -650,7 +652,7 @@ nb::object execute(Bound& b, uintptr_t stream, bool record) {
 #endif
     rec = tile::run(*b.program, b.args, b.options);
   }
-  if (!record) return nb::none();
+  if (!record && !(events && !rec.cache_origin.empty() && rec.cache_origin != "launch-cache")) return nb::none();
   nb::dict d;
   d["plan"] = json_loads(rec.plan.to_json());
   d["kernel_name"] = rec.kernel_name;
@@ -674,17 +676,17 @@ nb::object execute(Bound& b, uintptr_t stream, bool record) {
 }
 
 nb::object launch(const Program& p, nb::handle operands, const std::optional<std::string>& plan, uintptr_t stream,
-                  bool record, nb::handle labels) {
+                  bool record, nb::handle labels, bool events) {
   DLPackArrays<Output> arrays(p.program->operands().size());
   Bound b = convert(p, operands, labels, arrays, plan);
-  return execute(b, stream, record);
+  return execute(b, stream, record, events);
 }
 
 nb::object launch_raw(const Program& p, nb::handle operands, const std::optional<std::string>& plan, uintptr_t stream,
-                      bool record, nb::handle labels) {
+                      bool record, nb::handle labels, bool events) {
   RawArrays arrays(p.program->operands().size());
   Bound b = convert(p, operands, labels, arrays, plan);
-  return execute(b, stream, record);
+  return execute(b, stream, record, events);
 }
 
 enum class Introspect { plan, ir, source };
@@ -843,11 +845,12 @@ void translate(const std::exception_ptr& p, void*) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
 #endif
   } catch (const tile::Error& e) {
-    // Driver, NVRTC and module-loading failures are plain tile::Errors (driver.cpp,
-    // jit_module.cpp), not the caller's arguments; told apart by prefix.
+    // Driver, NVRTC and module-loading failures and calls refused during CUDA-graph capture are
+    // plain tile::Errors (driver.cpp, jit_module.cpp, target.cpp), not the caller's arguments;
+    // told apart by prefix.
     const std::string what = e.what();
     bool runtime = false;
-    for (const char* prefix : {"CUDA driver call failed", "NVRTC call failed", "get_function:"})
+    for (const char* prefix : {"CUDA driver call failed", "NVRTC call failed", "get_function:", "CUDA-graph capture:"})
       runtime |= what.rfind(prefix, 0) == 0;
     PyErr_SetString(runtime ? PyExc_RuntimeError : PyExc_ValueError, e.what());
   } catch (const tile::InternalError& e) {
@@ -1027,12 +1030,15 @@ NB_MODULE(_tile, m) {
       "(scalar inputs) or None (absent); labels: a dict renaming operands in conversion errors.";
   m.def("launch", &launch, nb::arg("program"), nb::arg("operands"), nb::arg("plan").none() = nb::none(),
         nb::arg("stream") = 0, nb::arg("record") = true, nb::arg("labels").none() = nb::none(),
+        nb::arg("events") = false,
         (std::string("Runs a program on the backend of its arrays' device (CPU or CUDA; stream: a CUstream "
-                     "handle) and returns the launch record (None when record is false). ") +
+                     "handle) and returns the launch record (None when record is false, unless events is true "
+                     "and the call compiled or loaded its kernel). ") +
          operands_doc)
             .c_str());
   m.def("launch_raw", &launch_raw, nb::arg("program"), nb::arg("operands"), nb::arg("plan").none() = nb::none(),
         nb::arg("stream") = 0, nb::arg("record") = true, nb::arg("labels").none() = nb::none(),
+        nb::arg("events") = false,
         "launch() with each array given as a tuple (data_ptr, shape, strides in elements, dtype code, device "
         "index; -1 for the CPU): the same conversion and launch without a DLPack capsule per array.");
   nb::dict codes;  // the dtype codes of launch_raw, by the name numpy and torch give the dtype

@@ -19,12 +19,16 @@ with the input's framework when not given.
     m, s = p.reduce2(tile.Axis.cols, tile.monoid.online_softmax(), v)
     p.store(y, tile.exp(v - m) / s)
     out = p(x=x_array)
+
+With torch: the operators differentiate when inputs require grad, are torch.library custom
+ops (torch.ops.tile.*) under torch.compile, and tile.nn holds drop-in modules (tile/_torch_ops.py,
+tile/nn.py). TILE_LOG=1 reports every JIT compile (tile/_log.py).
 """
+import functools
 import json
 import sys
 
-from . import _call, _tile, monoid
-from ._call import init_torch as _init_torch
+from . import _call, _log, _tile, monoid
 from ._program import (Axis, Expr, Operand, RowProgram, abs, builtin, eq, exp, le, log, logical_and, logical_not,
                        logical_or, lt, maximum, minimum, ne, rsqrt, sqrt, tanh, to_f32, training_programs)
 from ._training import (cross_entropy, cross_entropy_backward, cross_entropy_fused, fused_add_rms_norm,
@@ -39,7 +43,7 @@ __all__ = [
     "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "maximum", "minimum", "to_f32", "eq", "ne", "lt", "le",
     "logical_and", "logical_or", "logical_not",
     "clear_kernel_caches", "cache_dir", "nvrtc_version", "nvrtc_library", "device_info", "build_info",
-    "driver_available", "InternalError",
+    "driver_available", "InternalError", "precompile",
 ]
 
 # A broken invariant inside the library (a RuntimeError): a bug to report, never a bad argument,
@@ -61,6 +65,38 @@ _torch = _call._torch
 _is_torch = _call._is_torch
 _is_numpy = _call._is_numpy
 _type_name = _call._type_name
+
+# tile/_torch_ops.py and its route(), once torch is loaded: a call whose arrays need autograd or
+# are traced by torch.compile goes to the custom ops; None while torch is not loaded.
+_torch_api = None
+_routed = None
+
+
+def _init_torch(torch):
+    """Switches the torch paths on: the fast launch, the custom ops and the routing to them."""
+    global _torch_api, _routed
+    if _torch_api is not None or not isinstance(getattr(torch, "Tensor", None), type):
+        return                                  # set up already, or not torch (a docs build's stand-in)
+    _call.init_torch(torch)
+    if not hasattr(torch.library, "register_autograd"):   # torch.library's custom ops came in 2.4
+        why = f"tile's torch integration needs torch >= 2.5 (found {torch.__version__})"
+        _routed = functools.partial(_unsupported_torch, why)
+        return
+    from . import _torch_ops as api
+    if hasattr(api, "route"):                   # else it is being imported; its last line calls this
+        _torch_api, _routed = api, api.route
+
+
+def _unsupported_torch(why, x=None, w=None, b=None):
+    # Without the custom ops a gradient or a compiled graph would be lost: say so instead.
+    torch = _torch()
+    if isinstance(x, torch.Tensor) and (torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
+            a is not None and a.requires_grad for a in (x, w, b)))):
+        raise RuntimeError(why)
+    return False
+
+
+_call.torch_hooks.append(_init_torch)
 
 
 def _check_op(fn, op):
@@ -130,11 +166,41 @@ def _checked_out(op, x, out, weight, bias, dtype):
     return out
 
 
-def _result(out, stats, rec):
-    if rec is None:
-        return (out, *stats) if stats else out
-    rec["out"] = out
-    return rec
+def _result(op, out, stats, rec, record):
+    if rec is not None:
+        _log.event(op, rec)
+        if record:
+            rec["out"] = out
+            return rec
+    return (out, *stats) if stats else out
+
+
+def _empty_result(op, x, out, weight, bias, dtype, record, stats=(), given=None):
+    """A call on rows of no columns, which the library refuses (cols >= 1): what torch returns —
+    an empty output, and per-row statistics of no values, NaN — after the checks the library
+    would make of the arguments."""
+    if _call.tile_dtype_name(getattr(x, "dtype", None)) not in ("f32", "f16", "bf16"):
+        raise ValueError(f"{op}: argument 'x': expected dtype float32, float16 or bfloat16, got {x.dtype}")
+    for arg, a in (("weight", weight), ("bias", bias)):
+        if a is not None and tuple(a.shape) != (0,):
+            raise ValueError(f"{op}: argument '{arg}': expected shape (0,) with stride 1 (one element per column), "
+                             f"got shape {tuple(a.shape)}")
+    out = _checked_out(op, x, out, weight, bias, dtype)
+    if tuple(out.shape) != tuple(x.shape):
+        raise ValueError(f"{op}: argument 'out': expected shape {tuple(x.shape)} like x, got shape {tuple(out.shape)}")
+    if given is not None:
+        extra = tuple(a for a in given.values() if a is not None)
+    else:
+        extra = tuple(_call.allocate(op, name, x, "x", tuple(x.shape[:-1]), "f32") for name in stats)
+    for a in extra:
+        a.fill_(float("nan")) if _is_torch(a) else a.fill(float("nan"))
+    if record:                                  # a record of nothing launched
+        rec = dict.fromkeys(("kernel_name", "source_sha256", "ir_sha256", "cubin_sha256", "arch", "cache_origin"), "")
+        rec.update(plan=None, kernels=0, workspace_bytes=0, groups=0, threads_per_group=0, shared_bytes=0,
+                   bytes_loaded=0, compile_ms=0.0, compile_options=[], out=out,
+                   backend="cuda" if _is_torch(x) and x.is_cuda else "cpu")
+        return rec
+    return (out, *extra) if extra else out
 
 
 def _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats=()):
@@ -149,7 +215,9 @@ def _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats=()
         return _launch_dlpack(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats)
     try:
         device = x.get_device()
-        ops = {"x": (x.data_ptr(), x.shape, x.stride(), _call.RAW_CODES[x.dtype], device)}
+        shape = x.shape
+        ops = {"x": (x.data_ptr(), shape, x.stride(), _call.RAW_CODES[x.dtype], device)}
+        empty = shape[-1] == 0                  # IndexError for a 0-d x: the DLPack path names it
         if out is not None:
             ops["y"] = _call.raw(out)
         if weight is not None:
@@ -160,6 +228,8 @@ def _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats=()
         ops = None                              # outside the handler: no chained traceback
     if ops is None:
         return _launch_dlpack(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats)
+    if empty:
+        return _empty_result(op, x, out, weight, bias, dtype, record, stats)
     if dtype is not None:
         if out is not None:
             _check_out_dtype(op, x, out, dtype)
@@ -184,11 +254,13 @@ def _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats=()
         plan = _call.plan_json(op, plan)
     handle = _call.current_stream(device) if stream is None else _call.stream_handle(op, stream, True)
     if _call.current_device() == device:
-        rec = _tile.launch_raw(_PROGRAMS[op], ops, plan, handle, record, _LABELS)
+        rec = _tile.launch_raw(_PROGRAMS[op], ops, plan, handle, record, _LABELS, True)
     else:                                       # the library launches into the current context
         with _torch().cuda.device(device):
-            rec = _tile.launch_raw(_PROGRAMS[op], ops, plan, handle, record, _LABELS)
-    return _result(out, extra, rec)
+            rec = _tile.launch_raw(_PROGRAMS[op], ops, plan, handle, record, _LABELS, True)
+    if rec is None and not extra:               # the common call, without a function call more
+        return out
+    return _result(op, out, extra, rec, record)
 
 
 def _launch_dlpack(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats=()):
@@ -199,6 +271,8 @@ def _launch_dlpack(op, x, out, weight, bias, eps, plan, stream, dtype, record, s
         eps = _call.scalar(op, "eps", eps)
     plan = _call.plan_json(op, plan)
     _call.check_array(op, "x", x)
+    if len(x.shape) and x.shape[-1] == 0:
+        return _empty_result(op, x, out, weight, bias, dtype, record, stats)
     out = _checked_out(op, x, out, weight, bias, dtype)
     ops = {"x": x, "y": out}
     if weight is not None:
@@ -210,7 +284,23 @@ def _launch_dlpack(op, x, out, weight, bias, eps, plan, stream, dtype, record, s
     extra = tuple(_call.allocate(op, name, x, "x", tuple(x.shape[:-1]), "f32") for name in stats)
     ops.update(zip(stats, extra))
     rec = _call.launch_dlpack(_PROGRAMS[op], ops, x, plan, stream, record, _LABELS, op)
-    return _result(out, extra, rec)
+    return _result(op, out, extra, rec, record)
+
+
+_INFOS = {}
+
+
+def _launch_with_stats(op, x, out, weight, bias, eps, plan, stats):
+    """A call with its output and per-row statistics given (None: not computed): the out=
+    forms of the custom ops."""
+    if len(x.shape) and x.shape[-1] == 0:
+        return _empty_result(op, x, out, weight, bias, None, False, given=stats)
+    info = _INFOS.get(op) or _INFOS.setdefault(op, _call.Info(_PROGRAMS[op]))
+    ops = {"x": x, "y": out, **stats}
+    for name, v in (("weight", weight), ("bias", bias), ("eps", eps)):
+        if v is not None:
+            ops[name] = v
+    _call.launch(_PROGRAMS[op], info, (ops, x), _call.plan_json(op, plan), None, False, _LABELS)
 
 
 def run(op, x, out=None, weight=None, bias=None, eps=None, plan=None, stream=None, dtype=None):
@@ -223,35 +313,45 @@ def run(op, x, out=None, weight=None, bias=None, eps=None, plan=None, stream=Non
     output array).
     """
     _check_op("run", op)
+    if _torch_api is not None:
+        _torch_api.refuse_grad(f"run('{op}')", "tile.run (a launch record)", x=x, weight=weight, bias=bias)
     return _launch(op, x, out, weight, bias, eps, plan, stream, dtype, True)
 
 
 def softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
-    """exp(x - max) / sum(exp(x - max)) over the last dimension."""
+    """``exp(x - max) / sum(exp(x - max))`` over the last dimension."""
+    if _routed is not None and _routed(x):
+        return _torch_api.softmax(x, dim, out, plan, stream, dtype)
     if dim != -1:
         _check_dim("softmax", x, dim)
     return _launch("softmax", x, out, None, None, None, plan, stream, dtype, False)
 
 
 def log_softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
-    """x - max - log(sum(exp(x - max))) over the last dimension."""
+    """``x - max - log(sum(exp(x - max)))`` over the last dimension."""
+    if _routed is not None and _routed(x):
+        return _torch_api.log_softmax(x, dim, out, plan, stream, dtype)
     if dim != -1:
         _check_dim("log_softmax", x, dim)
     return _launch("log_softmax", x, out, None, None, None, plan, stream, dtype, False)
 
 
 def rms_norm(x, weight=None, eps=RMS_NORM_EPS, out=None, plan=None, stream=None, dtype=None, return_rstd=False):
-    """x * rsqrt(mean(x^2) + eps) [* weight] over the last dimension; with return_rstd, also
-    rsqrt(mean(x^2) + eps) per row (float32, shaped like x's rows): (out, rstd)."""
+    """``x * rsqrt(mean(x^2) + eps) [* weight]`` over the last dimension; with return_rstd, also
+    ``rsqrt(mean(x^2) + eps)`` per row (float32, shaped like x's rows): ``(out, rstd)``."""
+    if _routed is not None and _routed(x, weight):
+        return _torch_api.rms_norm(x, weight, eps, out, plan, stream, dtype, return_rstd)
     return _launch("rms_norm", x, out, weight, None, eps, plan, stream, dtype, False,
                    ("rstd",) if return_rstd else ())
 
 
 def layer_norm(x, weight=None, bias=None, eps=LAYER_NORM_EPS, out=None, plan=None, stream=None, dtype=None,
                return_stats=False):
-    """(x - mean) * rsqrt(var + eps) [* weight] [+ bias] over the last dimension; with
-    return_stats, also the mean and rsqrt(var + eps) per row (float32, shaped like x's rows):
-    (out, mean, rstd)."""
+    """``(x - mean) * rsqrt(var + eps) [* weight] [+ bias]`` over the last dimension; with
+    return_stats, also the mean and ``rsqrt(var + eps)`` per row (float32, shaped like x's rows):
+    ``(out, mean, rstd)``."""
+    if _routed is not None and _routed(x, weight, bias):
+        return _torch_api.layer_norm(x, weight, bias, eps, out, plan, stream, dtype, return_stats)
     return _launch("layer_norm", x, out, weight, bias, eps, plan, stream, dtype, False,
                    ("mean", "rstd") if return_stats else ())
 
@@ -324,5 +424,83 @@ def build_info():
     return _tile.build_info()
 
 
+def precompile(fn, *args, backward=False, **kwargs):
+    """Builds ahead of time the kernels that ``fn(*args, **kwargs)`` launches — lowered,
+    compiled (or read from the disk cache) and loaded on the arrays' device, with the workspace
+    of a reduction over the rows allocated on the current stream — so that a later CUDA-graph
+    capture of the same call needs no warm-up call. It runs the call once, like any call
+    (outputs not given are allocated and dropped); the kernels depend on the shapes, dtypes and
+    alignment of the arrays, so pass arrays like those of the calls to come.
+
+    fn is an operator (``tile.softmax``, the name ``"softmax"``, a training operator) or a
+    ``tile.RowProgram``. With ``backward=True`` (torch tensors), the floating-point inputs are
+    made to require grad and the backward runs too, building the backward operators' kernels.
+    Refused during a capture. Returns the kernels this call compiled or loaded, as dicts: op,
+    kernel, cache_origin, cache_hit, compile_ms, arch, plan (empty when all were loaded
+    already, and on the CPU backend, which compiles nothing).
+    """
+    if isinstance(fn, str):
+        target = globals().get(fn)
+        if fn.startswith("_") or not callable(target) or fn not in _OPS + tuple(_TRAINING):
+            raise ValueError(f"precompile: argument 'fn': expected an operator name ({', '.join(_OPS)}, or a "
+                             f"training operator this version provides) or a callable, got {fn!r}")
+        fn = target
+    if not callable(fn):
+        raise TypeError(f"precompile: argument 'fn': expected a tile operator or row program, got {_type_name(fn)}")
+    if _torch_api is not None and _torch_api.capturing():
+        raise RuntimeError("precompile: a CUDA-graph capture is underway on the current stream; call "
+                           "tile.precompile before capturing")
+    with _log.collect() as events:
+        if backward:
+            if _torch_api is None:
+                raise ValueError("precompile: backward=True needs torch tensors (torch is not loaded)")
+            _torch_api.run_with_backward(fn, args, kwargs)
+        elif _torch_api is not None:
+            with _torch().no_grad():
+                fn(*args, **kwargs)
+        else:
+            fn(*args, **kwargs)
+    return events
+
+
+def __getattr__(name):
+    # tile.nn (torch modules) on first use, so that `import tile` never imports torch.
+    if name == "nn":
+        import importlib
+        return importlib.import_module(".nn", __name__)
+    raise AttributeError(f"module 'tile' has no attribute {name!r}")
+
+
+# The training operators, where this version defines them, differentiate and trace like the
+# forward operators: each is wrapped so that torch tensors needing autograd or traced by
+# torch.compile take its custom op (tile/_torch_ops.py); `_tile_direct` keeps the function itself.
+# Keep this after every operator's definition (test_torch_autograd.py checks it).
+_TRAINING = ("fused_add_rms_norm", "cross_entropy", "softmax_backward", "log_softmax_backward", "rms_norm_backward",
+             "layer_norm_backward")
+
+
+def _differentiable(name, direct):
+    @functools.wraps(direct)
+    def call(*args, **kwargs):
+        if _torch_api is not None and _torch_api.route_any(args, kwargs):
+            return _torch_api.TRAINING[name](*args, **kwargs)
+        if _routed is not None and _torch_api is None:   # a torch too old for the custom ops
+            _routed(next((a for a in args if _is_torch(a)), None))   # raises where a gradient is needed
+        return direct(*args, **kwargs)
+    call._tile_direct = direct
+    return call
+
+
+for _name in _TRAINING:
+    if callable(globals().get(_name)) and not hasattr(globals()[_name], "_tile_direct"):
+        globals()[_name] = _differentiable(_name, globals()[_name])
+
+_log.configure_from_environment()
+
 if "torch" in sys.modules:
     _init_torch(sys.modules["torch"])
+else:
+    # torch imported after tile: the custom ops must exist before torch.compile traces a call,
+    # which may be the first call (tile/_after_import.py).
+    from . import _after_import
+    _after_import.call_after_import("torch", _init_torch)

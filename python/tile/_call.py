@@ -9,7 +9,7 @@ import numbers
 import operator
 import sys
 
-from . import _tile
+from . import _log, _tile
 
 _ROW = ("row_in", "row_out")
 _OUTPUTS = ("row_out", "row_scalar_out", "col_out", "scalar_out")
@@ -168,7 +168,7 @@ def stream_handle(op, stream, on_cuda):
 
 def to_dlpack(torch, a):
     # The capsule directly: Tensor.__dlpack__ costs microseconds of Python per call, and refuses
-    # tensors that require grad (read here as they are; the operators are not differentiable).
+    # tensors that require grad (autograd is above this: tile/_torch_ops.py).
     return torch.utils.dlpack.to_dlpack(a) if isinstance(a, torch.Tensor) else a
 
 
@@ -185,10 +185,13 @@ current_device = None
 current_stream = None
 empty_like = None
 contiguous = None
+grad_enabled = None
+# Called with torch after the fast path is on: the package's custom ops and routing.
+torch_hooks = []
 
 
 def init_torch(torch):
-    global Tensor, RAW_CODES, current_device, current_stream, empty_like, contiguous
+    global Tensor, RAW_CODES, current_device, current_stream, empty_like, contiguous, grad_enabled
     RAW_CODES = {getattr(torch, name): code for name, code in _tile.RAW_DTYPE_CODES.items()}
     # Private but long-standing (torch.cuda.current_device and Inductor call them); the public
     # API where a build lacks them.
@@ -197,7 +200,12 @@ def init_torch(torch):
                       or (lambda device: torch.cuda.current_stream(device).cuda_stream))
     empty_like = torch.empty_like
     contiguous = torch.contiguous_format
-    Tensor = torch.Tensor                       # last: it switches the fast path on
+    grad_enabled = torch.is_grad_enabled
+    first = Tensor is _NoTorch
+    Tensor = torch.Tensor                       # it switches the fast path on
+    if first:
+        for hook in torch_hooks:
+            hook(torch)
 
 
 def raw(a):
@@ -218,9 +226,9 @@ def launch_torch_cuda(program, operands, arrays, device, plan, stream, record, l
         return None, False                      # outside the handler: no chained traceback
     handle = current_stream(device) if stream is None else stream_handle(op, stream, True)
     if current_device() == device:
-        return _tile.launch_raw(program, ops, plan, handle, record, labels), True
+        return _tile.launch_raw(program, ops, plan, handle, record, labels, True), True
     with _torch().cuda.device(device):          # the library launches into the current context
-        return _tile.launch_raw(program, ops, plan, handle, record, labels), True
+        return _tile.launch_raw(program, ops, plan, handle, record, labels, True), True
 
 
 def launch_dlpack(program, operands, like, plan, stream, record, labels, op):
@@ -231,17 +239,17 @@ def launch_dlpack(program, operands, like, plan, stream, record, labels, op):
             init_torch(torch)
         ops = {name: to_dlpack(torch, v) for name, v in operands.items()}
         if not like.is_cuda:
-            return _tile.launch(program, ops, plan, stream_handle(op, stream, False), record, labels)
+            return _tile.launch(program, ops, plan, stream_handle(op, stream, False), record, labels, True)
         handle = torch.cuda.current_stream(like.device).cuda_stream if stream is None else stream_handle(op, stream, True)
         if torch.cuda.current_device() == like.device.index:
-            return _tile.launch(program, ops, plan, handle, record, labels)
+            return _tile.launch(program, ops, plan, handle, record, labels, True)
         with torch.cuda.device(like.device):    # the library launches into the current context
-            return _tile.launch(program, ops, plan, handle, record, labels)
+            return _tile.launch(program, ops, plan, handle, record, labels, True)
     if torch is not None:
         operands = {name: to_dlpack(torch, v) for name, v in operands.items()}
     device = getattr(like, "__dlpack_device__", None)
     on_cuda = like is None or (device is not None and device()[0] == 2)  # kDLCUDA
-    return _tile.launch(program, operands, plan, stream_handle(op, stream, on_cuda), record, labels)
+    return _tile.launch(program, operands, plan, stream_handle(op, stream, on_cuda), record, labels, True)
 
 
 def introspect(fn, program, operands, plan, labels=None):
@@ -338,6 +346,17 @@ def prepare(info, operands, dtypes, allocate_outputs=True):
     return ops, ops.get(info.first_row)
 
 
+def refuse_grad(op, ops):
+    """Row programs have no backward: a torch tensor that requires grad is refused, not read
+    as if its gradient did not matter."""
+    if grad_enabled is None or not grad_enabled():
+        return
+    for name, v in ops.items():
+        if isinstance(v, Tensor) and v.requires_grad:
+            raise RuntimeError(f"{op}: argument '{name}': row programs are not differentiable, but {name} requires "
+                               f"grad; call it under torch.no_grad() or pass {name}.detach()")
+
+
 def launch(program, info, operands, plan, stream, record, labels=None):
     """Runs a prepared call; returns the launch record (None when record is false)."""
     op = info.name
@@ -347,6 +366,12 @@ def launch(program, info, operands, plan, stream, record, labels=None):
         init_torch(_torch())
     if isinstance(like, Tensor) and like.is_cuda:
         rec, ran = launch_torch_cuda(program, ops, info.arrays, like.get_device(), plan, stream, record, labels, op)
-        if ran:
-            return rec
-    return launch_dlpack(program, ops, like, plan, stream, record, labels, op)
+        if not ran:
+            rec = launch_dlpack(program, ops, like, plan, stream, record, labels, op)
+    else:
+        rec = launch_dlpack(program, ops, like, plan, stream, record, labels, op)
+    if rec is not None:
+        _log.event(op, rec)
+        if not record:
+            return None
+    return rec

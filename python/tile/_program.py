@@ -367,6 +367,7 @@ class RowProgram:
         (optional ones). Returns the outputs present, in declaration order: one array, or a
         tuple of them."""
         info = self._info()
+        _call.refuse_grad(info.name, operands)
         ops = _call.prepare(info, operands, dtypes)
         _call.launch(self._p, info, ops, plan, stream, False)
         return self._outputs(ops[0])
@@ -375,6 +376,7 @@ class RowProgram:
         """As calling the program, but returns the launch record (the dict tile.run returns)
         with `outputs`, a dict of output name -> array."""
         info = self._info()
+        _call.refuse_grad(info.name, operands)
         ops = _call.prepare(info, operands, dtypes)
         rec = _call.launch(self._p, info, ops, plan, stream, True)
         rec["outputs"] = {d["name"]: ops[0][d["name"]] for d in info.outputs if ops[0].get(d["name"]) is not None}

@@ -35,7 +35,7 @@
   X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD)                    \
   X(cuMemcpyDtoDAsync) X(cuMemsetD8) X(cuMemsetD8Async) X(cuMemGetInfo)                         \
   X(cuPointerGetAttribute)                                                                      \
-  X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                                   \
+  X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamIsCapturing)            \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)                     \
   X(cuEventElapsedTime)
 // clang-format on

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/driver.hpp"
 #include "backend/cuda/emit_cuda.hpp"
@@ -64,24 +66,36 @@ LoadedKernel load(const std::string& source, const std::string& name, int device
   return k;
 }
 
-// One workspace per (context, stream), grown as needed: launches on one stream are ordered,
-// so they may share it; launches on different streams never do.
-void* workspace_for(CUstream stream, size_t bytes) {
+// True while `stream` is captured into a CUDA graph: nothing may then be compiled, loaded or
+// allocated, and no stream may be synchronized.
+bool capturing(CUstream stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  TILE_CU_CHECK(cuda::driver().cuStreamIsCapturing(stream, &status));
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+// One workspace per (context, stream), grown to powers of two: launches on one stream are
+// ordered, so they may share it; launches on different streams never do. A buffer outgrown
+// is kept, never freed, since a captured CUDA graph may still hold its address; so growing
+// needs no synchronization, and it is refused during capture (allocate before: one call).
+void* workspace_for(CUstream stream, size_t bytes, const std::string& kernel) {
   static std::mutex mutex;
   static std::map<std::pair<CUcontext, CUstream>, std::pair<CUdeviceptr, size_t>> buffers;
+  static std::vector<CUdeviceptr> outgrown;
   CUcontext ctx = nullptr;
   TILE_CU_CHECK(cuda::driver().cuCtxGetCurrent(&ctx));
   std::lock_guard<std::mutex> lock(mutex);
   auto& [ptr, size] = buffers[{ctx, stream}];
   if (size < bytes) {
-    if (ptr) {
-      // Earlier launches on this stream may still read the old buffer.
-      TILE_CU_CHECK(cuda::driver().cuStreamSynchronize(stream));
-      TILE_CU_CHECK(cuda::driver().cuMemFree(ptr));
-      ptr = 0, size = 0;
-    }
-    TILE_CU_CHECK(cuda::driver().cuMemAlloc(&ptr, bytes));
-    size = bytes;
+    if (capturing(stream))
+      throw Error("CUDA-graph capture: kernel " + kernel + " needs a workspace of " + std::to_string(bytes) +
+                  " bytes on the capturing stream, which cannot be allocated during capture: run the call once on "
+                  "this stream before capturing (Python: tile.precompile)");
+    if (ptr) outgrown.push_back(ptr);
+    size_t grown = 256;
+    while (grown < bytes) grown *= 2;
+    TILE_CU_CHECK(cuda::driver().cuMemAlloc(&ptr, grown));
+    size = grown;
   }
   return reinterpret_cast<void*>(ptr);
 }
@@ -172,6 +186,11 @@ class CudaTarget final : public Target {
       }
     }
     if (!loaded.first.function) {
+      if (capturing(static_cast<CUstream>(options.stream)))
+        throw Error("CUDA-graph capture: kernel " + lp.main.kernel.name +
+                    " is not loaded on cuda:" + std::to_string(device) +
+                    " yet and cannot be compiled or loaded during capture: build it before capturing (Python: "
+                    "tile.precompile; C++: one tile::run with the same shapes)");
       loaded.first = load(st.source, lp.main.kernel.name, device);
       if (lp.finish) loaded.second = load(st.finish_source, lp.finish->kernel.name, device);
       rec.compile_ms = loaded.first.module->compile_ms + (lp.finish ? loaded.second.module->compile_ms : 0.0);
@@ -191,7 +210,7 @@ class CudaTarget final : public Target {
     if (lp.finish) {
       ws_elems = slots * (lp.col_parts * call.cols + lp.fixed_parts);
       rec.workspace_bytes = ws_elems * 4;
-      workspace = workspace_for(stream, size_t(std::max<int64_t>(ws_elems, 1)) * 4);
+      workspace = workspace_for(stream, size_t(std::max<int64_t>(ws_elems, 1)) * 4, lp.main.kernel.name);
     }
     if (rec.groups > 0)
       launch_kernel(loaded.first.function, lp.main, argument_values(lp.main, call, workspace, ws_elems, slots), rec.groups,
