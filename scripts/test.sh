@@ -11,6 +11,8 @@ scripts/setup.sh
 cmake --preset ci
 cmake --build --preset ci
 ctest --preset ci -j2
+# The fuzz's summary line (seed, cases run, failures, coverage), which CTest keeps in its log.
+grep -h "^fuzz: seed" build/ci/Testing/Temporary/LastTest*.log || echo "test: no fuzz summary in the CTest log" >&2
 cmake --preset cpu-only
 cmake --build --preset cpu-only
 # Ninja's dependency log lists every header each object was compiled with.
