@@ -239,8 +239,12 @@ def test_fast_path_layouts_and_dtypes(fast_path_only):
     wide = make((16, 1200), torch.float32)
     x = wide[:, :1000]                               # strided rows, written into a strided slice
     out_wide = torch.full((16, 1200), -7.0, device="cuda")
-    w = torch.nn.Parameter(make(1000, torch.float32, seed=1))   # requires grad: read as it is
-    tile.layer_norm(x, weight=w, out=out_wide[:, :1000])
+    w = torch.nn.Parameter(make(1000, torch.float32, seed=1))
+    # out= writes no autograd graph: a weight that requires grad is refused, never dropped.
+    with pytest.raises(RuntimeError, match="requires grad"):
+        tile.layer_norm(x, weight=w, out=out_wide[:, :1000])
+    with torch.no_grad():                            # no gradient wanted: read as it is
+        tile.layer_norm(x, weight=w, out=out_wide[:, :1000])
     torch.cuda.synchronize()
     assert_close(out_wide[:, :1000], reference("layer_norm", x, w.detach()))
     assert (out_wide[:, 1000:] == -7.0).all()
