@@ -293,6 +293,14 @@ BoundCall bind_values(const RowProgram& program, const Args::Value* const* value
 
 }  // namespace
 
+namespace {
+[[noreturn]] void unknown_operand(const RowProgram& program, const std::string& name) {
+  std::string names;
+  for (const OperandDecl& d : program.operands()) names += (names.empty() ? "" : ", ") + d.name;
+  throw_argument_error(program.name(), name, "one of the operands " + names, "an unknown operand");
+}
+}  // namespace
+
 BoundCall bind(const RowProgram& program, const Args& args) {
   const auto& decls = program.operands();
   std::vector<const Args::Value*> values(decls.size(), nullptr);
@@ -302,9 +310,7 @@ BoundCall bind(const RowProgram& program, const Args& args) {
       values[i] = &value;
       continue;
     }
-    std::string names;
-    for (const OperandDecl& d : decls) names += (names.empty() ? "" : ", ") + d.name;
-    throw_argument_error(program.name(), name, "one of the operands " + names, "an unknown operand");
+    unknown_operand(program, name);
   }
   return bind_values(program, values.data());
 }
@@ -319,11 +325,7 @@ BoundCall bind(const Call& call) {
   auto put = [&](const char* name, Args::Value v, bool given) {
     if (!given) return;
     const int i = program.find_operand(name);
-    if (i < 0) {
-      std::string names;
-      for (const OperandDecl& d : decls) names += (names.empty() ? "" : ", ") + d.name;
-      throw_argument_error(program.name(), name, "one of the operands " + names, "an unknown operand");
-    }
+    if (i < 0) unknown_operand(program, name);
     storage[i] = std::move(v);
     values[i] = &storage[i];
   };

@@ -23,22 +23,8 @@ TEST_F(TrainingCuda, SeededSweep) {
 
 TEST_F(TrainingCuda, EveryOperatorOnEveryLoweringPath) {
   uint64_t seed = 19000;
-  std::vector<PlanRequest> plans(1);
-  PlanRequest p;
-  p.caching = InputCaching::reread, p.stripe_unroll = 2;
-  plans.push_back(p);
-  p = {}, p.workers_per_program = 32, p.vector_elems = 1;
-  plans.push_back(p);
-  p = {}, p.programs_per_group = 3, p.workers_per_program = 64, p.vector_elems = 2;
-  plans.push_back(p);
-  p = {}, p.tail = TailHandling::clamp, p.workers_per_program = 8;
-  plans.push_back(p);
-  p = {}, p.barrier_scope = BarrierScope::program, p.programs_per_group = 2, p.workers_per_program = 128;
-  plans.push_back(p);
-  p = {}, p.merge = MergeStrategy::combine, p.workers_per_program = 64;
-  plans.push_back(p);
-  p = {}, p.grid_limit = 2, p.programs_per_group = 2, p.workers_per_program = 128;
-  plans.push_back(p);
+  std::vector<PlanRequest> plans(1);  // the policy's plan, then every other lowering path
+  for (const PlanRequest& p : plan_variants()) plans.push_back(p);
   for (int op = 0; op <= int(TrainOp::cross_entropy_fused); ++op)
     for (const PlanRequest& plan : plans)
       for (auto [rows, cols, pad, offset] :

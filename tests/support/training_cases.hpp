@@ -336,6 +336,28 @@ enum class TrainOp : uint8_t {
   cross_entropy_fused,
 };
 
+// Plans that take the lowering's other paths: re-read loops, narrow and packed programs,
+// scalar accesses, clamped tails, program-scope barriers, combine merges, packed 16-bit caches.
+inline std::vector<PlanRequest> plan_variants() {
+  std::vector<PlanRequest> plans;
+  PlanRequest p;
+  p.caching = InputCaching::reread, p.stripe_unroll = 2;
+  plans.push_back(p);
+  p = {}, p.workers_per_program = 32, p.vector_elems = 1;
+  plans.push_back(p);
+  p = {}, p.programs_per_group = 3, p.workers_per_program = 64, p.vector_elems = 2;
+  plans.push_back(p);
+  p = {}, p.tail = TailHandling::clamp, p.workers_per_program = 8;
+  plans.push_back(p);
+  p = {}, p.barrier_scope = BarrierScope::program, p.programs_per_group = 2, p.workers_per_program = 128;
+  plans.push_back(p);
+  p = {}, p.merge = MergeStrategy::combine, p.workers_per_program = 64;
+  plans.push_back(p);
+  p = {}, p.grid_limit = 2, p.programs_per_group = 2, p.workers_per_program = 128;  // many rows per slot
+  plans.push_back(p);
+  return plans;
+}
+
 inline const char* train_op_name(TrainOp op) {
   static const char* names[] = {"softmax_backward",    "log_softmax_backward",   "rms_norm_backward",
                                 "layer_norm_backward", "fused_add_rms_norm",     "fused_add_rms_norm_backward",
