@@ -192,9 +192,9 @@ Stmt shared_load(int dst, int region, ExprPtr index) {
   s.index = std::move(index);
   return s;
 }
-Stmt barrier(BarrierKind kind) {
+Stmt barrier(Scope scope) {
   Stmt s{Stmt::Kind::barrier};
-  s.barrier = kind;
+  s.scope = scope;
   return s;
 }
 Stmt if_(ExprPtr cond, std::vector<Stmt> body, std::vector<Stmt> else_body) {

@@ -17,6 +17,7 @@
 
 #include "tile/dtype.hpp"
 #include "tile/plan.hpp"
+#include "tile/scope.hpp"
 
 namespace tile::ir {
 
@@ -84,8 +85,6 @@ ExprPtr cast(Type t, ExprPtr a);
 ExprPtr row_aligned(int buffer, ExprPtr offset, int bytes);
 ExprPtr unpack16(DType dtype, ExprPtr word, int half);
 
-enum class BarrierKind : uint8_t { group, program };
-
 struct Stmt {
   enum class Kind : uint8_t {
     assign,        // regs[dst] = value
@@ -95,7 +94,7 @@ struct Stmt {
     shfl_xor,      // regs[dst] = regs[src] of lane (lane ^ offset) within segments of `width`
     shared_store,  // shared[region][index] = value
     shared_load,   // regs[dst] = shared[region][index]
-    barrier,       // wait for every worker of the scope
+    barrier,       // wait for every worker of `scope` (program or group)
     if_,           // if (cond) body else else_body
     for_,          // for (regs[dst] = begin; regs[dst] < end; ++regs[dst]) body
     comment,       // text, printed only
@@ -113,7 +112,7 @@ struct Stmt {
   bool raw = false;  // load: dsts are i32 registers holding the bits of element pairs
   bool whole = false;  // load/store: `valid` is <= 0 or >= width, and `aligned` holds (see below)
   float fill = 0.0f;
-  BarrierKind barrier = BarrierKind::group;
+  Scope scope = Scope::group;  // barrier
   std::vector<Stmt> body, else_body;
   std::string text;
 };
@@ -189,7 +188,7 @@ Stmt store(std::vector<int> srcs, int buffer, ExprPtr index, ExprPtr valid, Expr
 Stmt shfl_xor(int dst, int src, int offset, int width);
 Stmt shared_store(int region, ExprPtr index, ExprPtr value);
 Stmt shared_load(int dst, int region, ExprPtr index);
-Stmt barrier(BarrierKind kind);
+Stmt barrier(Scope scope);
 Stmt if_(ExprPtr cond, std::vector<Stmt> body, std::vector<Stmt> else_body = {});
 Stmt for_(int var, ExprPtr begin, ExprPtr end, std::vector<Stmt> body);
 Stmt comment(std::string text);

@@ -86,7 +86,7 @@ void IRPrinter::visit_shared_load(const Stmt& s) {
 }
 
 void IRPrinter::visit_barrier(const Stmt& s) {
-  line(s.barrier == BarrierKind::group ? "barrier.group" : "barrier.program");
+  line(std::string("barrier.") + scope_name(s.scope));
 }
 
 void IRPrinter::visit_assign(const Stmt& s) { line(reg_name(s.dst) + " = " + visit(*s.value) + statement_end()); }

@@ -12,8 +12,11 @@ namespace tile::ir {
 
 namespace {
 
-// Uniformity as the set of scopes across which a value is the same for every worker.
-enum : unsigned { kGroup = 1, kProgram = 2, kWarp = 4 };
+// Uniformity as the set of scopes (of the scope stack, tile/scope.hpp) across which a value is
+// the same for every worker: bit `1 << Scope`.
+constexpr unsigned uniform_across(Scope s) { return 1u << unsigned(s); }
+constexpr unsigned kWarp = uniform_across(Scope::warp), kProgram = uniform_across(Scope::program),
+                   kGroup = uniform_across(Scope::group);
 constexpr unsigned kUniform = kGroup | kProgram | kWarp;
 
 struct Interval {
@@ -309,12 +312,15 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     define(s.dst, u);
   }
   void visit_barrier(const Stmt& s, unsigned control) {
-    if (check_ && s.barrier == BarrierKind::group && (control & kGroup) == 0)
-      error("group barrier under control flow that is not uniform across the group "
-            "(some workers, e.g. a guard program's, would skip it)");
-    if (check_ && s.barrier == BarrierKind::program && (control & kProgram) == 0)
-      error("program barrier under control flow that is not uniform across its program");
-    if (check_ && s.barrier == BarrierKind::program && k_.workers_per_program % 32 != 0)
+    if (!check_) return;
+    if (s.scope != Scope::group && s.scope != Scope::program) {
+      error(std::string("barrier of scope ") + scope_name(s.scope) + " (kernels synchronise programs and groups)");
+      return;
+    }
+    if ((control & uniform_across(s.scope)) == 0)
+      error(std::string(scope_name(s.scope)) + " barrier under control flow that is not uniform across the " +
+            scope_name(s.scope) + (s.scope == Scope::group ? " (some workers, e.g. a guard program's, would skip it)" : ""));
+    if (s.scope == Scope::program && k_.workers_per_program % 32 != 0)
       error("program barrier in a program of " + std::to_string(k_.workers_per_program) +
             " workers (a named barrier counts whole warps)");
   }

@@ -284,6 +284,9 @@ class RowLowering {
   bool present(int operand) const { return sig_.present[operand]; }
   DType dtype(int operand) const { return sig_.dtypes[operand]; }
   const OperandDecl& decl(int operand) const { return prog_.operands()[operand]; }
+  // The scope whose barrier merges the warps of a program: the group's (every worker of the
+  // thread block) or the program's own (a named barrier over its warps).
+  Scope merge_scope() const { return plan_.barrier_scope == BarrierScope::group ? Scope::group : Scope::program; }
   Stmt whole(Stmt access) const {
     if (whole_) access.whole = true, access.aligned = b1_const(true);
     return access;
@@ -398,7 +401,7 @@ LoweredProgram RowLowering::run() {
     // The next row block reuses the merges' shared slots: every warp must have read the
     // previous block's partials before any warp overwrites them.
     if (!k_.shared.empty())
-      loop.push_back(barrier(plan_.barrier_scope == BarrierScope::group ? BarrierKind::group : BarrierKind::program));
+      loop.push_back(barrier(merge_scope()));
     loop.push_back(assign(first_row_, b1_const(false)));
     body.push_back(for_(it, i64(0), count, std::move(loop)));
     flush_rows(body);
@@ -847,7 +850,7 @@ std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt
       stores.push_back(shared_store(regions[i].back(), special(Special::warp_in_program), r(reg_id)));
     }
   out.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)), std::move(stores)));
-  out.push_back(barrier(plan_.barrier_scope == BarrierScope::group ? BarrierKind::group : BarrierKind::program));
+  out.push_back(barrier(merge_scope()));
   ExprPtr slot = binary(BinOp::min, special(Special::lane), i32_const(warps - 1));
   ExprPtr mine = binary(BinOp::lt, special(Special::lane), i32_const(warps));
   std::vector<std::vector<int>> totals(states.size());

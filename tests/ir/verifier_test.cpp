@@ -11,7 +11,7 @@ namespace {
 
 // Two programs of 64 workers; each sums its row of 64 floats with shuffles, shared memory and
 // one barrier, then worker 0 stores the sum. `guard` wraps the reduction in `if (row < rows)`.
-Kernel row_sum(BarrierKind kind, bool guard_skips_barrier, bool divergent_barrier, int stride) {
+Kernel row_sum(Scope kind, bool guard_skips_barrier, bool divergent_barrier, int stride) {
   Kernel k;
   k.name = "row_sum";
   k.programs_per_group = 2;
@@ -73,7 +73,7 @@ cpu::ExecStats execute_rows(const Kernel& k, int64_t rows, std::vector<float>& y
 }
 
 TEST(VerifierProof, AcceptsPackedProgramsWithUnconditionalGroupBarrier) {
-  Kernel k = row_sum(BarrierKind::group, false, false, 2);
+  Kernel k = row_sum(Scope::group, false, false, 2);
   EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
   std::vector<float> y;
   execute_rows(k, 4, y);
@@ -83,14 +83,14 @@ TEST(VerifierProof, AcceptsPackedProgramsWithUnconditionalGroupBarrier) {
 }
 
 TEST(VerifierProof, RejectsDivergentGroupBarrier) {
-  Kernel k = row_sum(BarrierKind::group, false, true, 2);
+  Kernel k = row_sum(Scope::group, false, true, 2);
   EXPECT_TRUE(mentions(verify(k), "group barrier under control flow that is not uniform"));
   std::vector<float> y;
   EXPECT_THROW(execute_rows(k, 4, y), cpu::ExecutionError);
 }
 
 TEST(VerifierProof, RejectsGuardProgramThatSkipsAGroupBarrier) {
-  Kernel k = row_sum(BarrierKind::group, true, false, 2);
+  Kernel k = row_sum(Scope::group, true, false, 2);
   EXPECT_TRUE(mentions(verify(k), "guard program"));
   std::vector<float> y;
   EXPECT_NO_THROW(execute_rows(k, 4, y));              // an even row count hides it ...
@@ -99,26 +99,35 @@ TEST(VerifierProof, RejectsGuardProgramThatSkipsAGroupBarrier) {
 
 TEST(VerifierProof, AcceptsProgramBarrierUnderProgramUniformGuard) {
   // A program-scope barrier may sit under `row < rows`: the whole program skips it together.
-  Kernel k = row_sum(BarrierKind::program, true, false, 2);
+  Kernel k = row_sum(Scope::program, true, false, 2);
   EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
   std::vector<float> y;
   EXPECT_NO_THROW(execute_rows(k, 3, y));
 }
 
 TEST(VerifierProof, RejectsProgramBarrierThatPartOfItsProgramSkips) {
-  Kernel k = row_sum(BarrierKind::program, false, true, 2);
-  EXPECT_TRUE(mentions(verify(k), "program barrier under control flow that is not uniform across its program"));
+  Kernel k = row_sum(Scope::program, false, true, 2);
+  EXPECT_TRUE(mentions(verify(k), "program barrier under control flow that is not uniform across the program"));
+}
+
+TEST(VerifierProof, RejectsBarriersOfScopesKernelsDoNotSynchronise) {
+  // Warps converge without a barrier and nothing here spans a cluster or the grid: a barrier
+  // of those scopes is a lowering bug, whatever control flow it sits on.
+  for (Scope scope : {Scope::lane, Scope::warp, Scope::cluster, Scope::grid}) {
+    Kernel k = row_sum(scope, false, false, 2);
+    EXPECT_TRUE(mentions(verify(k), std::string("barrier of scope ") + scope_name(scope))) << scope_name(scope);
+  }
 }
 
 TEST(VerifierProof, RejectsOverlappingSharedRegionsOfPackedPrograms) {
-  Kernel k = row_sum(BarrierKind::group, false, false, 1);  // stride 1 < 2 slots
+  Kernel k = row_sum(Scope::group, false, false, 1);  // stride 1 < 2 slots
   EXPECT_TRUE(mentions(verify(k), "overlaps"));
   std::vector<float> y;
   EXPECT_THROW(execute_rows(k, 4, y), cpu::ExecutionError);  // the programs race on slot 1
 }
 
 TEST(VerifierProof, RejectsTypeMismatches) {
-  Kernel k = row_sum(BarrierKind::group, false, false, 2);
+  Kernel k = row_sum(Scope::group, false, false, 2);
   k.body.push_back(assign(0, binary(BinOp::add, reg(0, Type::i64), f32_const(1.0))));
   k.body.push_back(if_(i32_const(1), {}));
   std::vector<std::string> errors = verify(k);
@@ -127,20 +136,20 @@ TEST(VerifierProof, RejectsTypeMismatches) {
 }
 
 TEST(VerifierProof, RejectsCachedValuesBeyondThePrivateBudget) {
-  Kernel k = row_sum(BarrierKind::group, false, false, 2);
+  Kernel k = row_sum(Scope::group, false, false, 2);
   k.private_budget = 3;
   for (int i = 0; i < 4; ++i) k.add_reg("cached" + std::to_string(i), Type::f32, true);
   EXPECT_TRUE(mentions(verify(k), "exceed the private budget of 3"));
 }
 
 TEST(VerifierProof, RejectsShuffleUnderLaneDependentControlFlow) {
-  Kernel k = row_sum(BarrierKind::group, false, false, 2);
+  Kernel k = row_sum(Scope::group, false, false, 2);
   k.body.push_back(if_(binary(BinOp::lt, special(Special::lane), i32_const(16)), {shfl_xor(1, 1, 1, 32)}));
   EXPECT_TRUE(mentions(verify(k), "shfl_xor"));
 }
 
 TEST(VerifierProof, RejectsSharedIndexOutsideItsRegion) {
-  Kernel k = row_sum(BarrierKind::group, false, false, 2);
+  Kernel k = row_sum(Scope::group, false, false, 2);
   k.body.push_back(shared_store(0, special(Special::lane), f32_const(0)));
   EXPECT_TRUE(mentions(verify(k), "not provably in [0, 2)"));
 }

@@ -38,7 +38,7 @@ Kernel every_kind() {
   loop.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)),
                      {shared_store(0, i32_const(0), reg(t, Type::f32))},
                      {assign(t, select(b1_const(true), f32_const(1.0), reg(v, Type::f32)))}));
-  loop.push_back(barrier(BarrierKind::group));
+  loop.push_back(barrier(Scope::group));
   loop.push_back(shared_load(t, 0, i32_const(0)));
   loop.push_back(store({t}, 1, at, i64_const(1), b1_const(false)));
   k.body.push_back(for_(i, i64_const(0), param(0, Type::i64), loop));
@@ -144,8 +144,8 @@ class Depth : public IRVisitor<Depth> {
 
 TEST(Visitor, ArgumentsTravelToNestedStatements) {
   Kernel k = every_kind();
-  k.body.push_back(barrier(BarrierKind::group));
-  k.body[0].body.push_back(if_(b1_const(true), {}, {barrier(BarrierKind::program)}));
+  k.body.push_back(barrier(Scope::group));
+  k.body[0].body.push_back(if_(b1_const(true), {}, {barrier(Scope::program)}));
   Depth d;
   for (const Stmt& s : k.body) d.visit(s, 0);
   EXPECT_EQ(d.barriers_at, (std::map<int, int>{{0, 1}, {1, 1}, {2, 1}}));

@@ -359,7 +359,9 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
     code_.ins.push_back({st ? Op::shared_store : Op::shared_load, v, i, s.region});
   }
   void visit_barrier(const Stmt& s) {
-    bool g = s.barrier == ir::BarrierKind::group;
+    need(s.scope == Scope::group || s.scope == Scope::program, "barrier of scope ", scope_name(s.scope),
+         ", which the executor does not run");
+    bool g = s.scope == Scope::group;
     int& n = g ? group_barriers_ : program_barriers_;
     int32_t l = label((g ? "group barrier #" : "program barrier #") + std::to_string(n++));
     code_.ins.push_back({g ? Op::group_barrier : Op::program_barrier, 0, l});

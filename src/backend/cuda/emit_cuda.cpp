@@ -335,7 +335,7 @@ class CudaEmitter : public IRPrinter {
   void visit_shared_load(const Stmt& s) override { line(reg_name(s.dst) + " = " + shared_slot(s) + ";"); }
 
   void visit_barrier(const Stmt& s) override {
-    if (s.barrier == BarrierKind::group)
+    if (s.scope == Scope::group)
       line("__syncthreads();  // group barrier");
     else
       line("tile_named_barrier(1 + program_in_group, " + std::to_string(k_.workers_per_program) +

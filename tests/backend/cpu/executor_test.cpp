@@ -83,7 +83,7 @@ Kernel row_sum_kernel(int programs, int workers) {
   }
   k.body.push_back(if_(eq(special(Special::lane), i32_const(0)),
                        {shared_store(0, special(Special::warp_in_program), A)}));
-  k.body.push_back(barrier(BarrierKind::group));
+  k.body.push_back(barrier(Scope::group));
   k.body.push_back(
       if_(binary(BinOp::and_, eq(special(Special::worker_in_program), i32_const(0)), lt(R, rows)),
           {assign(acc, f32_const(0)),
@@ -249,37 +249,37 @@ TEST(Executor, SharedMemoryRacesNeedABarrierBetweenAccesses) {
   err = error_of([&] { execute(two_accesses(false, {}, 1, 1, 1, 0), args); });  // read, then write
   EXPECT_NE(err.find("data race"), std::string::npos) << err;
 
-  EXPECT_NO_THROW(execute(two_accesses(false, {barrier(BarrierKind::group)}), args));
-  execute(two_accesses(true, {barrier(BarrierKind::program)}), args);
+  EXPECT_NO_THROW(execute(two_accesses(false, {barrier(Scope::group)}), args));
+  execute(two_accesses(true, {barrier(Scope::program)}), args);
   EXPECT_EQ(y[0], 7.0f);
 
   // With a stride of 0 both programs share slot 0: a program barrier orders only its own
   // program, so worker 65 (program 1) still races with worker 0; a group barrier orders all.
   err = error_of(
-      [&] { execute(two_accesses(true, {barrier(BarrierKind::program)}, 2, 0, 0, 65), args); });
+      [&] { execute(two_accesses(true, {barrier(Scope::program)}, 2, 0, 0, 65), args); });
   EXPECT_NE(err.find("data race"), std::string::npos) << err;
   y[0] = 0;
-  execute(two_accesses(true, {barrier(BarrierKind::group)}, 2, 0, 0, 65), args);
+  execute(two_accesses(true, {barrier(Scope::group)}, 2, 0, 0, 65), args);
   EXPECT_EQ(y[0], 7.0f);
 }
 
 TEST(Executor, UnwrittenSharedSlotsReadAsNaN) {
   float y[1] = {0};
-  Kernel k = two_accesses(true, {barrier(BarrierKind::group)}, 1, 1, 999, 1);  // no thread 999
+  Kernel k = two_accesses(true, {barrier(Scope::group)}, 1, 1, 999, 1);  // no thread 999
   execute(k, {1, {{y, 0, 1}}, {}});
   EXPECT_TRUE(std::isnan(y[0]));
 }
 
 TEST(Executor, GroupBarrierOnDivergentPathIsReported) {
   Kernel k = make_kernel(1, 64);
-  k.body = {if_(eq(special(Special::lane), i32_const(0)), {barrier(BarrierKind::group)})};
+  k.body = {if_(eq(special(Special::lane), i32_const(0)), {barrier(Scope::group)})};
   const std::string err = error_of([&] { execute(k, {1, {}, {}}); });
   EXPECT_NE(err.find("group barrier #0 in group 0 skipped"), std::string::npos) << err;
   EXPECT_NE(err.find("worker(s) 1-31, 33-63 finished"), std::string::npos) << err;
 
   // Half the workers wait at another barrier.
   k.body = {if_(lt(special(Special::worker_in_program), i32_const(32)),
-                {barrier(BarrierKind::group)}, {barrier(BarrierKind::group)})};
+                {barrier(Scope::group)}, {barrier(Scope::group)})};
   const std::string err2 = error_of([&] { execute(k, {1, {}, {}}); });
   EXPECT_NE(err2.find("worker(s) 32-63 are waiting at group barrier #1"), std::string::npos)
       << err2;
@@ -288,12 +288,12 @@ TEST(Executor, GroupBarrierOnDivergentPathIsReported) {
 TEST(Executor, ProgramBarrierNeedsOnlyItsOwnProgram) {
   Kernel k = make_kernel(2, 32);
   k.body = {
-      if_(eq(special(Special::program_in_group), i32_const(0)), {barrier(BarrierKind::program)})};
+      if_(eq(special(Special::program_in_group), i32_const(0)), {barrier(Scope::program)})};
   const ExecStats st = execute(k, {3, {}, {}});
   EXPECT_EQ(st.barriers, 3);
 
   k.body = {
-      if_(eq(special(Special::worker_in_program), i32_const(0)), {barrier(BarrierKind::program)})};
+      if_(eq(special(Special::worker_in_program), i32_const(0)), {barrier(Scope::program)})};
   const std::string err = error_of([&] { execute(k, {1, {}, {}}); });
   EXPECT_NE(err.find("program barrier #0 of program 0 in group 0 skipped"), std::string::npos)
       << err;
