@@ -19,6 +19,7 @@ struct DeviceLimits {
   int max_shared_bytes = 48 * 1024;   // static shared memory per group
   int max_vector_bytes = 16;          // widest single memory access of a worker
   int64_t max_groups = 2147483647;    // groups in a grid (gridDim.x)
+  int max_cluster_size = 1;           // groups of one cluster (1: the target or device has none)
 };
 
 // A row operand (input or output) of a call: its dtype and row stride in elements.

@@ -167,6 +167,7 @@ struct Kernel {
   int workers_per_program = 32;
   int private_budget = 64;
   int resident_groups = 1;  // groups per SM the kernel is compiled to fit (launch bounds)
+  int ctas_per_cluster = 1; // groups launched together as one thread-block cluster
   std::vector<Buffer> buffers;
   std::vector<ScalarParam> params;
   std::vector<Register> regs;

@@ -40,7 +40,7 @@ TEST(TargetCaps, CpuAndCudaDeclareTheSamePlanningCaps) {
   EXPECT_EQ(cpu.named_barriers, cuda.named_barriers);
   EXPECT_EQ(cpu.vector_bytes, cuda.vector_bytes);
   EXPECT_EQ(cpu.shared_bytes, cuda.shared_bytes);
-  EXPECT_EQ(cuda.max_cluster_size, 1);  // no cluster codegen yet
+  EXPECT_EQ(cuda.max_cluster_size, 16);  // lowered to what the device launches by limits()
   EXPECT_EQ(cuda.vector_bytes, 16);
   if (!TILE_WITH_CUDA) {
     EXPECT_FALSE(cuda.can_launch);

@@ -31,7 +31,8 @@
   X(cuDeviceGetUuid) X(cuDevicePrimaryCtxRetain)                                                \
   X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuCtxGetId)     \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)                                  \
-  X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel)                                 \
+  X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)             \
+  X(cuOccupancyMaxActiveClusters)                                                               \
   X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD)                    \
   X(cuMemcpyDtoDAsync) X(cuMemsetD8) X(cuMemsetD8Async) X(cuMemGetInfo)                         \
   X(cuPointerGetAttribute)                                                                      \
@@ -84,6 +85,7 @@ struct DeviceInfo {
   int mem_clock_khz = 0;
   int mem_bus_width = 0;   // bits
   int driver_version = 0;  // e.g. 13000
+  bool cluster_launch = false;  // CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH (compute capability 9.0 and later)
 };
 
 DeviceInfo device_info(int device = 0);

@@ -59,11 +59,51 @@ const std::string& device_arch(int device) {
   return it->second;
 }
 
-LoadedKernel load(const std::string& source, const std::string& name, int device) {
+// Groups of one cluster the device can launch: 16 through the non-portable size on devices
+// with cluster launch (compute capability 9.0 and later), else none.
+int device_cluster_size(const cuda::DeviceInfo& info) { return info.cluster_launch ? 16 : 1; }
+
+LoadedKernel load(const std::string& source, const ir::Kernel& kernel, int device) {
   LoadedKernel k;
   k.module = cuda::compile_cubin(source, device_arch(device));
-  k.function = cuda::get_function(*k.module, name);
+  k.function = cuda::get_function(*k.module, kernel.name);
+  if (kernel.ctas_per_cluster > 8)  // beyond the portable cluster size, the function must opt in
+    TILE_CU_CHECK(cuda::driver().cuFuncSetAttribute(k.function, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
   return k;
+}
+
+// Fills `config` for launching `groups` groups of `kernel` (clusters of ctas_per_cluster).
+void launch_config(CUlaunchConfig& config, CUlaunchAttribute& cluster, const ir::Kernel& kernel, int64_t groups,
+                   CUstream stream) {
+  config = {};
+  config.gridDimX = unsigned(groups), config.gridDimY = 1, config.gridDimZ = 1;
+  config.blockDimX = unsigned(kernel.threads_per_group()), config.blockDimY = 1, config.blockDimZ = 1;
+  config.hStream = stream;
+  cluster = {};
+  cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  cluster.value.clusterDim.x = unsigned(kernel.ctas_per_cluster), cluster.value.clusterDim.y = 1;
+  cluster.value.clusterDim.z = 1;
+  config.attrs = &cluster, config.numAttrs = 1;
+}
+
+// A cluster the device cannot hold at once would fail at launch with a driver error; say why
+// instead, once, when the kernel is loaded.
+void check_cluster_fits(const LoadedKernel& k, const ir::Kernel& kernel, int device) {
+  if (kernel.ctas_per_cluster <= 1) return;
+  const cuda::DeviceInfo info = cuda::device_info(device);
+  if (kernel.ctas_per_cluster > device_cluster_size(info))
+    throw Error("kernel " + kernel.name + " spans clusters of " + std::to_string(kernel.ctas_per_cluster) +
+                " groups, but " + info.name + " (cuda:" + std::to_string(device) + ") launches clusters of at most " +
+                std::to_string(device_cluster_size(info)) + " (ctas_per_program in the plan)");
+  CUlaunchConfig config;
+  CUlaunchAttribute cluster;
+  launch_config(config, cluster, kernel, kernel.ctas_per_cluster, nullptr);
+  int active = 0;
+  TILE_CU_CHECK(cuda::driver().cuOccupancyMaxActiveClusters(&active, k.function, &config));
+  if (active < 1)
+    throw Error("kernel " + kernel.name + ": a cluster of " + std::to_string(kernel.ctas_per_cluster) + " groups of " +
+                std::to_string(kernel.threads_per_group()) + " threads cannot be resident on " + info.name +
+                " at once (ctas_per_program and workers_per_program in the plan)");
 }
 
 // True while `stream` is captured into a CUDA graph: nothing may then be compiled, loaded or
@@ -122,6 +162,15 @@ void launch_kernel(CUfunction fn, const LoweredKernel& lk, const ArgumentValues&
       argv[n++] = &ints[p];
     }
   }
+  if (lk.kernel.ctas_per_cluster > 1) {
+    TILE_CHECK(groups % lk.kernel.ctas_per_cluster == 0, "kernel ", lk.kernel.name, ": ", groups,
+               " groups are not whole clusters of ", lk.kernel.ctas_per_cluster);
+    CUlaunchConfig config;
+    CUlaunchAttribute cluster;
+    launch_config(config, cluster, lk.kernel, groups, stream);
+    TILE_CU_CHECK(cuda::driver().cuLaunchKernelEx(&config, fn, argv, nullptr));
+    return;
+  }
   TILE_CU_CHECK(cuda::driver().cuLaunchKernel(fn, unsigned(groups), 1, 1, unsigned(lk.kernel.threads_per_group()), 1, 1,
                                               0, stream, argv, nullptr));
 }
@@ -131,9 +180,11 @@ class CudaTarget final : public Target {
   const char* name() const override { return "cuda"; }
 
   // Named barriers, the 16-byte vector and 48 KiB of static shared memory hold on every
-  // architecture NVRTC targets; cluster launches are not generated yet.
+  // architecture NVRTC targets; clusters of up to 16 groups are generated, and limits() lowers
+  // that to what the device launches.
   TargetCaps caps() const override {
     TargetCaps c;
+    c.max_cluster_size = 16;
     c.can_launch = cuda::driver_available();
     return c;
   }
@@ -149,6 +200,7 @@ class CudaTarget final : public Target {
       const cuda::DeviceInfo info = cuda::device_info(options.device);
       l.sm_count = info.sm_count;
       l.max_threads_per_group = info.max_threads_per_block;
+      l.max_cluster_size = std::min(l.max_cluster_size, device_cluster_size(info));
       it = cache.emplace(options.device, l).first;
     }
     return it->second;
@@ -191,8 +243,9 @@ class CudaTarget final : public Target {
                     " is not loaded on cuda:" + std::to_string(device) +
                     " yet and cannot be compiled or loaded during capture: build it before capturing (Python: "
                     "tile.precompile; C++: one tile::run with the same shapes)");
-      loaded.first = load(st.source, lp.main.kernel.name, device);
-      if (lp.finish) loaded.second = load(st.finish_source, lp.finish->kernel.name, device);
+      loaded.first = load(st.source, lp.main.kernel, device);
+      check_cluster_fits(loaded.first, lp.main.kernel, device);
+      if (lp.finish) loaded.second = load(st.finish_source, lp.finish->kernel, device);
       rec.compile_ms = loaded.first.module->compile_ms + (lp.finish ? loaded.second.module->compile_ms : 0.0);
       static const char* origins[] = {"compiled", "memory", "disk"};
       rec.cache_origin = origins[int(loaded.first.module->origin)];
