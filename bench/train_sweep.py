@@ -224,8 +224,10 @@ def references(op, c):
         lse = torch.logsumexp(z, -1)
         zt = z.gather(1, c.target[:, None])[:, 0]
         p = torch.exp(z - lse[:, None])
-        onehot = torch.zeros_like(p).scatter_(1, c.target[:, None], 1.0)
-        return [(lse - zt, lse.abs() + zt.abs()), (p - onehot, p + onehot)]
+        del z  # 4096 x 262144 in float64 is 8 GiB: no more copies than needed
+        t = c.target[:, None]
+        mag = p.clone().scatter_add_(1, t, torch.ones_like(t, dtype=p.dtype))
+        return [(lse - zt, lse.abs() + zt.abs()), (p.scatter_add_(1, t, -torch.ones_like(t, dtype=p.dtype)), mag)]
     x, w = c.x.double(), c.weight.double()
     n = x.shape[-1]
     if op == "fused_add_rms_norm":
