@@ -9,6 +9,9 @@ copy line is a device-to-device copy of the same number of bytes (read + written
 same way in the same process. Bytes = input read once + output written once + weight and bias.
 
     python bench/sweep.py --out bench/results/sweep.json
+
+A run past --deadline-s stops before its next (dtype, N) (the file says complete: false); the
+same command with --resume adds the missing points.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import platform
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -141,21 +145,33 @@ def main(argv):
     ap.add_argument("--input-mib", type=float, default=512)
     ap.add_argument("--batch-ms", type=float, default=20)
     ap.add_argument("--batches", type=int, default=7)
+    ap.add_argument("--resume", action="store_true", help="keep the points already in --out and add the others")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="start no (dtype, N) after this many seconds; exit 3 with the file incomplete")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("sweep.py: needs a CUDA device")
 
-    points = []
-    gen = torch.Generator(device="cuda").manual_seed(20261130)
+    points = resumed(args, {(op, d, n) for op in args.ops for d in args.dtypes for n in args.ns})
+    have = {(p["op"], p["dtype"], p["n"]) for p in points}
+    gen = torch.Generator(device="cuda")
     total = len(args.ops) * len(args.dtypes) * len(args.ns)
-    done = 0
+    done = len(points)
+    start = time.monotonic()
     for dtype in args.dtypes:
         es = torch.tensor([], dtype=DTYPES[dtype]).element_size()
         for n in args.ns:
+            if all((op, dtype, n) in have for op in args.ops):
+                continue
+            if past_deadline(args, start, points, total):
+                return 3
+            gen.manual_seed(zlib.crc32(f"{dtype} {n}".encode()))  # each (dtype, N) alike, resumed or not
             rows, x, w, b = inputs(dtype, n, args.input_mib, gen)
             out = torch.empty_like(x)
             for op in args.ops:
+                if (op, dtype, n) in have:
+                    continue
                 done += 1
                 eps = peers.EPS.get(op, 0.0)
                 nbytes = 2 * x.numel() * es + (n * es if op in ("rms_norm", "layer_norm") else 0) + \
@@ -197,8 +213,34 @@ def main(argv):
             del x, w, b, out
             torch.cuda.empty_cache()
 
+    order = {(op, d, n): i for i, (d, n, op) in enumerate((d, n, op) for d in args.dtypes for n in args.ns
+                                                           for op in args.ops)}
+    points.sort(key=lambda p: order[(p["op"], p["dtype"], p["n"])])
     write(args, points, partial=False)
     print(f"wrote {args.out}")
+    return 0
+
+
+def resumed(args, keys):
+    """With --resume, the points of args.out that this run plans (keys: (op, dtype, n))."""
+    if not (getattr(args, "resume", False) and args.out.exists()):
+        return []
+    old = json.loads(args.out.read_text())
+    if not isinstance(old, dict) or old.get("schema") != "tile-sweep/1" or not isinstance(old.get("points"), list):
+        raise SystemExit(f"--resume: {args.out} is not a tile-sweep/1 document")
+    points = [p for p in old["points"] if (p.get("op"), p.get("dtype"), p.get("n")) in keys]
+    print(f"resuming: {len(points)} of {len(keys)} points already in {args.out}", flush=True)
+    return points
+
+
+def past_deadline(args, start, points, total, method=__doc__, extra=None):
+    """True (after writing the points so far) once the run is past --deadline-s."""
+    if args.deadline_s is None or time.monotonic() - start <= args.deadline_s:
+        return False
+    write(args, points, partial=True, method=method, extra=extra)
+    print(f"deadline: stopped after {time.monotonic() - start:.0f} s with {total - len(points)} points left; "
+          "run the same command with --resume", flush=True)
+    return True
 
 
 def write(args, points, partial, method=__doc__, extra=None):
@@ -215,4 +257,4 @@ def write(args, points, partial, method=__doc__, extra=None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

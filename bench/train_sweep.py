@@ -347,15 +347,11 @@ def main(argv):
     from tile import _log as tile_log  # the kernels (and plans) a call compiled or loaded
 
     todo = planned(args)
-    points = []
     if args.resume and args.out.exists():
-        old = json.loads(args.out.read_text())
-        problems = validate(old)
+        problems = validate(json.loads(args.out.read_text()))
         if problems:
             raise SystemExit(f"train_sweep.py: --resume: {args.out} is not a valid training sweep: {problems[0]}")
-        keys = set(todo)
-        points = [p for p in old["points"] if (p["op"], p["dtype"], p["n"]) in keys]
-        print(f"resuming: {len(points)} of {len(todo)} points already in {args.out}", flush=True)
+    points = sweep.resumed(args, set(todo))
     done = {(p["op"], p["dtype"], p["n"]) for p in points}
     extra = {"kind": KIND, "bytes_formulas": {op: BYTES[op][0] for op in args.ops}}
 
@@ -367,11 +363,7 @@ def main(argv):
     for i, (op, dtype, n) in enumerate(todo, 1):
         if (op, dtype, n) in done:
             continue
-        if args.deadline_s is not None and time.monotonic() - start > args.deadline_s:
-            save(partial=True)
-            left = len(todo) - len(points)
-            print(f"deadline: stopped after {time.monotonic() - start:.0f} s with {left} points left; "
-                  f"run the same command with --resume", flush=True)
+        if sweep.past_deadline(args, start, points, len(todo), method=__doc__, extra=extra):
             return 3
         gen.manual_seed(zlib.crc32(f"{op} {dtype} {n}".encode()))  # each point's inputs, whatever ran before
         t0 = time.monotonic()
