@@ -3,9 +3,12 @@
     make(name, op, x, weight, bias, eps, out) -> (callable, note)
 
 Peers: torch eager, torch.compile (compiled on the first call, which the caller times and
-reports separately), a hand-written one-program-per-row Triton kernel, and Liger-Kernel when it
-is importable (never vendored). A peer that cannot run a case raises `Unsupported` with the
-reason, which the sweep records instead of a number.
+reports separately), a hand-written one-program-per-row Triton kernel, Liger-Kernel and QuACK
+when they are importable (never vendored; bench/install_peers.sh installs both from wheels on
+the GPU machine). QuACK compiles (and where it autotunes, tunes) on the first call of a shape;
+the caller treats that call like torch.compile's compile. A peer that cannot run a case raises
+`Unsupported` with the reason, which the sweep records instead of a number; so do the argument
+checks by which Liger and QuACK refuse a shape or dtype (see `refusals`).
 """
 
 from __future__ import annotations
@@ -141,23 +144,85 @@ def triton_row(op, x, weight, bias, eps, out):
     return fn, f"Triton, one program per row, BLOCK={block}, num_warps={warps}"
 
 
-# ----------------------------------------------------------------------------- Liger
+# ----------------------------------------------------------------------------- Liger and QuACK
+
+LIGER_MAX_N = 65536  # Liger's one-block rows: next_power_of_2(N) up to 65536 elements
+
+
+def refusals(fn, who):
+    """fn, with the exceptions by which `who` refuses a shape or dtype (its argument checks are
+    asserts and ValueErrors, raised on the first call) recorded as Unsupported, not as errors."""
+    def call():
+        try:
+            return fn()
+        except (AssertionError, ValueError) as e:
+            raise Unsupported(f"{who} refused the call: {type(e).__name__}: {e}") from e
+    return call
+
+
+def liger_module(name):
+    """liger_kernel.ops.<name>: the default (Triton) implementation, whatever LIGER_KERNEL_IMPL says."""
+    try:
+        return importlib.import_module(f"liger_kernel.ops.{name}")
+    except Exception as e:  # ImportError, or a broken install failing on import
+        raise Unsupported(f"liger_kernel is not importable ({type(e).__name__}: {e})")
+
+
+def liger_check_n(n):
+    if 1 << max(0, n - 1).bit_length() > LIGER_MAX_N:
+        raise Unsupported(f"Liger-Kernel refuses rows longer than {LIGER_MAX_N} elements (N = {n}: one Triton "
+                          "block per row)")
+
+
+def quack_module(name):
+    try:
+        return importlib.import_module(f"quack.{name}")
+    except Exception as e:
+        raise Unsupported(f"quack is not importable ({type(e).__name__}: {e}); bench/install_peers.sh installs it")
+
+
+def quack_check_n(n):
+    # Checked before the call: QuACK's kernels load 128-bit vectors along the row, and a refused
+    # shape must never reach a kernel (an illegal address would end the whole sweep).
+    if n % 4:
+        raise Unsupported(f"QuACK refuses N % 4 != 0 (N = {n})")
+
 
 def liger(op, x, weight, bias, eps, out):
-    try:
-        functional = importlib.import_module("liger_kernel.transformers.functional")
-    except ImportError as e:
-        raise Unsupported(f"liger_kernel is not importable ({e})")
-    if op == "rms_norm" and hasattr(functional, "liger_rms_norm"):
-        return (lambda: functional.liger_rms_norm(x, weight, eps)), "liger_rms_norm"
-    if op == "layer_norm" and hasattr(functional, "liger_layer_norm"):
-        return (lambda: functional.liger_layer_norm(x, weight, bias, eps)), "liger_layer_norm"
-    if op == "softmax" and hasattr(functional, "liger_softmax"):
-        return (lambda: functional.liger_softmax(x)), "liger_softmax"
-    raise Unsupported(f"Liger-Kernel has no {op}")
+    if op == "log_softmax":
+        raise Unsupported("Liger-Kernel has no log-softmax")
+    liger_check_n(x.shape[-1])
+    if op == "rms_norm":
+        f = liger_module("rms_norm").LigerRMSNormFunction
+        return (lambda: f.apply(x, weight, eps)), "liger_kernel.ops.rms_norm.LigerRMSNormFunction.apply(x, w, eps)"
+    if op == "layer_norm":
+        f = liger_module("layer_norm").LigerLayerNormFunction
+        return (lambda: f.apply(x, weight, bias, eps)), \
+            "liger_kernel.ops.layer_norm.LigerLayerNormFunction.apply(x, w, b, eps)"
+    f = liger_module("softmax").LigerSoftmaxFunction
+    return (lambda: f.apply(x)), "liger_kernel.ops.softmax.LigerSoftmaxFunction.apply(x)"
 
 
-PEERS = {"torch_eager": torch_eager, "torch_compile": torch_compile, "triton_row": triton_row, "liger": liger}
+def quack(op, x, weight, bias, eps, out):
+    if op == "log_softmax":
+        raise Unsupported("QuACK 0.6.5 has no log-softmax (quack.softmax computes softmax only)")
+    quack_check_n(x.shape[-1])
+    if op == "softmax":
+        m = quack_module("softmax")
+        return refusals(lambda: m._softmax_fwd(x, out), "QuACK"), "quack.softmax._softmax_fwd(x, out)"
+    m = quack_module("rmsnorm")
+    if op == "rms_norm":
+        return refusals(lambda: m.rmsnorm_fwd(x, weight, eps=eps)[0], "QuACK"), \
+            "quack.rmsnorm.rmsnorm_fwd(x, w, eps=eps)[0] (allocates its output)"
+    # layernorm_fwd takes float32 weight and bias only: it gets float32 copies of the same values
+    # (exact), so the operator is the same; the copies' extra N x 2 bytes are not counted.
+    w32, b32 = weight.float(), bias.float()
+    return refusals(lambda: m.layernorm_fwd(x, w32, b32, eps=eps), "QuACK"), \
+        "quack.rmsnorm.layernorm_fwd(x, w, b, eps=eps), weight and bias as float32 copies (it takes float32 only)"
+
+
+PEERS = {"torch_eager": torch_eager, "torch_compile": torch_compile, "triton_row": triton_row, "liger": liger,
+         "quack": quack}
 
 
 def make(name, op, x, weight, bias, eps, out):
