@@ -59,7 +59,8 @@ enum class MergeStrategy : uint8_t { combine, staged };
   X(CacheFormat, cache_format, CacheFormat::f32, 0, 1, "register cache of 16-bit input")            \
   X(MergeStrategy, merge, MergeStrategy::combine, 0, 1, "how reductions merge across workers")      \
   X(int, resident_groups, 1, 1, 32, "groups per SM the kernel is compiled to fit (launch bounds)")  \
-  X(int, grid_limit, 0, 0, 1 << 30, "most groups launched; each loops over rows (0: one per row block)")
+  X(int, grid_limit, 0, 0, 1 << 30, "most groups launched; each loops over rows (0: one per row block)") \
+  X(int, finish_workers, 256, 32, 1024, "workers per group of the second phase of reductions over the rows")
 
 struct MappingPlan {
 #define TILE_PLAN_MEMBER(type, name, def, lo, hi, doc) type name = def;

@@ -1090,7 +1090,7 @@ LoweredKernel RowLowering::lower_finish() {
   Emitter em(k);
   k.name = "tile_" + prog_.name() + "_finish";
   k.programs_per_group = 1;
-  k.workers_per_program = LoweredProgram::kFinishThreads;
+  k.workers_per_program = plan_.finish_workers;
   k.private_budget = 1;
   std::map<int, int> buffers, scalars;
   k.buffers.push_back({"tile_workspace", DType::f32, false});
@@ -1115,7 +1115,7 @@ LoweredKernel RowLowering::lower_finish() {
   ExprPtr cols = param(0, Type::i64), slots = param(1, Type::i64);
   ExprPtr slot_stride = binary(BinOp::add, binary(BinOp::mul, i64_const(lowered_.col_parts), cols), i64_const(lowered_.fixed_parts));
   std::vector<Stmt>& body = k.body;
-  int c = em.assign_new(body, "c", binary(BinOp::add, binary(BinOp::mul, special(Special::group_index), i64_const(LoweredProgram::kFinishThreads)),
+  int c = em.assign_new(body, "c", binary(BinOp::add, binary(BinOp::mul, special(Special::group_index), i64_const(plan_.finish_workers)),
                                           cast(Type::i64, special(Special::worker_in_program))));
 
   // Evaluates a stored value for column `col` (per-column outputs) or once (scalar outputs).

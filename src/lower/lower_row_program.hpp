@@ -15,6 +15,7 @@
 // random plans against the float64 evaluation) and tests/api/cpu_sweep_test.cpp.
 #pragma once
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -44,9 +45,13 @@ struct LoweredProgram {
   std::optional<LoweredKernel> finish;  // the second phase of reductions over the rows
   // Workspace (f32) per slot (one slot per program of the grid): col_parts * cols + fixed_parts.
   int col_parts = 0, fixed_parts = 0;
-  // Threads per group of the finish kernel: one column each.
-  static constexpr int kFinishThreads = 256;
 };
+
+// Groups of the finish kernel for `cols` columns: one worker per column.
+inline int64_t finish_groups(const LoweredKernel& finish, int64_t cols) {
+  const int64_t w = finish.kernel.workers_per_program;
+  return std::max<int64_t>(1, (cols + w - 1) / w);
+}
 
 LoweredProgram lower_row_program(const RowProgram& program, const KernelSignature& signature,
                                  const MappingPlan& plan);

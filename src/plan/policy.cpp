@@ -186,6 +186,9 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // bound that extra memory (slots x cols x parts) while filling the device.
   p.grid_limit = req.grid_limit.value_or(
       in.reduces_rows ? int(std::max<int64_t>(1, ceil_div(2 * limits.sm_count, p.programs_per_group))) : 0);
+  // The second phase reads slots x columns partials, one column per worker: 256 workers keep
+  // a group's reads coalesced across a whole row of slots and leave 8 groups an SM.
+  p.finish_workers = req.finish_workers.value_or(256);
   return p;
 }
 
@@ -262,6 +265,9 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("resident_groups", "resident_groups x threads per group <= " + str(limits.max_threads_per_sm) +
                                 " (threads an SM holds)",
          str(p.resident_groups) + " x " + str(int64_t(P) * W));
+  if (p.finish_workers % 32 != 0 || p.finish_workers > limits.max_threads_per_group)
+    fail("finish_workers", "a multiple of 32 up to " + str(limits.max_threads_per_group) + " (whole warps in one group)",
+         str(p.finish_workers));
   if (in.reduces_rows && p.grid_limit < 1)
     fail("grid_limit", "at least 1 for a program reducing over the rows (its partials are bounded by the grid)",
          str(p.grid_limit));

@@ -226,6 +226,7 @@ const std::map<std::string, std::string> kRefusals = {
     {"stripe_unroll", "plan.stripe_unroll"},
     {"private_budget", "plan.private_budget"},
     {"barrier_scope_programs", "program-scope barriers"},
+    {"finish_workers", "plan.finish_workers"},
 };
 
 void* at(uintptr_t address) { return reinterpret_cast<void*>(address); }
@@ -298,6 +299,7 @@ std::map<std::string, Check> limit_checks() {
   m["private_budget"] = planned([=](Call&, PlanRequest& p, const std::string& v) {
     p.caching = InputCaching::reread, p.private_budget = int(i64(v));
   });
+  m["finish_workers"] = planned([=](Call&, PlanRequest& p, const std::string& v) { p.finish_workers = int(i64(v)); });
   m["barrier_scope_programs"] = planned([=](Call&, PlanRequest& p, const std::string& v) {
     p.barrier_scope = BarrierScope::program, p.workers_per_program = 32, p.programs_per_group = int(i64(v));
   });

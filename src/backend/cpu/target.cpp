@@ -55,13 +55,9 @@ class CpuTarget final : public Target {
     }
     if (lp.finish) {
       ArgumentValues a = argument_values(*lp.finish, call, workspace.data(), ws_elems, slots);
-      cpu::execute(lp.finish->kernel, launch_args(*lp.finish, a, finish_groups(call)));
+      cpu::execute(lp.finish->kernel, launch_args(*lp.finish, a, finish_groups(*lp.finish, call.cols)));
     }
     return rec;
-  }
-
-  static int64_t finish_groups(const BoundCall& call) {
-    return std::max<int64_t>(1, (call.cols + LoweredProgram::kFinishThreads - 1) / LoweredProgram::kFinishThreads);
   }
 };
 

@@ -270,7 +270,7 @@ class CudaTarget final : public Target {
                     stream);
     if (lp.finish) {
       const int64_t groups =
-          std::max<int64_t>(1, (call.cols + LoweredProgram::kFinishThreads - 1) / LoweredProgram::kFinishThreads);
+          finish_groups(*lp.finish, call.cols);
       launch_kernel(loaded.second.function, *lp.finish, argument_values(*lp.finish, call, workspace, ws_elems, slots),
                     groups, stream);
     }
