@@ -1,9 +1,11 @@
 // The workspace of reductions over the rows (src/api/ops.cpp): tile::workspace_bytes says what a
 // call needs and agrees with what the launch uses; a workspace the caller gives
 // (CallOptions::workspace) is the one the call writes, with the same result bit for bit as the
-// library's own; one too small, misaligned or null is refused before anything runs. The CPU
-// backend, which uses a given workspace as CUDA does; the GPU side is in training_cuda_test.cpp
-// (capture) and tests/python/test_torch_compile.py.
+// library's own; one too small, misaligned or null is refused before anything runs, on the CPU
+// backend, which uses a given workspace as CUDA does. WorkspaceGpu (api.workspace_gpu, label
+// gpu): a CUDA-graph capture on a fresh stream with a caller's workspace, replayed bitwise like
+// the eager call, and without one refused with its way out. Python: test_tile_workspace.py,
+// test_torch_compile.py.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +15,12 @@
 #include <random>
 
 #include "tile/training.hpp"
+
+#if TILE_WITH_CUDA
+#include <dlfcn.h>
+
+#include "backend/cuda/driver.hpp"
+#endif
 
 namespace tile {
 namespace {
@@ -171,6 +179,161 @@ TEST(Workspace, QueryBindsAndChecksLikeRun) {
   EXPECT_EQ(error_of([&] { workspace_bytes(rms_backward(), a, kCpu); }),
             "rms_norm_backward: argument 'rstd': expected 4 elements (one per row), got 3");
 }
+
+#if TILE_WITH_CUDA  // the GPU half uses the driver API; a build without CUDA has no api.workspace_gpu
+
+// The driver's stream-capture and graph entry points, which the library never calls: looked up
+// in the libcuda the library loaded.
+struct GraphApi {
+  decltype(&::cuStreamBeginCapture) begin = nullptr;
+  decltype(&::cuStreamEndCapture) end = nullptr;
+  decltype(&::cuGraphInstantiateWithFlags) instantiate = nullptr;
+  decltype(&::cuGraphLaunch) launch = nullptr;
+  decltype(&::cuGraphExecDestroy) exec_destroy = nullptr;
+  decltype(&::cuGraphDestroy) destroy = nullptr;
+
+  GraphApi() {
+    cuda::driver();
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib) return;
+    begin = reinterpret_cast<decltype(begin)>(dlsym(lib, "cuStreamBeginCapture_v2"));
+    end = reinterpret_cast<decltype(end)>(dlsym(lib, "cuStreamEndCapture"));
+    instantiate = reinterpret_cast<decltype(instantiate)>(dlsym(lib, "cuGraphInstantiateWithFlags"));
+    launch = reinterpret_cast<decltype(launch)>(dlsym(lib, "cuGraphLaunch"));
+    exec_destroy = reinterpret_cast<decltype(exec_destroy)>(dlsym(lib, "cuGraphExecDestroy"));
+    destroy = reinterpret_cast<decltype(destroy)>(dlsym(lib, "cuGraphDestroy"));
+  }
+  bool ok() const { return begin && end && instantiate && launch && exec_destroy && destroy; }
+};
+
+class WorkspaceGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::driver_available()) GTEST_SKIP() << "no CUDA driver: GPU tests need a GPU";
+    cuda::ensure_context(0);
+  }
+};
+
+// rms_norm_backward's operands on the device, uploaded from a host case.
+struct DeviceRmsNormBackward {
+  RmsNormBackward& host;
+  cuda::DeviceBuffer dy, x, w, rstd, dx, dw;
+  explicit DeviceRmsNormBackward(RmsNormBackward& h)
+      : host(h),
+        dy(h.dy.size() * 4),
+        x(h.x.size() * 4),
+        w(h.w.size() * 4),
+        rstd(h.rstd.size() * 4),
+        dx(h.dx.size() * 4),
+        dw(h.dw.size() * 4) {
+    upload();
+  }
+  void upload() {
+    dy.copy_from_host(host.dy.data(), dy.bytes());
+    x.copy_from_host(host.x.data(), x.bytes());
+    w.copy_from_host(host.w.data(), w.bytes());
+    rstd.copy_from_host(host.rstd.data(), rstd.bytes());
+    dx.fill_byte(0xff);  // NaN until written
+    dw.fill_byte(0xff);
+    // The synchronous copies and memsets may still be in flight: the launches on other streams
+    // must not overtake them.
+    TILE_CU_CHECK(cuda::driver().cuCtxSynchronize());
+  }
+  Args args() {
+    const int64_t r = host.rows, c = host.cols;
+    return Args()
+        .set("dy", matrix(dy.get(), DType::f32, r, c))
+        .set("x", matrix(x.get(), DType::f32, r, c))
+        .set("weight", VectorView{w.get(), DType::f32, c})
+        .set("rstd", VectorView{rstd.get(), DType::f32, r})
+        .set("dx", matrix(dx.get(), DType::f32, r, c))
+        .set("dweight", VectorView{dw.get(), DType::f32, c});
+  }
+  // The outputs, into the host case (whose args() then check them against float64).
+  void download() {
+    dx.copy_to_host(host.dx.data(), dx.bytes());
+    dw.copy_to_host(host.dw.data(), dw.bytes());
+  }
+};
+
+TEST_F(WorkspaceGpu, CaptureOnAFreshStreamWithACallersWorkspace) {
+  const GraphApi graphs;
+  ASSERT_TRUE(graphs.ok()) << "libcuda lacks the stream-capture entry points";
+  RmsNormBackward host(300, 500);
+  DeviceRmsNormBackward dev(host);
+  CallOptions eager;
+  eager.device = 0;
+  run(rms_backward(), dev.args(), eager);  // compiles and loads both kernels: the only build
+  TILE_CU_CHECK(cuda::driver().cuCtxSynchronize());
+  dev.download();
+  const std::vector<float> dx_eager = host.dx, dw_eager = host.dw;
+  const OracleCheck ok = check_against_reference(rms_backward(), host.args());
+  EXPECT_TRUE(ok.ok) << ok.first_mismatch;
+
+  cuda::Stream stream;  // no call has used it: the library has no workspace of its own there
+  CallOptions captured;
+  captured.stream = stream.get();
+  const int64_t bytes = workspace_bytes(rms_backward(), dev.args(), captured);
+  ASSERT_GT(bytes, 0);
+  cuda::DeviceBuffer ws{static_cast<size_t>(bytes)};
+  ws.fill_byte(0xff);
+  captured.workspace = ws.get(), captured.workspace_size = ws.bytes();
+  dev.upload();  // outputs poisoned again
+  TILE_CU_CHECK(graphs.begin(stream.get(), CU_STREAM_CAPTURE_MODE_GLOBAL));
+  std::string error;
+  try {
+    run(rms_backward(), dev.args(), captured);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  CUgraph graph = nullptr;
+  TILE_CU_CHECK(graphs.end(stream.get(), &graph));
+  ASSERT_EQ(error, "");
+  CUgraphExec exec = nullptr;
+  TILE_CU_CHECK(graphs.instantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    dev.upload();
+    TILE_CU_CHECK(graphs.launch(exec, stream.get()));
+    stream.synchronize();
+    dev.download();
+    EXPECT_EQ(std::memcmp(host.dx.data(), dx_eager.data(), dx_eager.size() * 4), 0) << "dx, replay " << replay;
+    EXPECT_EQ(std::memcmp(host.dw.data(), dw_eager.data(), dw_eager.size() * 4), 0) << "dweight, replay " << replay;
+  }
+  const OracleCheck replayed = check_against_reference(rms_backward(), host.args());
+  EXPECT_TRUE(replayed.ok) << replayed.first_mismatch;
+  TILE_CU_CHECK(graphs.exec_destroy(exec));
+  TILE_CU_CHECK(graphs.destroy(graph));
+}
+
+TEST_F(WorkspaceGpu, CaptureWithoutAWorkspaceSaysHowToGiveOne) {
+  const GraphApi graphs;
+  ASSERT_TRUE(graphs.ok()) << "libcuda lacks the stream-capture entry points";
+  RmsNormBackward host(300, 500);
+  DeviceRmsNormBackward dev(host);
+  run(rms_backward(), dev.args(), CallOptions{});  // loaded: only the workspace is missing
+  TILE_CU_CHECK(cuda::driver().cuCtxSynchronize());
+  cuda::Stream stream;
+  CallOptions captured;
+  captured.stream = stream.get();
+  TILE_CU_CHECK(graphs.begin(stream.get(), CU_STREAM_CAPTURE_MODE_GLOBAL));
+  std::string error;
+  try {
+    run(rms_backward(), dev.args(), captured);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  CUgraph graph = nullptr;
+  TILE_CU_CHECK(graphs.end(stream.get(), &graph));  // nothing was recorded: the capture is still valid
+  if (graph) TILE_CU_CHECK(graphs.destroy(graph));
+  EXPECT_EQ(error.rfind("CUDA-graph capture: kernel tile_rms_norm_backward", 0), 0u) << error;
+  EXPECT_NE(error.find("needs a workspace of " + std::to_string(workspace_bytes(rms_backward(), dev.args())) +
+                       " bytes on the capturing stream"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("CallOptions::workspace"), std::string::npos) << error;
+}
+
+#endif  // TILE_WITH_CUDA
 
 }  // namespace
 }  // namespace tile
