@@ -2,7 +2,9 @@
 masks, read-only outputs, scalar types), allocates missing outputs, resolves the stream, and
 enters the extension by one of two doors: `_tile.launch` (every array through DLPack) or
 `_tile.launch_raw` (torch CUDA tensors as plain integers, far cheaper per call). Both convert
-the operands by their declared roles and bind them in C++ (python/src/module.cpp)."""
+the operands by their declared roles and bind them in C++ (python/src/module.cpp). Calls on
+torch CUDA tensors that reduce over the rows get their workspace from torch's allocator
+(torch_workspace), so CUDA-graph capture never waits on memory the library would allocate."""
 
 import json
 import numbers
