@@ -79,6 +79,15 @@ struct CallOptions {
   void* stream = nullptr;  // CUstream / cudaStream_t; nullptr is the default stream
   Backend backend = Backend::cuda;
   int device = 0;          // used when no CUDA context is current
+  // Scratch memory for the partials of reductions over the rows, of workspace_size bytes
+  // (workspace_bytes() says how many a call needs; most need none and ignore it): device memory
+  // of the call's context for the CUDA backend, host memory for the CPU backend, aligned to 4
+  // bytes, and used by no other call running at the same time; what it holds before the call
+  // does not matter. nullptr: the library's own — on CUDA one buffer per (context,
+  // stream), allocated by the first call that needs it, which cannot happen during a CUDA-graph
+  // capture (docs/source/python.md, "CUDA graphs").
+  void* workspace = nullptr;
+  size_t workspace_size = 0;
 };
 
 // What a call launched, for logs and benchmark records.
@@ -105,6 +114,13 @@ struct LaunchRecord {
 
 LaunchRecord run(const RowProgram& program, const Args& args, const CallOptions& options = {});
 LaunchRecord run(const Call& call, const CallOptions& options = {});
+
+// The bytes of workspace (CallOptions::workspace) a call with these arguments and options needs:
+// 0 unless the program reduces over the rows (weight gradients, reduced losses), else one slot
+// of fp32 partials per program of the launch, so it depends on the shapes, the plan and the
+// device (its SM count). Binds and plans like run(); launches nothing and needs no GPU.
+int64_t workspace_bytes(const RowProgram& program, const Args& args, const CallOptions& options = {});
+int64_t workspace_bytes(const Call& call, const CallOptions& options = {});
 
 void softmax(const TensorView& x, const TensorView& y, const CallOptions& options = {});
 void log_softmax(const TensorView& x, const TensorView& y, const CallOptions& options = {});

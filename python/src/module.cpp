@@ -634,22 +634,79 @@ nb::object json_loads(const std::string& text) { return nb::module_::import_("js
 // (the operators' path, which builds no dict) — unless `events` asks for the record of a call
 // that compiled or loaded its kernel (cache_origin other than "launch-cache"; CUDA only), which
 // python/tile/_log.py reports: the hot path pays one string comparison for it.
-nb::object execute(Bound& b, uintptr_t stream, bool record, bool events) {
+// The library launches into the current context; it must be the arrays' device.
+void check_context(const Bound& b) {
+#if TILE_WITH_CUDA  // without CUDA, tile::run refuses the CUDA backend itself
+  if (b.options.backend == tile::Backend::cuda) {
+    tile::cuda::ensure_context(b.options.device);
+    const int current = tile::cuda::current_device();
+    if (current != b.options.device)
+      throw std::runtime_error(b.program->name() + ": the arrays are on cuda:" + std::to_string(b.options.device) +
+                               " but the current CUDA context is on cuda:" + std::to_string(current) +
+                               " (make that device current first)");
+  }
+#else
+  (void)b;
+#endif
+}
+
+uintptr_t as_address(nb::handle h, const std::string& op, const char* what) {
+  const unsigned long long v = PyLong_Check(h.ptr()) ? PyLong_AsUnsignedLongLong(h.ptr()) : 0;
+  if (!PyLong_Check(h.ptr()) || (v == (unsigned long long)-1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    throw nb::type_error((op + ": argument 'workspace': expected " + what + " as an int >= 0, got " +
+                          nb::repr(h).c_str())
+                             .c_str());
+  }
+  return uintptr_t(v);
+}
+
+// The call's workspace (tile::CallOptions::workspace): None leaves it to the library; a tuple
+// (pointer, bytes) is the caller's; a callable is asked, with the GIL held, for
+// allocate(bytes, device, stream) -> (pointer, owner) when the call needs a workspace (CUDA
+// only: the torch integration allocates it with torch's caching allocator, which works under
+// CUDA-graph capture). `owner` is returned to be held until the launch is enqueued.
+nb::object set_workspace(Bound& b, nb::handle workspace, uintptr_t stream) {
+  const std::string& op = b.program->name();
+  if (workspace.is_none()) return nb::none();
+  if (PyTuple_Check(workspace.ptr())) {
+    if (PyTuple_GET_SIZE(workspace.ptr()) != 2)
+      throw nb::type_error((op + ": argument 'workspace': expected None, a callable or a tuple (pointer, bytes), "
+                                 "got a tuple of " + std::to_string(PyTuple_GET_SIZE(workspace.ptr())) + " items")
+                               .c_str());
+    b.options.workspace = reinterpret_cast<void*>(as_address(PyTuple_GET_ITEM(workspace.ptr(), 0), op, "the pointer"));
+    b.options.workspace_size = size_t(as_address(PyTuple_GET_ITEM(workspace.ptr(), 1), op, "the size in bytes"));
+    return nb::none();
+  }
+  if (!PyCallable_Check(workspace.ptr()))
+    throw nb::type_error((op + ": argument 'workspace': expected None, a callable or a tuple (pointer, bytes), got " +
+                          nb::type_name(workspace.type()).c_str())
+                             .c_str());
+  if (b.options.backend != tile::Backend::cuda) return nb::none();
+  int64_t bytes = 0;
+  {
+    nb::gil_scoped_release release;
+    check_context(b);
+    bytes = tile::workspace_bytes(*b.program, b.args, b.options);
+  }
+  if (bytes == 0) return nb::none();
+  nb::object got = workspace(bytes, b.options.device, stream);
+  if (!PyTuple_Check(got.ptr()) || PyTuple_GET_SIZE(got.ptr()) != 2)
+    throw nb::type_error((op + ": argument 'workspace': expected the allocator to return (pointer, owner), got " +
+                          std::string(nb::repr(got).c_str()))
+                             .c_str());
+  b.options.workspace = reinterpret_cast<void*>(as_address(PyTuple_GET_ITEM(got.ptr(), 0), op, "the pointer"));
+  b.options.workspace_size = size_t(bytes);
+  return got;
+}
+
+nb::object execute(Bound& b, uintptr_t stream, bool record, bool events, nb::handle workspace) {
   b.options.stream = reinterpret_cast<void*>(stream);
+  const nb::object owner = set_workspace(b, workspace, stream);  // held until the launch is enqueued
   tile::LaunchRecord rec;
   {
     nb::gil_scoped_release release;
-#if TILE_WITH_CUDA  // without CUDA, tile::run refuses the CUDA backend itself
-    if (b.options.backend == tile::Backend::cuda) {
-      // The library launches into the current context; it must be the arrays' device.
-      tile::cuda::ensure_context(b.options.device);
-      const int current = tile::cuda::current_device();
-      if (current != b.options.device)
-        throw std::runtime_error(b.program->name() + ": the arrays are on cuda:" + std::to_string(b.options.device) +
-                                 " but the current CUDA context is on cuda:" + std::to_string(current) +
-                                 " (make that device current first)");
-    }
-#endif
+    check_context(b);
     rec = tile::run(*b.program, b.args, b.options);
   }
   if (!record && !(events && !rec.cache_origin.empty() && rec.cache_origin != "launch-cache")) return nb::none();
@@ -676,17 +733,27 @@ nb::object execute(Bound& b, uintptr_t stream, bool record, bool events) {
 }
 
 nb::object launch(const Program& p, nb::handle operands, const std::optional<std::string>& plan, uintptr_t stream,
-                  bool record, nb::handle labels, bool events) {
+                  bool record, nb::handle labels, bool events, nb::handle workspace) {
   DLPackArrays<Output> arrays(p.program->operands().size());
   Bound b = convert(p, operands, labels, arrays, plan);
-  return execute(b, stream, record, events);
+  return execute(b, stream, record, events, workspace);
 }
 
 nb::object launch_raw(const Program& p, nb::handle operands, const std::optional<std::string>& plan, uintptr_t stream,
-                      bool record, nb::handle labels, bool events) {
+                      bool record, nb::handle labels, bool events, nb::handle workspace) {
   RawArrays arrays(p.program->operands().size());
   Bound b = convert(p, operands, labels, arrays, plan);
-  return execute(b, stream, record, events);
+  return execute(b, stream, record, events, workspace);
+}
+
+// The bytes of workspace launch() with these arguments would need (tile::workspace_bytes), on
+// the backend and device of the arrays.
+int64_t workspace_bytes(const Program& p, nb::handle operands, const std::optional<std::string>& plan,
+                        nb::handle labels) {
+  DLPackArrays<Input> arrays(p.program->operands().size());
+  const Bound b = convert(p, operands, labels, arrays, plan);
+  nb::gil_scoped_release release;
+  return tile::workspace_bytes(*b.program, b.args, b.options);
 }
 
 enum class Introspect { plan, ir, source };
@@ -1030,17 +1097,24 @@ NB_MODULE(_tile, m) {
       "(scalar inputs) or None (absent); labels: a dict renaming operands in conversion errors.";
   m.def("launch", &launch, nb::arg("program"), nb::arg("operands"), nb::arg("plan").none() = nb::none(),
         nb::arg("stream") = 0, nb::arg("record") = true, nb::arg("labels").none() = nb::none(),
-        nb::arg("events") = false,
+        nb::arg("events") = false, nb::arg("workspace").none() = nb::none(),
         (std::string("Runs a program on the backend of its arrays' device (CPU or CUDA; stream: a CUstream "
                      "handle) and returns the launch record (None when record is false, unless events is true "
                      "and the call compiled or loaded its kernel). ") +
-         operands_doc)
+         operands_doc +
+         " workspace: None (the library's own), a tuple (pointer, bytes) of memory on the arrays' device, or a "
+         "callable allocate(bytes, device, stream) -> (pointer, owner), called on the CUDA backend when the call "
+         "needs a workspace (workspace_bytes), owner held until the launch is enqueued.")
             .c_str());
   m.def("launch_raw", &launch_raw, nb::arg("program"), nb::arg("operands"), nb::arg("plan").none() = nb::none(),
         nb::arg("stream") = 0, nb::arg("record") = true, nb::arg("labels").none() = nb::none(),
-        nb::arg("events") = false,
+        nb::arg("events") = false, nb::arg("workspace").none() = nb::none(),
         "launch() with each array given as a tuple (data_ptr, shape, strides in elements, dtype code, device "
         "index; -1 for the CPU): the same conversion and launch without a DLPack capsule per array.");
+  m.def("workspace_bytes", &workspace_bytes, nb::arg("program"), nb::arg("operands"),
+        nb::arg("plan").none() = nb::none(), nb::arg("labels").none() = nb::none(),
+        "The bytes of workspace launch() with these operands needs on their device (0 when none: only reductions "
+        "over the rows need one); launches nothing.");
   nb::dict codes;  // the dtype codes of launch_raw, by the name numpy and torch give the dtype
   codes["float32"] = int(tile::DType::f32);
   codes["float16"] = int(tile::DType::f16);

@@ -426,11 +426,13 @@ def build_info():
 
 def precompile(fn, *args, backward=False, **kwargs):
     """Builds ahead of time the kernels that ``fn(*args, **kwargs)`` launches — lowered,
-    compiled (or read from the disk cache) and loaded on the arrays' device, with the workspace
-    of a reduction over the rows allocated on the current stream — so that a later CUDA-graph
-    capture of the same call needs no warm-up call. It runs the call once, like any call
-    (outputs not given are allocated and dropped); the kernels depend on the shapes, dtypes and
-    alignment of the arrays, so pass arrays like those of the calls to come.
+    compiled (or read from the disk cache) and loaded into the current CUDA context of the
+    arrays' device, the second-phase kernel of a reduction over the rows included — so that a
+    later CUDA-graph capture of the same call, on any stream, needs no warm-up call: with torch
+    tensors, a call's workspace comes from torch's allocator at each call, captures included.
+    It runs the call once, like any call (outputs not given are allocated and dropped); the
+    kernels depend on the shapes, dtypes and alignment of the arrays, so pass arrays like those
+    of the calls to come.
 
     fn is an operator (``tile.softmax``, the name ``"softmax"``, a training operator) or a
     ``tile.RowProgram``. With ``backward=True`` (torch tensors), the floating-point inputs are

@@ -2,7 +2,9 @@
 masks, read-only outputs, scalar types), allocates missing outputs, resolves the stream, and
 enters the extension by one of two doors: `_tile.launch` (every array through DLPack) or
 `_tile.launch_raw` (torch CUDA tensors as plain integers, far cheaper per call). Both convert
-the operands by their declared roles and bind them in C++ (python/src/module.cpp)."""
+the operands by their declared roles and bind them in C++ (python/src/module.cpp). Calls on
+torch CUDA tensors that reduce over the rows get their workspace from torch's allocator
+(torch_workspace), so CUDA-graph capture never waits on memory the library would allocate."""
 
 import json
 import numbers
@@ -78,6 +80,9 @@ class Info:
         row_ins = [d["name"] for d in self.decls if d["role"] == "row_in" and not d["optional"]]
         self.first_row = rows[0] if rows else None        # the extension's: rows, columns, device
         self.first_row_in = row_ins[0] if row_ins else self.first_row  # outputs are allocated like it
+        # Only per-column and scalar outputs hold reductions over the rows, the calls that may
+        # need a workspace: for the others the launch asks for none.
+        self.may_need_workspace = any(d["role"] in ("col_out", "scalar_out") for d in self.decls)
 
 
 def scalar(op, name, v):
@@ -215,7 +220,23 @@ def raw(a):
     return a.data_ptr(), a.shape, a.stride(), RAW_CODES[a.dtype], a.get_device()
 
 
-def launch_torch_cuda(program, operands, arrays, device, plan, stream, record, labels, op):
+def torch_workspace(nbytes, device, stream):
+    """The workspace of a CUDA call that needs one (_tile.launch's `workspace` allocator): a
+    uint8 tensor from torch's caching allocator, on the launch's stream. The allocator is
+    stream-ordered, so the block returns to the pool when the call has been enqueued and is
+    reused only by work ordered after it; under CUDA-graph capture it comes from the graph's
+    pool and stays the graph's. So no call depends on memory the library allocates itself."""
+    torch = _torch()
+    if stream == current_stream(device):
+        t = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    else:                                       # a stream given to the call: its blocks are that stream's
+        s = torch.cuda.default_stream(device) if stream == 0 else torch.cuda.ExternalStream(stream, device=device)
+        with torch.cuda.stream(s):
+            t = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return t.data_ptr(), t
+
+
+def launch_torch_cuda(program, operands, arrays, device, plan, stream, record, labels, op, workspace=None):
     """launch_raw when every array operand is a torch CUDA tensor of a dtype it reads; None
     otherwise (the DLPack path then checks and names what it cannot read)."""
     ops = {}
@@ -226,13 +247,14 @@ def launch_torch_cuda(program, operands, arrays, device, plan, stream, record, l
         return None, False                      # outside the handler: no chained traceback
     handle = current_stream(device) if stream is None else stream_handle(op, stream, True)
     if current_device() == device:
-        return _tile.launch_raw(program, ops, plan, handle, record, labels, True), True
+        return _tile.launch_raw(program, ops, plan, handle, record, labels, True, workspace), True
     with _torch().cuda.device(device):          # the library launches into the current context
-        return _tile.launch_raw(program, ops, plan, handle, record, labels, True), True
+        return _tile.launch_raw(program, ops, plan, handle, record, labels, True, workspace), True
 
 
-def launch_dlpack(program, operands, like, plan, stream, record, labels, op):
-    """_tile.launch: every array through DLPack; `like` (the first row operand) picks the stream."""
+def launch_dlpack(program, operands, like, plan, stream, record, labels, op, workspace=None):
+    """_tile.launch: every array through DLPack; `like` (the first row operand) picks the stream.
+    `workspace` (torch_workspace or None) is passed for torch CUDA tensors only."""
     torch = _torch()
     if torch is not None and isinstance(like, torch.Tensor):
         if Tensor is _NoTorch:
@@ -242,9 +264,9 @@ def launch_dlpack(program, operands, like, plan, stream, record, labels, op):
             return _tile.launch(program, ops, plan, stream_handle(op, stream, False), record, labels, True)
         handle = torch.cuda.current_stream(like.device).cuda_stream if stream is None else stream_handle(op, stream, True)
         if torch.cuda.current_device() == like.device.index:
-            return _tile.launch(program, ops, plan, handle, record, labels, True)
+            return _tile.launch(program, ops, plan, handle, record, labels, True, workspace)
         with torch.cuda.device(like.device):    # the library launches into the current context
-            return _tile.launch(program, ops, plan, handle, record, labels, True)
+            return _tile.launch(program, ops, plan, handle, record, labels, True, workspace)
     if torch is not None:
         operands = {name: to_dlpack(torch, v) for name, v in operands.items()}
     device = getattr(like, "__dlpack_device__", None)
@@ -365,9 +387,12 @@ def launch(program, info, operands, plan, stream, record, labels=None):
     if Tensor is _NoTorch and _is_torch(like):
         init_torch(_torch())
     if isinstance(like, Tensor) and like.is_cuda:
-        rec, ran = launch_torch_cuda(program, ops, info.arrays, like.get_device(), plan, stream, record, labels, op)
+        # A workspace, where the call needs one, from torch's allocator (torch_workspace).
+        workspace = torch_workspace if info.may_need_workspace else None
+        rec, ran = launch_torch_cuda(program, ops, info.arrays, like.get_device(), plan, stream, record, labels, op,
+                                     workspace)
         if not ran:
-            rec = launch_dlpack(program, ops, like, plan, stream, record, labels, op)
+            rec = launch_dlpack(program, ops, like, plan, stream, record, labels, op, workspace)
     else:
         rec = launch_dlpack(program, ops, like, plan, stream, record, labels, op)
     if rec is not None:

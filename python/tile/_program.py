@@ -399,6 +399,12 @@ class RowProgram:
         """The CUDA source a call with these operands compiles."""
         return self._introspect(_tile.source, plan, dtypes, operands)
 
+    def workspace_bytes(self, *, plan=None, dtypes=None, **operands):
+        """The bytes of workspace a call with these operands needs on their device: 0 unless the
+        program reduces over the rows (tile::workspace_bytes). Calls with torch CUDA tensors take
+        it from torch's allocator; others use the library's own."""
+        return self._introspect(_tile.workspace_bytes, plan, dtypes, operands)
+
     def _host(self, operands):
         # Host copies of torch device tensors: the reference runs on the CPU.
         out = {}

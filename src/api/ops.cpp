@@ -16,9 +16,33 @@ std::shared_ptr<const PreparedKernel> prepared(const RowProgram& program, const 
 }  // namespace
 
 namespace {
+
+// A workspace the caller gives must hold what the call needs, where it needs one (the targets
+// then use it as given); a call that needs none leaves it untouched.
+void check_workspace(const std::string& op, const CallOptions& options, int64_t needed) {
+  if (!options.workspace) {
+    if (options.workspace_size > 0)
+      throw_argument_error(op, "workspace",
+                           "a pointer to the workspace_size = " + std::to_string(options.workspace_size) +
+                               " bytes given, or none (nullptr and workspace_size 0)",
+                           "nullptr");
+    return;
+  }
+  if (needed == 0) return;
+  if (options.workspace_size < uint64_t(needed))
+    throw_argument_error(op, "workspace",
+                         "at least " + std::to_string(needed) + " bytes (tile::workspace_bytes of this call)",
+                         std::to_string(options.workspace_size) + " bytes");
+  if (const uintptr_t address = reinterpret_cast<uintptr_t>(options.workspace); address % 4 != 0)
+    throw_argument_error(op, "workspace", "a pointer aligned to 4 bytes (it holds fp32 partials)",
+                         "an address " + std::to_string(address % 4) + " bytes past a 4-byte boundary");
+}
+
 LaunchRecord launch(const RowProgram& program, const BoundCall& call, const CallOptions& options) {
   const Target& target = target_for(options.backend);
   auto pk = prepared(program, call, options.plan, target, options);
+  if (options.workspace || options.workspace_size > 0)
+    check_workspace(program.name(), options, workspace_elems(*pk, call) * 4);
   LaunchRecord rec = target.launch(*pk, call, options);
   rec.ir_sha256 = pk->ir_sha256;
   return rec;
@@ -30,6 +54,17 @@ LaunchRecord run(const RowProgram& program, const Args& args, const CallOptions&
 }
 
 LaunchRecord run(const Call& call, const CallOptions& options) { return launch(builtin_program(call.op), bind(call), options); }
+
+int64_t workspace_bytes(const RowProgram& program, const Args& args, const CallOptions& options) {
+  const BoundCall call = bind(program, args);
+  return workspace_elems(*prepared(program, call, options.plan, target_for(options.backend), options), call) * 4;
+}
+
+int64_t workspace_bytes(const Call& call, const CallOptions& options) {
+  const RowProgram& program = builtin_program(call.op);
+  const BoundCall bound = bind(call);
+  return workspace_elems(*prepared(program, bound, options.plan, target_for(options.backend), options), bound) * 4;
+}
 
 void softmax(const TensorView& x, const TensorView& y, const CallOptions& options) {
   run(Call{Op::softmax, x, y}, options);

@@ -89,6 +89,13 @@ std::shared_ptr<const PreparedKernel> prepare(const RowProgram& program, const B
   return prepared_cache().emplace(key, std::move(prepared)).first->second;
 }
 
+int64_t workspace_elems(const PreparedKernel& pk, const BoundCall& call) {
+  const LoweredProgram& lp = pk.lowered;
+  if (!lp.finish) return 0;
+  const int64_t slots = grid_groups(call, pk.plan) * pk.plan.programs_per_group;
+  return slots * (lp.col_parts * call.cols + lp.fixed_parts);
+}
+
 void clear_prepared_kernels() {
   std::lock_guard<std::mutex> lock(prepared_mutex());
   prepared_cache().clear();

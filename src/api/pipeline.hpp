@@ -51,6 +51,11 @@ bool dump_requested(const char* pass);
 std::shared_ptr<const PreparedKernel> prepare(const RowProgram& program, const BoundCall& call,
                                               const PlanRequest& request, const DeviceLimits& limits);
 
+// The fp32 elements of workspace a launch of `kernel` for `call` needs: one slot per program of
+// the grid, each holding the partials of the reductions over the rows; 0 without such
+// reductions. Every target and workspace_bytes() size it by this.
+int64_t workspace_elems(const PreparedKernel& kernel, const BoundCall& call);
+
 // Forgets every prepared kernel (and so every target's state derived from them).
 void clear_prepared_kernels();
 

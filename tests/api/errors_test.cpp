@@ -16,6 +16,7 @@
 #include "backend/cpu/executor.hpp"
 #include "target/target.hpp"
 #include "tile/tile.hpp"
+#include "tile/training.hpp"
 
 namespace tile {
 namespace {
@@ -227,6 +228,8 @@ const std::map<std::string, std::string> kRefusals = {
     {"private_budget", "plan.private_budget"},
     {"barrier_scope_programs", "program-scope barriers"},
     {"finish_workers", "plan.finish_workers"},
+    {"workspace_size", "argument 'workspace': expected at least"},
+    {"workspace_alignment", "argument 'workspace': expected a pointer aligned to 4 bytes"},
 };
 
 void* at(uintptr_t address) { return reinterpret_cast<void*>(address); }
@@ -240,6 +243,28 @@ Check planned(std::function<void(Call&, PlanRequest&, const std::string&)> edit)
     edit(c, p, v);
     plan_for(c, p);
   };
+}
+
+// rms_norm_backward with dweight, 64 x 1000 fp32, run on the CPU backend with a workspace of
+// tile::workspace_bytes + `extra` bytes at `offset` bytes past a 16-byte boundary.
+void run_with_workspace(int64_t extra, int64_t offset) {
+  static std::vector<float> dy(64 * 1000, 1.0f), x(64 * 1000, 1.0f), w(1000, 1.0f), rstd(64, 1.0f), dx(64 * 1000),
+      dw(1000);
+  const Args a = Args()
+                     .set("dy", matrix(dy.data(), DType::f32, 64, 1000))
+                     .set("x", matrix(x.data(), DType::f32, 64, 1000))
+                     .set("weight", VectorView{w.data(), DType::f32, 1000})
+                     .set("rstd", VectorView{rstd.data(), DType::f32, 64})
+                     .set("dx", matrix(dx.data(), DType::f32, 64, 1000))
+                     .set("dweight", VectorView{dw.data(), DType::f32, 1000});
+  const RowProgram& p = training_program("rms_norm_backward");
+  CallOptions o{{}, nullptr, Backend::cpu};
+  const int64_t bytes = workspace_bytes(p, a, o);
+  std::vector<float> ws(size_t(bytes / 4) + 16);
+  char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(ws.data()) + 15) & ~uintptr_t(15));
+  o.workspace = base + offset;
+  o.workspace_size = size_t(bytes + extra);
+  run(p, a, o);
 }
 
 std::map<std::string, Check> limit_checks() {
@@ -303,6 +328,8 @@ std::map<std::string, Check> limit_checks() {
   m["barrier_scope_programs"] = planned([=](Call&, PlanRequest& p, const std::string& v) {
     p.barrier_scope = BarrierScope::program, p.workers_per_program = 32, p.programs_per_group = int(i64(v));
   });
+  m["workspace_size"] = [=](const std::string& v) { run_with_workspace(i64(v), 0); };
+  m["workspace_alignment"] = [=](const std::string& v) { run_with_workspace(0, i64(v)); };
   return m;
 }
 

@@ -33,7 +33,7 @@ class CpuTarget final : public Target {
   DeviceLimits limits(const CallOptions&) const override { return with_caps(DeviceLimits{}, caps()); }
   std::string source(const PreparedKernel&) const override { return ""; }
 
-  LaunchRecord launch(const PreparedKernel& pk, const BoundCall& call, const CallOptions&) const override {
+  LaunchRecord launch(const PreparedKernel& pk, const BoundCall& call, const CallOptions& options) const override {
     const LoweredProgram& lp = pk.lowered;
     LaunchRecord rec;
     rec.plan = pk.plan;
@@ -42,20 +42,30 @@ class CpuTarget final : public Target {
     rec.threads_per_group = lp.main.kernel.threads_per_group();
     rec.shared_bytes = lp.main.kernel.shared_elems() * 4;
     const int64_t slots = rec.groups * pk.plan.programs_per_group;
-    std::vector<float> workspace;
+    // The caller's workspace (host memory, checked by run() to hold ws_elems), else our own.
+    const int64_t ws_elems = workspace_elems(pk, call);
+    std::vector<float> own;
+    void* workspace = options.workspace;
     if (lp.finish) {
-      workspace.resize(size_t(slots * (lp.col_parts * call.cols + lp.fixed_parts)));
-      rec.workspace_bytes = int64_t(workspace.size()) * 4;
+      if (!workspace) {
+        own.resize(size_t(ws_elems));
+        workspace = own.data();
+      }
+      rec.workspace_bytes = ws_elems * 4;
       rec.kernels = 2;
     }
-    const int64_t ws_elems = int64_t(workspace.size());
     if (rec.groups > 0) {
-      ArgumentValues a = argument_values(lp.main, call, workspace.data(), ws_elems, slots);
+      ArgumentValues a = argument_values(lp.main, call, workspace, ws_elems, slots);
       rec.bytes_loaded = cpu::execute(lp.main.kernel, launch_args(lp.main, a, rec.groups)).bytes_loaded;
     }
     if (lp.finish) {
+<<<<<<< HEAD
       ArgumentValues a = argument_values(*lp.finish, call, workspace.data(), ws_elems, slots);
       cpu::execute(lp.finish->kernel, launch_args(*lp.finish, a, finish_groups(*lp.finish, call.cols)));
+=======
+      ArgumentValues a = argument_values(*lp.finish, call, workspace, ws_elems, slots);
+      cpu::execute(lp.finish->kernel, launch_args(*lp.finish, a, finish_groups(call)));
+>>>>>>> graphs
     }
     return rec;
   }

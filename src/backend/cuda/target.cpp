@@ -114,10 +114,11 @@ bool capturing(CUstream stream) {
   return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-// One workspace per (context, stream), grown to powers of two: launches on one stream are
-// ordered, so they may share it; launches on different streams never do. A buffer outgrown
-// is kept, never freed, since a captured CUDA graph may still hold its address; so growing
-// needs no synchronization, and it is refused during capture (allocate before: one call).
+// The library's workspace, for calls that give none (CallOptions::workspace): one per
+// (context, stream), grown to powers of two: launches on one stream are ordered, so they may
+// share it; launches on different streams never do. A buffer outgrown is kept, never freed,
+// since a captured CUDA graph may still hold its address; so growing needs no
+// synchronization, and it is refused during capture (no allocation may happen then).
 void* workspace_for(CUstream stream, size_t bytes, const std::string& kernel) {
   static std::mutex mutex;
   static std::map<std::pair<CUcontext, CUstream>, std::pair<CUdeviceptr, size_t>> buffers;
@@ -129,8 +130,9 @@ void* workspace_for(CUstream stream, size_t bytes, const std::string& kernel) {
   if (size < bytes) {
     if (capturing(stream))
       throw Error("CUDA-graph capture: kernel " + kernel + " needs a workspace of " + std::to_string(bytes) +
-                  " bytes on the capturing stream, which cannot be allocated during capture: run the call once on "
-                  "this stream before capturing (Python: tile.precompile)");
+                  " bytes on the capturing stream, which the library cannot allocate during capture: pass one "
+                  "(CallOptions::workspace, sized by tile::workspace_bytes; the Python package does so with "
+                  "torch's allocator), or run the call once on this stream before capturing");
     if (ptr) outgrown.push_back(ptr);
     size_t grown = 256;
     while (grown < bytes) grown *= 2;
@@ -259,11 +261,14 @@ class CudaTarget final : public Target {
     const CUstream stream = static_cast<CUstream>(options.stream);
     const int64_t slots = rec.groups * pk.plan.programs_per_group;
     void* workspace = nullptr;
-    int64_t ws_elems = 0;
+    const int64_t ws_elems = workspace_elems(pk, call);
     if (lp.finish) {
-      ws_elems = slots * (lp.col_parts * call.cols + lp.fixed_parts);
       rec.workspace_bytes = ws_elems * 4;
-      workspace = workspace_for(stream, size_t(std::max<int64_t>(ws_elems, 1)) * 4, lp.main.kernel.name);
+      // The caller's (checked by run() to hold ws_elems), else the library's; none for no rows,
+      // where the row kernel is not launched and the second reads no slot.
+      if (ws_elems > 0)
+        workspace = options.workspace ? options.workspace
+                                      : workspace_for(stream, size_t(ws_elems) * 4, lp.main.kernel.name);
     }
     if (rec.groups > 0)
       launch_kernel(loaded.first.function, lp.main, argument_values(lp.main, call, workspace, ws_elems, slots), rec.groups,
