@@ -42,7 +42,7 @@ CONFIGS = {
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64),
 }
 DEFAULTS = {"full": dict(steps=300, batch=8, seq=1024, window=20, timing_warmup=10),
-            "tiny": dict(steps=40, batch=8, seq=64, window=5, timing_warmup=3)}
+            "tiny": dict(steps=30, batch=8, seq=64, window=5, timing_warmup=3)}
 FOLLOW = 0.9   # probability that a token is followed by its successor
 
 
@@ -69,7 +69,7 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="the tiny model and a few steps (a smoke run; CPU is fine)")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="default: cuda where torch sees a GPU, else cpu")
-    p.add_argument("--steps", type=int, default=None, help="training steps per run (full: 300, tiny: 40)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (full: 300, tiny: 30)")
     p.add_argument("--batch", type=int, default=None, help="global batch in sequences (full: 8, tiny: 8)")
     p.add_argument("--seq", type=int, default=None, help="tokens per sequence (full: 1024, tiny: 64)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
