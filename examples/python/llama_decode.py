@@ -40,7 +40,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="the tiny model (a smoke run; CPU is fine, without graphs)")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None)
-    p.add_argument("--train-steps", type=int, default=None, help="eager training steps first (full: 150, tiny: 30)")
+    p.add_argument("--train-steps", type=int, default=None, help="eager training steps first (full: 300, tiny: 30)")
     p.add_argument("--prompt", type=int, default=16, help="prompt tokens")
     p.add_argument("--new-tokens", type=int, default=None, help="tokens generated (full: 256, tiny: 24)")
     p.add_argument("--batch", type=int, default=1, help="sequences decoded together")
@@ -50,7 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     args.size = "tiny" if args.tiny else "full"
-    defaults = {"full": dict(train_steps=150, new_tokens=256, match=64),
+    defaults = {"full": dict(train_steps=300, new_tokens=256, match=64),
                 "tiny": dict(train_steps=30, new_tokens=24, match=16)}[args.size]
     for key, value in defaults.items():
         if getattr(args, key) is None:

@@ -83,8 +83,10 @@ def _dtensor_class():
 def refuse_dtensor(op, **arrays):
     """Raises where an argument is a DTensor: the ops have no sharding rule, and DTensor's own
     error names neither the argument nor a way out. Not while tracing (dynamo sees through it)."""
+    if _is_compiling():
+        return
     cls = _dtensor_class()
-    if cls is None or _is_compiling():
+    if cls is None:
         return
     for name, a in arrays.items():
         if isinstance(a, cls):
@@ -98,7 +100,7 @@ def _refusing_dtensor(name, fn):
     signature = inspect.signature(fn)
 
     def call(*args, **kwargs):
-        if _dtensor_class() is not None:
+        if not _is_compiling() and _dtensor_class() is not None:
             refuse_dtensor(name, **signature.bind(*args, **kwargs).arguments)
         return fn(*args, **kwargs)
     return call
