@@ -21,6 +21,7 @@ Imported by tile once torch is loaded (tile._call.init_torch). Tests:
 tests/python/test_torch_*.py.
 """
 import contextlib
+import inspect
 import sys
 from typing import Optional, Tuple
 
@@ -71,6 +72,38 @@ def refuse_grad(op, what, **arrays):
         if isinstance(a, Tensor) and a.requires_grad:
             raise RuntimeError(f"{op}: argument '{name}': {what} is not differentiable, but {name} requires grad; "
                                f"call it under torch.no_grad(), pass {name}.detach(), or use the form without it")
+
+
+def _dtensor_class():
+    # DTensor exists only once torch.distributed.tensor is imported; no import here (it is slow).
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
+def refuse_dtensor(op, **arrays):
+    """Raises where an argument is a DTensor: the ops have no sharding rule, and DTensor's own
+    error names neither the argument nor a way out. Not while tracing (dynamo sees through it)."""
+    if _is_compiling():
+        return
+    cls = _dtensor_class()
+    if cls is None:
+        return
+    for name, a in arrays.items():
+        if isinstance(a, cls):
+            raise TypeError(f"{op}: argument '{name}': expected a torch.Tensor, got a DTensor (placements "
+                            f"{tuple(a.placements)}); Tile's operators have no sharding rule: pass the local shard "
+                            f"({name}.to_local()) or the whole tensor ({name}.full_tensor())")
+
+
+def _refusing_dtensor(name, fn):
+    """fn, raising refuse_dtensor's error where one of its arguments is a DTensor."""
+    signature = inspect.signature(fn)
+
+    def call(*args, **kwargs):
+        if not _is_compiling() and _dtensor_class() is not None:
+            refuse_dtensor(name, **signature.bind(*args, **kwargs).arguments)
+        return fn(*args, **kwargs)
+    return call
 
 
 def _training(name, of):
@@ -484,6 +517,7 @@ def _out_dtype(op, x, out, dtype):
 
 
 def softmax(x, dim, out, plan, stream, dtype, op="softmax"):
+    refuse_dtensor(op, x=x, out=out)
     _check_dim(op, x, dim)
     d = _out_dtype(op, x, out, dtype)
     with _stream(op, stream, x):
@@ -499,6 +533,7 @@ def log_softmax(x, dim, out, plan, stream, dtype):
 
 
 def rms_norm(x, weight, eps, out, plan, stream, dtype, return_rstd):
+    refuse_dtensor("rms_norm", x=x, weight=weight, out=out)
     d = _out_dtype("rms_norm", x, out, dtype)
     with _stream("rms_norm", stream, x):
         if out is not None:
@@ -511,6 +546,7 @@ def rms_norm(x, weight, eps, out, plan, stream, dtype, return_rstd):
 
 
 def layer_norm(x, weight, bias, eps, out, plan, stream, dtype, return_stats):
+    refuse_dtensor("layer_norm", x=x, weight=weight, bias=bias, out=out)
     d = _out_dtype("layer_norm", x, out, dtype)
     with _stream("layer_norm", stream, x):
         if out is not None:
@@ -558,7 +594,7 @@ def _backward_op(name, op):
 
 # The training operators of the package on this path, by name (tile/__init__.py wraps each
 # function of these names that the package defines).
-TRAINING = {
+TRAINING = {name: _refusing_dtensor(name, fn) for name, fn in {
     "fused_add_rms_norm": fused_add_rms_norm,
     "cross_entropy": cross_entropy,
     "softmax_backward": _backward_op("softmax_backward", _softmax_backward),
@@ -566,7 +602,7 @@ TRAINING = {
     "rms_norm_backward": lambda dy, x, weight, rstd: _none_for_empty(_rms_norm_backward(dy, x, weight, rstd), weight),
     "layer_norm_backward": lambda dy, x, weight, bias, mean, rstd: _none_for_empty(
         _layer_norm_backward(dy, x, weight, bias, mean, rstd), weight, bias),
-}
+}.items()}
 
 
 def _none_for_empty(grads, *params):
