@@ -59,13 +59,8 @@ class CpuTarget final : public Target {
       rec.bytes_loaded = cpu::execute(lp.main.kernel, launch_args(lp.main, a, rec.groups)).bytes_loaded;
     }
     if (lp.finish) {
-<<<<<<< HEAD
-      ArgumentValues a = argument_values(*lp.finish, call, workspace.data(), ws_elems, slots);
-      cpu::execute(lp.finish->kernel, launch_args(*lp.finish, a, finish_groups(*lp.finish, call.cols)));
-=======
       ArgumentValues a = argument_values(*lp.finish, call, workspace, ws_elems, slots);
-      cpu::execute(lp.finish->kernel, launch_args(*lp.finish, a, finish_groups(call)));
->>>>>>> graphs
+      cpu::execute(lp.finish->kernel, launch_args(*lp.finish, a, finish_groups(*lp.finish, call.cols)));
     }
     return rec;
   }
