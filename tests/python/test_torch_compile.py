@@ -154,6 +154,9 @@ def test_reduce_overhead_training():
     compiled = torch.compile(step, fullgraph=True, mode="reduce-overhead")
     x = torch.randn(32, 256, device="cuda")
     for _ in range(4):
+        # A training loop under cudagraph trees marks each step, so the previous step's graph
+        # outputs may be overwritten (torch's documented contract for reduce-overhead training).
+        torch.compiler.cudagraph_mark_step_begin()
         model.zero_grad(set_to_none=False)
         compiled(x).backward()
     got = [p.grad.clone() for p in model.parameters()]
