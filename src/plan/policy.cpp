@@ -95,7 +95,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
                               {"vector_elems", req.vector_elems},
                               {"stripes", req.stripes},
                               {"stripe_unroll", req.stripe_unroll},
-                              {"private_budget", req.private_budget}})
+                              {"private_budget", req.private_budget},
+                              {"ctas_per_program", req.ctas_per_program}})
     if (value && *value < 1)
       throw_argument_error("mapping plan", field, "an integer in [1, 2147483647]", std::to_string(*value));
   MappingPlan p;
@@ -141,10 +142,11 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
                                                       std::min(kMaxAutomaticWidth, limits.max_threads_per_group)));
     p.width_mode = WidthMode::automatic;
   }
+  p.ctas_per_program = req.ctas_per_program.value_or(1);
   // Clamped to an int: validate_plan rejects a row of more passes.
-  p.stripes = req.stripes
-                  ? *req.stripes
-                  : int(std::clamp<int64_t>(ceil_div(vectors, std::max(p.workers_per_program, 1)), 1, INT32_MAX));
+  p.stripes = req.stripes ? *req.stripes
+                          : int(std::clamp<int64_t>(
+                                ceil_div(vectors, std::max<int64_t>(p.row_workers(), 1)), 1, INT32_MAX));
   p.private_budget = req.private_budget.value_or(64);
   p.caching = req.caching.value_or(!long_row && int64_t(p.stripes) * p.vector_elems * per_elem <= p.private_budget
                                        ? InputCaching::registers
@@ -195,7 +197,7 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     throw_argument_error(op, std::string("plan.") + field, expected, given);
   };
   auto str = [](auto v) { return std::to_string(v); };
-  const int W = p.workers_per_program, P = p.programs_per_group, V = p.vector_elems;
+  const int W = p.workers_per_program, P = p.programs_per_group, V = p.vector_elems, C = p.ctas_per_program;
   if (!valid_width(W))
     fail("workers_per_program", "1, 2, 4, 8, 16 or a multiple of 32 up to 1024", str(W));
   if (P < 1) fail("programs_per_group", "at least 1", str(P));
@@ -211,19 +213,40 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("vector_elems", "an access of at most " + str(limits.max_vector_bytes) + " bytes on every operand",
          str(V) + " elements of " + str(in.widest_elem_bytes()) + " bytes");
   if (p.stripes < 1) fail("stripes", "at least 1", str(p.stripes));
+  // A row split over the groups of a cluster: each group caches its slice in registers and the
+  // partial states merge through distributed shared memory (one program a group, whole warps).
+  if (C < 1 || C > 16) fail("ctas_per_program", "1 to 16", str(C));
+  if (C > limits.max_cluster_size)
+    fail("ctas_per_program",
+         "at most " + str(limits.max_cluster_size) + " groups a cluster on this target" +
+             (limits.max_cluster_size == 1 ? " (it launches no clusters)" : ""),
+         str(C));
+  if (C > 1) {
+    // One program of whole warps (a group is whole warps): every worker reaches the merges.
+    if (P != 1) fail("programs_per_group", "1 when ctas_per_program > 1 (the groups of a cluster share one row)", str(P));
+    if (p.caching != InputCaching::registers)
+      fail("caching", "\"registers\" when ctas_per_program > 1 (each group caches its slice of the row)",
+           "\"" + to_string(p.caching) + "\"");
+    if (in.reduces_rows)
+      fail("ctas_per_program", "1 for a program with a reduction over the rows (its partials are kept per group)",
+           str(C));
+  }
   // The passes of all workers over a row are counted in 32 bits (the stripes field).
-  if (ceil_div(in.cols, int64_t(W) * V) > INT32_MAX)
-    throw_argument_error(
-        op, in.rows_operand,
-        "cols at most 2147483647 passes of workers_per_program x vector_elems = " + str(int64_t(W) * V) + " elements",
-        str(in.cols));
+  if (ceil_div(in.cols, int64_t(C) * W * V) > INT32_MAX)
+    throw_argument_error(op, in.rows_operand,
+                         "cols at most 2147483647 passes of ctas_per_program x workers_per_program x vector_elems = " +
+                             str(int64_t(C) * W * V) + " elements",
+                         str(in.cols));
   if (p.stripe_unroll < 1 || p.stripe_unroll > 16) fail("stripe_unroll", "1 to 16", str(p.stripe_unroll));
   if (p.private_budget < 1 || p.private_budget > 255) fail("private_budget", "1 to 255 scalars", str(p.private_budget));
   if (p.caching == InputCaching::registers) {
-    int64_t covered = int64_t(p.stripes) * W * V;
+    int64_t covered = int64_t(p.stripes) * C * W * V;
     if (covered < in.cols)
-      fail("stripes", "stripes x workers_per_program x vector_elems >= cols = " + str(in.cols),
-           str(p.stripes) + " x " + str(W) + " x " + str(V) + " = " + str(covered));
+      fail("stripes", std::string(C > 1 ? "stripes x ctas_per_program x workers_per_program x vector_elems"
+                                        : "stripes x workers_per_program x vector_elems") +
+                          " >= cols = " + str(in.cols),
+           str(p.stripes) + " x " + (C > 1 ? str(C) + " x " : std::string()) + str(W) + " x " + str(V) + " = " +
+               str(covered));
     const int64_t per_elem = in.row_inputs() + in.rows_reduction_parts;
     if (int64_t(p.stripes) * V * per_elem > p.private_budget)
       fail("caching", "a cached row slice within private_budget = " + str(p.private_budget) +
@@ -256,7 +279,8 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("alignment", "every row of every operand aligned to vector_elems = " + str(V) +
                           " elements and cols a multiple of it for \"require\"",
          "base alignment " + str(in.base_alignment) + " bytes, row strides " + strides(in) + ", cols " + str(in.cols));
-  if (int64_t(std::max(1, in.merge_parts)) * P * std::max(1, W / 32) * 4 > limits.max_shared_bytes)
+  // One slot per warp and part, and per part for the cluster's merge.
+  if (int64_t(std::max(1, in.merge_parts)) * (P * std::max(1, W / 32) + (C > 1 ? 1 : 0)) * 4 > limits.max_shared_bytes)
     fail("programs_per_group", "shared memory within " + str(limits.max_shared_bytes) + " bytes", str(P));
   if (int64_t(p.resident_groups) * P * W > limits.max_threads_per_sm)
     fail("resident_groups", "resident_groups x threads per group <= " + str(limits.max_threads_per_sm) +
@@ -266,10 +290,11 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("grid_limit", "at least 1 for a program reducing over the rows (its partials are bounded by the grid)",
          str(p.grid_limit));
   const int64_t blocks = ceil_div(in.rows, P);
-  const int64_t groups = p.grid_limit > 0 ? std::min<int64_t>(blocks, p.grid_limit) : blocks;
+  const int64_t groups = (p.grid_limit > 0 ? std::min<int64_t>(blocks, p.grid_limit) : blocks) * C;
   if (groups > limits.max_groups)
     throw_argument_error(op, in.rows_operand,
-                         "at most " + str(limits.max_groups) + " groups of " + str(P) + " rows (the grid's limit)",
+                         "at most " + str(limits.max_groups) + " groups of " + str(P) + " rows (the grid's limit)" +
+                             (C > 1 ? ", " + str(C) + " groups a row block" : std::string()),
                          str(in.rows) + " rows");
 }
 

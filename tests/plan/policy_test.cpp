@@ -105,5 +105,46 @@ TEST(Policy, MappingFamilyHoldsValidPlansAndThePolicysOwn) {
   }
 }
 
+// A plan whose row spans a cluster: refused on a target without clusters, and unless each group
+// is one program of whole warps caching its slice in registers; errors name the field.
+TEST(Policy, ClusterPlansAreValidatedFieldByField) {
+  const PlanInputs in = inputs(8, 65536);
+  DeviceLimits clusters;
+  clusters.max_cluster_size = 16;
+  PlanRequest r;
+  r.ctas_per_program = 4, r.workers_per_program = 512, r.vector_elems = 4, r.caching = InputCaching::registers;
+  r.programs_per_group = 1;
+  const MappingPlan p = choose_plan(in, r, clusters);
+  EXPECT_EQ(p.stripes, 8);  // 65536 / (4 x 512 x 4)
+  EXPECT_NO_THROW(validate_plan(p, in, clusters, "softmax"));
+  auto error = [&](MappingPlan q, const DeviceLimits& limits, const PlanInputs& pin) -> std::string {
+    try {
+      validate_plan(q, pin, limits, "softmax");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error(p, {}, in).find("'plan.ctas_per_program': expected at most 1 groups a cluster on this target (it launches no clusters), got 4"),
+            std::string::npos)
+      << error(p, {}, in);
+  MappingPlan q = p;
+  q.programs_per_group = 2, q.workers_per_program = 256;
+  EXPECT_NE(error(q, clusters, in).find("plan.programs_per_group': expected 1 when ctas_per_program > 1"), std::string::npos);
+  q = p, q.caching = InputCaching::reread, q.merge = MergeStrategy::combine;
+  EXPECT_NE(error(q, clusters, in).find("plan.caching': expected \"registers\" when ctas_per_program > 1"), std::string::npos);
+  q = p, q.stripes = 7;
+  EXPECT_NE(error(q, clusters, in).find("stripes x ctas_per_program x workers_per_program x vector_elems >= cols = 65536"),
+            std::string::npos)
+      << error(q, clusters, in);
+  q = p, q.ctas_per_program = 17;
+  EXPECT_NE(error(q, clusters, in).find("plan.ctas_per_program': expected 1 to 16, got 17"), std::string::npos);
+  PlanInputs rows_in = in;
+  rows_in.reduces_rows = true;
+  q = p, q.grid_limit = 4;
+  EXPECT_NE(error(q, clusters, rows_in).find("expected 1 for a program with a reduction over the rows"), std::string::npos)
+      << error(q, clusters, rows_in);
+}
+
 }  // namespace
 }  // namespace tile
