@@ -159,7 +159,7 @@ TEST(Visitor, ArgumentsTravelToNestedStatements) {
 
 // Lowered kernels of the built-in operators and of a reduction over the rows (whose finish
 // kernel is a second lowered kernel), over plans that cache or re-read, pack programs, span
-// one or several warps and use group or program barriers.
+// one or several warps or the groups of a cluster and use group or program barriers.
 std::vector<Kernel> lowered_kernels() {
   static RowProgram column_sum = [] {
     RowProgram p("column_sum");
@@ -189,6 +189,14 @@ std::vector<Kernel> lowered_kernels() {
     if (op == Op::rms_norm || op == Op::layer_norm) args.set("weight", w.view());
     if (op == Op::layer_norm) args.set("bias", b.view());
     add(builtin_program(op), args);
+    // The row split over a cluster of 4 groups, with either merge.
+    const BoundCall call = bind(builtin_program(op), args);
+    for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine}) {
+      PlanRequest request;
+      request.ctas_per_program = 4, request.workers_per_program = 64, request.programs_per_group = 1;
+      request.caching = InputCaching::registers, request.merge = merge;
+      out.push_back(lower_row_program(builtin_program(op), call.signature(), choose_plan(call.plan_inputs(), request)).main.kernel);
+    }
   }
   add(column_sum, Args().set("x", x.view()).set("dy", dy.view()).set("dw", dw.view()));
   return out;
@@ -222,9 +230,7 @@ TEST(Visitor, CountsAgreeWithAHandCountAndThePrintedIR) {
     EXPECT_EQ(occurrences(text, "for ("), size_t(stmts[int(Stmt::Kind::for_)]));
   }
   for (int kind = 0; kind < kStmtKinds; ++kind)
-    if (kind != int(Stmt::Kind::remote_shared_load)) {  // no lowering emits it yet
-      EXPECT_GT(all[kind], 0) << "no statement of kind " << kind;
-    }
+    EXPECT_GT(all[kind], 0) << "no statement of kind " << kind;
 }
 
 // The CUDA emitter derives from the printer: the kernel body of the .cu file must have the
@@ -250,7 +256,9 @@ TEST(Visitor, PrinterAndCudaEmitterWalkTheSameStatements) {
     EXPECT_EQ(occurrences(body, "tile_named_barrier("), occurrences(ir, "barrier.program"));
     EXPECT_EQ(occurrences(body, "__shfl_xor_sync("), occurrences(ir, "= shfl_xor("));
     EXPECT_EQ(occurrences(body, "for ("), occurrences(ir, "for ("));
-    EXPECT_EQ(occurrences(body, " = tile_shared["), occurrences(ir, " = shared "));
+    EXPECT_EQ(occurrences(body, "tile_cluster_barrier();"), occurrences(ir, "barrier.cluster"));
+    EXPECT_EQ(occurrences(body, " = tile_remote_shared_load(&tile_shared["), occurrences(ir, "] of cta "));
+    EXPECT_EQ(occurrences(body, " = tile_shared["), occurrences(ir, " = shared ") - occurrences(ir, "] of cta "));
   }
   EXPECT_GT(compared, 0u);
 }
