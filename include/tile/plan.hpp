@@ -47,6 +47,7 @@ enum class MergeStrategy : uint8_t { combine, staged };
 #define TILE_PLAN_FIELDS(X)                                                                          \
   X(int, programs_per_group, 1, 1, 1024, "rows packed into one group (thread block)")               \
   X(int, workers_per_program, 256, 1, 1024, "cooperating width: 1..16 (sub-warp) or a multiple of 32") \
+  X(int, ctas_per_program, 1, 1, 16, "groups of one cluster that share each program's row")         \
   X(WidthMode, width_mode, WidthMode::automatic, 0, 1, "where the width came from")                 \
   X(int, vector_elems, 4, 1, 8, "consecutive elements per worker per access")                       \
   X(int, stripes, 1, 1, 2147483647, "passes of all workers over the row")                           \
@@ -68,7 +69,9 @@ struct MappingPlan {
 #undef TILE_PLAN_MEMBER
 
   int threads_per_group() const { return programs_per_group * workers_per_program; }
-  int64_t elems_per_stripe() const { return int64_t(workers_per_program) * vector_elems; }
+  // Workers of one row: the program's width in each of the ctas_per_program groups it spans.
+  int64_t row_workers() const { return int64_t(ctas_per_program) * workers_per_program; }
+  int64_t elems_per_stripe() const { return row_workers() * vector_elems; }
 
   std::string to_json() const;                       // canonical: sorted keys, no spaces
   static MappingPlan from_json(const std::string&);  // every field; throws tile::Error naming it

@@ -18,8 +18,8 @@ struct DeviceLimits {
   int named_barriers = 16;            // id 0 is the group barrier, 1.. are per program
   int max_shared_bytes = 48 * 1024;   // static shared memory per group
   int max_vector_bytes = 16;          // widest single memory access of a worker
+  int max_cluster_size = 1;           // groups per cluster a launch may have (1: no clusters)
   int64_t max_groups = 2147483647;    // groups in a grid (gridDim.x)
-  int max_cluster_size = 1;           // groups of one cluster (1: the target or device has none)
 };
 
 // A row operand (input or output) of a call: its dtype and row stride in elements.

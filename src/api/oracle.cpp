@@ -105,13 +105,14 @@ std::vector<double> oracle(const Call& call) {
 int merge_depth(const MappingPlan& p, int64_t cols) {
   // The elements a worker combines in sequence (its cached slice, or the loop iterations plus
   // one iteration's elements), then the warp and the cross-warp butterflies.
-  const int64_t per_iteration = int64_t(p.workers_per_program) * p.vector_elems * p.stripe_unroll;
+  const int64_t per_iteration = p.elems_per_stripe() * p.stripe_unroll;
   int64_t chain = p.caching == InputCaching::registers
                       ? int64_t(p.stripes) * p.vector_elems
                       : (cols + per_iteration - 1) / per_iteration + int64_t(p.stripe_unroll) * p.vector_elems;
   int levels = 0;
   for (int w = std::min(p.workers_per_program, 32); w > 1; w /= 2) ++levels;
   if (p.workers_per_program > 32) levels += 5;
+  for (int c = 1; c < p.ctas_per_program; ++c) ++levels;  // the cluster's partials, folded in rank order
   return int(std::min<int64_t>(chain + levels, 1 << 30));
 }
 

@@ -338,15 +338,18 @@ BoundCall bind(const Call& call) {
 }
 
 int64_t grid_groups(const BoundCall& call, const MappingPlan& plan) {
-  const int64_t P = plan.programs_per_group;
-  int64_t groups = (call.rows + P - 1) / P;
-  if (plan.grid_limit > 0) groups = std::min<int64_t>(groups, plan.grid_limit);
-  if (groups > std::numeric_limits<int32_t>::max()) {
+  // Row blocks (at most grid_limit of them at once), each spanning ctas_per_program groups of
+  // one cluster.
+  const int64_t P = plan.programs_per_group, C = plan.ctas_per_program;
+  int64_t blocks = (call.rows + P - 1) / P;
+  if (plan.grid_limit > 0) blocks = std::min<int64_t>(blocks, plan.grid_limit);
+  if (blocks * C > std::numeric_limits<int32_t>::max()) {
     throw_argument_error(call.program->name(), call.program->operands()[call.facts->first_row_operand].name,
-                         "at most 2^31 - 1 groups of " + std::to_string(P) + " rows (the grid's limit)",
+                         "at most 2^31 - 1 groups of " + std::to_string(P) + " rows (the grid's limit)" +
+                             (C > 1 ? ", " + std::to_string(C) + " groups a row block" : std::string()),
                          std::to_string(call.rows) + " rows");
   }
-  return groups;
+  return blocks * C;
 }
 
 }  // namespace tile

@@ -23,9 +23,10 @@ void operands_read(const RowProgram& p, int node, Role role, std::set<int>& out)
 CostEstimate estimate_cost(const RowProgram& program, const BoundCall& call, const MappingPlan& plan) {
   CostEstimate c;
   const auto& decls = program.operands();
-  const int64_t P = plan.programs_per_group, W = plan.workers_per_program, V = plan.vector_elems;
+  // A program's workers: its width in each of the ctas_per_program groups it spans.
+  const int64_t P = plan.programs_per_group, W = plan.row_workers(), V = plan.vector_elems;
   const int64_t rows = call.rows, cols = call.cols;
-  const int64_t groups = grid_groups(call, plan);
+  const int64_t groups = grid_groups(call, plan) / plan.ctas_per_program;  // row blocks in flight
   const bool loops = plan.grid_limit > 0;
   // Programs that run, guard programs included: every row block's, whichever group owns it.
   const int64_t programs = loops ? ((rows + P - 1) / P) * P : groups * P;

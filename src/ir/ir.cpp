@@ -22,6 +22,8 @@ const char* special_name(Special s) {
     case Special::warp_in_program: return "warp_in_program";
     case Special::lane: return "lane";
     case Special::group_count: return "group_count";
+    case Special::cta_in_cluster: return "cta_in_cluster";
+    case Special::cluster_index: return "cluster_index";
   }
   return "?";
 }
@@ -70,7 +72,7 @@ ExprPtr reg(int id, Type t) {
   return make(e);
 }
 ExprPtr special(Special s) {
-  Expr e{Expr::Kind::special, s == Special::group_index || s == Special::group_count ? Type::i64 : Type::i32};
+  Expr e{Expr::Kind::special, s == Special::group_index || s == Special::group_count || s == Special::cluster_index ? Type::i64 : Type::i32};
   e.id = int(s);
   return make(e);
 }
@@ -190,6 +192,12 @@ Stmt shared_load(int dst, int region, ExprPtr index) {
   s.dst = dst;
   s.region = region;
   s.index = std::move(index);
+  return s;
+}
+Stmt remote_shared_load(int dst, int region, ExprPtr index, ExprPtr cta) {
+  Stmt s = shared_load(dst, region, std::move(index));
+  s.kind = Stmt::Kind::remote_shared_load;
+  s.cta = std::move(cta);
   return s;
 }
 Stmt barrier(Scope scope) {

@@ -2,9 +2,11 @@
 //
 // Every worker (thread) of a group runs `Kernel::body`. Registers are mutable typed slots
 // private to a worker. Memory is global buffers (kernel arguments, addressed in elements) and
-// per-program shared-memory regions. Synchronisation is explicit: `barrier` statements (group
-// scope = every worker of the group; program scope = every worker of one packed program) and
-// `shfl_xor` (all 32 lanes of a warp exchange a register). Control flow is structured
+// per-program shared-memory regions, one copy per group; a kernel whose groups form clusters
+// (`ctas_per_cluster` > 1) may read another group's copy of its cluster (`remote_shared_load`).
+// Synchronisation is explicit: `barrier` statements (cluster scope = every worker of every group
+// of the cluster; group scope = every worker of the group; program scope = every worker of one
+// packed program) and `shfl_xor` (all 32 lanes of a warp exchange a register). Control flow is structured
 // (`if_`, `for_`). The CPU backend (src/backend/cpu/executor.cpp) defines what each node
 // means; the CUDA emitter prints the same nodes as CUDA C++; the verifier proves the rules
 // listed in src/ir/verifier.hpp.
@@ -33,6 +35,8 @@ enum class Special : uint8_t {
   warp_in_program,    // i32: worker_in_program / 32                         (warp-uniform)
   lane,               // i32: threadIdx.x % 32                               (varying)
   group_count,        // i64: groups in the grid                              (uniform)
+  cta_in_cluster,     // i32: rank of this group in its cluster, 0 .. ctas_per_cluster-1 (group-uniform)
+  cluster_index,      // i64: group_index / ctas_per_cluster                 (cluster-uniform)
 };
 const char* special_name(Special s);
 
@@ -94,7 +98,11 @@ struct Stmt {
     shfl_xor,      // regs[dst] = regs[src] of lane (lane ^ offset) within segments of `width`
     shared_store,  // shared[region][index] = value
     shared_load,   // regs[dst] = shared[region][index]
-    barrier,       // wait for every worker of `scope` (program or group)
+    remote_shared_load,  // regs[dst] = shared[region][index] of the group of rank `cta` (i32)
+                         // in this cluster (this program's copy of the region there)
+    barrier,       // wait for every worker of `scope` (program, group or cluster); a cluster
+                   // barrier also orders shared memory accesses across the cluster (release /
+                   // acquire), so remote reads after it see what the owner wrote before it
     if_,           // if (cond) body else else_body
     for_,          // for (regs[dst] = begin; regs[dst] < end; ++regs[dst]) body
     comment,       // text, printed only
@@ -104,6 +112,7 @@ struct Stmt {
   int src = -1;
   std::vector<int> dsts;  // load destinations / store sources (f32 registers), one per lane
   ExprPtr value, index, valid, aligned, cond, begin, end;
+  ExprPtr cta;     // remote_shared_load: rank of the group read
   int buffer = -1;
   int width = 1;   // vector width (load/store) or segment width (shfl_xor)
   int offset = 0;  // shfl_xor lane offset
@@ -167,7 +176,7 @@ struct Kernel {
   int workers_per_program = 32;
   int private_budget = 64;
   int resident_groups = 1;  // groups per SM the kernel is compiled to fit (launch bounds)
-  int ctas_per_cluster = 1; // groups launched together as one thread-block cluster
+  int ctas_per_cluster = 1;  // groups launched together as one cluster (1: no clusters)
   std::vector<Buffer> buffers;
   std::vector<ScalarParam> params;
   std::vector<Register> regs;
@@ -189,6 +198,7 @@ Stmt store(std::vector<int> srcs, int buffer, ExprPtr index, ExprPtr valid, Expr
 Stmt shfl_xor(int dst, int src, int offset, int width);
 Stmt shared_store(int region, ExprPtr index, ExprPtr value);
 Stmt shared_load(int dst, int region, ExprPtr index);
+Stmt remote_shared_load(int dst, int region, ExprPtr index, ExprPtr cta);
 Stmt barrier(Scope scope);
 Stmt if_(ExprPtr cond, std::vector<Stmt> body, std::vector<Stmt> else_body = {});
 Stmt for_(int var, ExprPtr begin, ExprPtr end, std::vector<Stmt> body);

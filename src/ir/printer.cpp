@@ -85,6 +85,10 @@ void IRPrinter::visit_shared_load(const Stmt& s) {
   line(reg_name(s.dst) + " = shared " + k_.shared[s.region].name + "[" + visit(*s.index) + "]");
 }
 
+void IRPrinter::visit_remote_shared_load(const Stmt& s) {
+  line(reg_name(s.dst) + " = shared " + k_.shared[s.region].name + "[" + visit(*s.index) + "] of cta " + visit(*s.cta));
+}
+
 void IRPrinter::visit_barrier(const Stmt& s) {
   line(std::string("barrier.") + scope_name(s.scope));
 }
@@ -125,7 +129,8 @@ void IRPrinter::print_kernel() {
   line("kernel " + k_.name + "(" + sig + ")");
   line("  // group: " + std::to_string(k_.programs_per_group) + " program(s) x " +
        std::to_string(k_.workers_per_program) + " worker(s); private budget " +
-       std::to_string(k_.private_budget));
+       std::to_string(k_.private_budget) +
+       (k_.ctas_per_cluster > 1 ? "; cluster of " + std::to_string(k_.ctas_per_cluster) + " groups" : ""));
   for (const SharedRegion& r : k_.shared)
     line("  shared f32 " + r.name + "[" + std::to_string(r.elems) + "] per program at " +
          std::to_string(r.base) + " + program * " + std::to_string(r.program_stride));

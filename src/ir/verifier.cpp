@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <set>
 
 #include "ir/printer.hpp"
 #include "ir/visitor.hpp"
@@ -16,8 +17,8 @@ namespace {
 // the same for every worker: bit `1 << Scope`.
 constexpr unsigned uniform_across(Scope s) { return 1u << unsigned(s); }
 constexpr unsigned kWarp = uniform_across(Scope::warp), kProgram = uniform_across(Scope::program),
-                   kGroup = uniform_across(Scope::group);
-constexpr unsigned kUniform = kGroup | kProgram | kWarp;
+                   kGroup = uniform_across(Scope::group), kCluster = uniform_across(Scope::cluster);
+constexpr unsigned kUniform = kCluster | kGroup | kProgram | kWarp;
 
 struct Interval {
   int64_t lo, hi;  // inclusive
@@ -49,6 +50,8 @@ class RangeOf : public IRVisitor<RangeOf, std::optional<Interval>> {
       case Special::program_in_group: return Interval{0, k_.programs_per_group - 1};
       case Special::group_index: return Interval{0, kInf};
       case Special::group_count: return Interval{1, kInf};
+      case Special::cta_in_cluster: return Interval{0, std::max(0, k_.ctas_per_cluster - 1)};
+      case Special::cluster_index: return Interval{0, kInf};
     }
     return std::nullopt;
   }
@@ -75,9 +78,11 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
  public:
   explicit Verifier(const Kernel& k) : k_(k), uni_(k.regs.size(), kUniform) {
     const int W = k.workers_per_program;
-    // A program-uniform value is warp-uniform when programs span whole warps, and a
-    // warp-uniform value program-uniform when a program lies inside one warp.
-    program_ = kProgram | (W >= 32 ? kWarp : 0u);
+    // A group-uniform value is cluster-uniform when a cluster is one group; a program-uniform
+    // value is warp-uniform when programs span whole warps and group-uniform when a group is
+    // one program; a warp-uniform value is program-uniform when a program lies in one warp.
+    group_ = kGroup | kProgram | kWarp | (k.ctas_per_cluster == 1 ? kCluster : 0u);
+    program_ = kProgram | (W >= 32 ? kWarp : 0u) | (k.programs_per_group == 1 ? group_ : 0u);
     warp_ = kWarp | (W <= 32 ? kProgram : 0u);
   }
 
@@ -91,6 +96,7 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     }
     check_ = true;
     visit_block(k_.body, kUniform);
+    check_cluster_order();
     return errors_;
   }
 
@@ -129,8 +135,10 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
 
   unsigned special_uniformity(Special s) const {
     switch (s) {
+      case Special::group_count:
+      case Special::cluster_index: return kUniform;
       case Special::group_index:
-      case Special::group_count: return kUniform;
+      case Special::cta_in_cluster: return group_;
       case Special::program_in_group: return program_;
       case Special::warp_in_program: return warp_;
       case Special::worker_in_program:
@@ -311,15 +319,36 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     shared_index(s);
     define(s.dst, u);
   }
+  void visit_remote_shared_load(const Stmt& s, unsigned control) {
+    unsigned u = visit(*s.index) & visit(*s.cta) & control;
+    expect_reg(s.dst, Type::f32, "remote shared load destination");
+    shared_index(s);
+    if (check_) {
+      if (k_.ctas_per_cluster < 2)
+        error("remote shared load in a kernel without clusters (ctas_per_cluster " + std::to_string(k_.ctas_per_cluster) + ")");
+      expect_type(*s.cta, Type::i32, "remote rank");
+      auto iv = RangeOf(k_).visit(*s.cta);
+      if (!iv || iv->lo < 0 || iv->hi >= k_.ctas_per_cluster)
+        error("remote rank '" + print(*s.cta) + "' is not provably in [0, " + std::to_string(k_.ctas_per_cluster) + ")");
+    }
+    define(s.dst, u);
+  }
   void visit_barrier(const Stmt& s, unsigned control) {
     if (!check_) return;
-    if (s.scope != Scope::group && s.scope != Scope::program) {
-      error(std::string("barrier of scope ") + scope_name(s.scope) + " (kernels synchronise programs and groups)");
+    if (s.scope != Scope::group && s.scope != Scope::program && s.scope != Scope::cluster) {
+      error(std::string("barrier of scope ") + scope_name(s.scope) + " (kernels synchronise programs, groups and clusters)");
+      return;
+    }
+    if (s.scope == Scope::cluster && k_.ctas_per_cluster < 2) {
+      error("barrier of scope cluster in a kernel without clusters (ctas_per_cluster " + std::to_string(k_.ctas_per_cluster) + ")");
       return;
     }
     if ((control & uniform_across(s.scope)) == 0)
       error(std::string(scope_name(s.scope)) + " barrier under control flow that is not uniform across the " +
-            scope_name(s.scope) + (s.scope == Scope::group ? " (some workers, e.g. a guard program's, would skip it)" : ""));
+            scope_name(s.scope) +
+            (s.scope == Scope::group     ? " (some workers, e.g. a guard program's, would skip it)"
+             : s.scope == Scope::cluster ? " (some groups, e.g. one past the last row, would skip it)"
+                                         : ""));
     if (s.scope == Scope::program && k_.workers_per_program % 32 != 0)
       error("program barrier in a program of " + std::to_string(k_.workers_per_program) +
             " workers (a named barrier counts whole warps)");
@@ -339,16 +368,87 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
   }
   void visit_comment(const Stmt&, unsigned) {}
 
+  void check_cluster_order();
+
   std::string print(const Expr& e) const { return to_string(k_, e); }
   std::string reg_name(int r) const { return r >= 0 && r < int(k_.regs.size()) ? k_.regs[r].name : "?"; }
 
   const Kernel& k_;
   std::vector<unsigned> uni_;
-  unsigned program_ = 0, warp_ = 0;
+  unsigned group_ = 0, program_ = 0, warp_ = 0;
   bool changed_ = false;
   bool check_ = false;  // report errors (the last walk, once uniformity is a fixed point)
   std::vector<std::string> errors_;
 };
+
+// The order of cluster barriers and remote reads along every path: a remote read needs a cluster
+// barrier passed on every path before it (the other groups of the cluster are then known to
+// have started, and their shared memory written before it is visible), and the kernel must not
+// end while a remote read may lack a later cluster barrier (the group read could have exited).
+class ClusterOrder : public IRVisitor<ClusterOrder> {
+ public:
+  struct State {
+    bool synced = false;   // a cluster barrier was passed on every path
+    bool pending = false;  // on some path a remote read has no cluster barrier after it
+    bool operator==(const State&) const = default;
+  };
+  explicit ClusterOrder(const Kernel& k) : k_(k) {}
+
+  std::vector<std::string> run() {
+    State s;
+    visit_block(k_.body, s);
+    if (s.pending)
+      errors_.push_back("a remote shared load is not followed by a cluster barrier before the kernel ends (the group it "
+                        "reads may have exited)");
+    return errors_;
+  }
+
+ private:
+  friend class IRVisitor<ClusterOrder>;
+  static State join(State a, State b) { return {a.synced && b.synced, a.pending || b.pending}; }
+
+  void visit_barrier(const Stmt& s, State& st) {
+    if (s.scope == Scope::cluster) st = {true, false};
+  }
+  void visit_remote_shared_load(const Stmt& s, State& st) {
+    if (!st.synced && reported_.insert(&s).second)
+      errors_.push_back("remote shared load of region '" + region_name(s) +
+                        "' before a cluster barrier on some path (the cluster is not known to be resident)");
+    st.pending = true;
+  }
+  void visit_if(const Stmt& s, State& st) {
+    State a = st, b = st;
+    visit_block(s.body, a);
+    visit_block(s.else_body, b);
+    st = join(a, b);
+  }
+  void visit_for(const Stmt& s, State& st) {
+    // The body runs zero or more times: iterate the loop head's state to a fixed point.
+    State head = st;
+    for (;;) {
+      State out = head;
+      visit_block(s.body, out);
+      State next = join(head, out);
+      if (next == head) break;
+      head = next;
+    }
+    st = head;
+  }
+  template <typename... Ctx>
+  void visit_children(const Stmt&, Ctx&&...) {}  // no other statement changes the order
+
+  std::string region_name(const Stmt& s) const {
+    return s.region >= 0 && s.region < int(k_.shared.size()) ? k_.shared[s.region].name : "?";
+  }
+
+  const Kernel& k_;
+  std::vector<std::string> errors_;
+  std::set<const Stmt*> reported_;
+};
+
+void Verifier::check_cluster_order() {
+  for (std::string& e : ClusterOrder(k_).run()) error(e);
+}
 
 }  // namespace
 

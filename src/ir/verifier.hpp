@@ -4,8 +4,12 @@
 // - a group barrier sits on control flow uniform across the whole group, so guard programs
 //   (rows past the last) still arrive; a program barrier on control flow uniform across its
 //   program; a shfl_xor on control flow uniform across its warp;
+// - a cluster barrier sits on control flow uniform across the cluster (every group of it, those
+//   past the last row too), and appears only in kernels whose groups form clusters;
 // - shared regions of packed programs do not overlap and every shared index provably lies
-//   inside its region;
+//   inside its region; a remote read's rank provably lies in [0, ctas_per_cluster);
+// - a remote read follows a cluster barrier on every path, and a cluster barrier follows the
+//   last remote read on every path before the kernel ends;
 // - registers holding cached input fit the private budget.
 // Uniformity is a fixed point over register assignments, found by walking the kernel with an
 // IRVisitor (src/ir/visitor.hpp) until no register changes. Tested by tests/ir/verifier_test.cpp.

@@ -2,12 +2,12 @@
 //
 // A consumer derives from IRVisitor<Self, ExprResult> (CRTP) and defines a handler for each
 // node kind it treats: visit_assign, visit_load, visit_store, visit_shfl_xor,
-// visit_shared_store, visit_shared_load, visit_barrier, visit_if, visit_for, visit_comment
+// visit_shared_store, visit_shared_load, visit_remote_shared_load, visit_barrier, visit_if, visit_for, visit_comment
 // for statements (returning void); visit_constant, visit_reg, visit_special, visit_param,
 // visit_unary, visit_binary, visit_select, visit_cast, visit_row_aligned, visit_unpack16 for
 // expressions (returning ExprResult). visit(node) is the only dispatch on Stmt::Kind and
 // Expr::Kind in the library. A handler left out calls visit_children: a statement's
-// expressions (value, index, valid, aligned, cond, begin, end, those present), then
+// expressions (value, index, valid, aligned, cond, begin, end, cta, those present), then
 // visit_block(body) and visit_block(else_body); an expression's args in order, returning a
 // value-initialised ExprResult. visit_block visits each statement in turn; a consumer may
 // replace it (the printer indents there).
@@ -42,6 +42,7 @@ class IRVisitor {
       case Stmt::Kind::shfl_xor: return self.visit_shfl_xor(s, ctx...);
       case Stmt::Kind::shared_store: return self.visit_shared_store(s, ctx...);
       case Stmt::Kind::shared_load: return self.visit_shared_load(s, ctx...);
+      case Stmt::Kind::remote_shared_load: return self.visit_remote_shared_load(s, ctx...);
       case Stmt::Kind::barrier: return self.visit_barrier(s, ctx...);
       case Stmt::Kind::if_: return self.visit_if(s, ctx...);
       case Stmt::Kind::for_: return self.visit_for(s, ctx...);
@@ -81,7 +82,7 @@ class IRVisitor {
 
   template <typename... Ctx>
   void visit_children(const Stmt& s, Ctx&&... ctx) {
-    for (const ExprPtr* e : {&s.value, &s.index, &s.valid, &s.aligned, &s.cond, &s.begin, &s.end})
+    for (const ExprPtr* e : {&s.value, &s.index, &s.valid, &s.aligned, &s.cond, &s.begin, &s.end, &s.cta})
       if (*e) visit(**e);
     self().visit_block(s.body, ctx...);
     self().visit_block(s.else_body, ctx...);
@@ -100,6 +101,7 @@ class IRVisitor {
   template <typename... Ctx> void visit_shfl_xor(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_shared_store(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_shared_load(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
+  template <typename... Ctx> void visit_remote_shared_load(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_barrier(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_if(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_for(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }

@@ -307,6 +307,8 @@ class RowLowering {
   void level_pass(std::vector<Stmt>& out, const std::vector<int>& reductions);
   std::vector<std::vector<int>> merge_across_workers(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
                                                      std::vector<std::vector<int>> states);
+  std::vector<std::vector<int>> merge_across_cluster(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
+                                                     std::vector<std::vector<int>> states);
   std::vector<std::vector<int>> staged_states(std::vector<Stmt>& out, const std::vector<int>& reductions);
   void output_pass(std::vector<Stmt>& out, Slot& slot);
   std::vector<Stmt> reread_loop(const std::set<int>& inputs, const std::function<void(std::vector<Stmt>&, std::vector<Slot*>&)>& body);
@@ -343,6 +345,7 @@ class RowLowering {
   std::map<int, std::vector<std::vector<int>>> elem_acc_;
   bool whole_ = false;
   int next_shared_ = 0;
+  int cluster_merges_ = 0;  // merges through the cluster's distributed shared memory
 };
 
 LoweredProgram RowLowering::run() {
@@ -354,26 +357,32 @@ LoweredProgram RowLowering::run() {
     const Role role = decl(int(i)).role;
     if ((role == Role::row_in || role == Role::row_out) && present(int(i))) dtypes += "_" + std::string(dtype_name(dtype(int(i))));
   }
+  const int C = plan_.ctas_per_program;
   k_.name = "tile_" + prog_.name() + dtypes + "_p" + std::to_string(plan_.programs_per_group) + "w" + std::to_string(W) + "v" +
             std::to_string(plan_.vector_elems) + "s" + std::to_string(plan_.stripes) +
-            (plan_.caching == InputCaching::registers ? "c" : "r");
+            (plan_.caching == InputCaching::registers ? "c" : "r") + (C > 1 ? "_k" + std::to_string(C) : "");
+  TILE_CHECK(C == 1 || (plan_.programs_per_group == 1 && W % 32 == 0 && plan_.caching == InputCaching::registers),
+             "a cluster plan that validation should have refused");
+  k_.ctas_per_cluster = C;
   k_.programs_per_group = plan_.programs_per_group;
   k_.workers_per_program = W;
   k_.private_budget = plan_.private_budget;
   k_.resident_groups = plan_.resident_groups;
   analyse();
+  TILE_CHECK(C == 1 || rows_reductions_.empty(), "a cluster plan for a program reducing over the rows");
   declare_arguments();
 
+  // Row blocks are indexed by group, or by cluster when the groups of a cluster share a row.
+  const ExprPtr owner = special(C > 1 ? Special::cluster_index : Special::group_index);
+  const ExprPtr owners = C > 1 ? binary(BinOp::div, special(Special::group_count), i64(C)) : special(Special::group_count);
   std::vector<Stmt>& body = k_.body;
   if (plan_.grid_limit > 0) {
-    // Each group owns row blocks group_index, group_index + group_count, ...
-    body.push_back(comment("row blocks owned by this group"));
+    // Each group (cluster) owns row blocks owner, owner + owners, ...
+    body.push_back(comment(C > 1 ? "row blocks owned by this cluster" : "row blocks owned by this group"));
     ExprPtr P = i64(plan_.programs_per_group);
     ExprPtr blocks = binary(BinOp::div, binary(BinOp::add, param(p_rows_, Type::i64), binary(BinOp::sub, P, i64(1))), P);
-    ExprPtr count = binary(BinOp::div,
-                           binary(BinOp::add, binary(BinOp::sub, blocks, special(Special::group_index)),
-                                  binary(BinOp::sub, special(Special::group_count), i64(1))),
-                           special(Special::group_count));
+    ExprPtr count = binary(BinOp::div, binary(BinOp::add, binary(BinOp::sub, blocks, owner), binary(BinOp::sub, owners, i64(1))),
+                           owners);
     for (int red : rows_reductions_) {
       const RowReduction& rr = prog_.reductions()[red];
       const bool elem = prog_.nodes()[rr.inputs[0]].shape.cols;
@@ -395,19 +404,27 @@ LoweredProgram RowLowering::run() {
     int it = em_.temp("block_it", Type::i64);
     first_row_ = assign_new(body, "first", b1_const(true));
     std::vector<Stmt> loop;
-    ExprPtr block = binary(BinOp::add, special(Special::group_index), binary(BinOp::mul, r(it), special(Special::group_count)));
+    ExprPtr block = binary(BinOp::add, owner, binary(BinOp::mul, r(it), owners));
     begin_row(loop, block);
     for (Stmt& s : row_body()) loop.push_back(std::move(s));
     // The next row block reuses the merges' shared slots: every warp must have read the
-    // previous block's partials before any warp overwrites them.
-    if (!k_.shared.empty())
+    // previous block's partials before any warp overwrites them (for a cluster merge, every
+    // warp of every group of the cluster, which a cluster barrier also covers).
+    if (cluster_merges_ > 0)
+      loop.push_back(barrier(Scope::cluster));
+    else if (!k_.shared.empty())
       loop.push_back(barrier(merge_scope()));
     loop.push_back(assign(first_row_, b1_const(false)));
     body.push_back(for_(it, i64(0), count, std::move(loop)));
     flush_rows(body);
   } else {
-    begin_row(body, special(Special::group_index));
+    begin_row(body, owner);
     for (Stmt& s : row_body()) body.push_back(std::move(s));
+    // A group's shared memory must outlive the other groups' remote reads of it.
+    if (cluster_merges_ > 0) {
+      body.push_back(comment("no group exits while another may still read its partials"));
+      body.push_back(barrier(Scope::cluster));
+    }
   }
   lowered_.main.kernel = std::move(k_);
   if (!rows_reductions_.empty()) lowered_.finish = lower_finish();
@@ -499,9 +516,12 @@ void RowLowering::declare_arguments() {
 }
 
 ExprPtr RowLowering::stripe_col(ExprPtr stripe) {
-  // (stripe * W + worker) * V: worker w owns vector_elems consecutive elements per stripe.
+  // (stripe * W + worker) * V: worker w owns vector_elems consecutive elements per stripe. A
+  // row spanning the C groups of a cluster has C x W workers, worker cta x W + w of group cta.
   ExprPtr w = cast(Type::i64, special(Special::worker_in_program));
-  return binary(BinOp::mul, binary(BinOp::add, binary(BinOp::mul, stripe, i64(plan_.workers_per_program)), w),
+  if (plan_.ctas_per_program > 1)
+    w = binary(BinOp::add, binary(BinOp::mul, cast(Type::i64, special(Special::cta_in_cluster)), i64(plan_.workers_per_program)), w);
+  return binary(BinOp::mul, binary(BinOp::add, binary(BinOp::mul, stripe, i64(plan_.row_workers())), w),
                 i64(plan_.vector_elems));
 }
 
@@ -837,7 +857,7 @@ std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt
     }
   };
   butterfly(states, std::min(W, 32));
-  if (W <= 32) return states;
+  if (W <= 32) return merge_across_cluster(out, monoids, std::move(states));
   const int warps = W / 32;
   std::vector<Stmt> stores;
   std::vector<std::vector<int>> regions(states.size());
@@ -863,6 +883,51 @@ std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt
     }
   }
   butterfly(totals, 32);
+  return merge_across_cluster(out, monoids, std::move(totals));
+}
+
+// The cluster rung: each group's program-wide states (the same in every worker) go to one shared
+// slot per part; after a cluster barrier every worker reads the C groups' partials remotely and
+// folds them with the monoid's combine in rank order, so every group holds the same bits. Each
+// merge has its own slots; the cluster barrier at the end of the row (or row block) keeps them
+// alive, and unwritten, until every group has read them.
+std::vector<std::vector<int>> RowLowering::merge_across_cluster(std::vector<Stmt>& out,
+                                                                const std::vector<const Monoid*>& monoids,
+                                                                std::vector<std::vector<int>> states) {
+  const int C = plan_.ctas_per_program;
+  if (C == 1) return states;
+  ++cluster_merges_;
+  std::vector<Stmt> stores;
+  std::vector<std::vector<int>> regions(states.size());
+  for (size_t i = 0; i < states.size(); ++i)
+    for (int reg_id : states[i]) {
+      regions[i].push_back(int(k_.shared.size()));
+      k_.shared.push_back({"cluster_partials" + std::to_string(k_.shared.size()), next_shared_, 1, 1});
+      next_shared_ += plan_.programs_per_group;
+      stores.push_back(shared_store(regions[i].back(), i32_const(0), r(reg_id)));
+    }
+  out.push_back(if_(binary(BinOp::eq, special(Special::worker_in_program), i32_const(0)), std::move(stores)));
+  out.push_back(barrier(Scope::cluster));
+  std::vector<std::vector<int>> totals(states.size());
+  for (size_t i = 0; i < states.size(); ++i) {
+    std::vector<ExprPtr> acc;
+    for (int rank = 0; rank < C; ++rank) {
+      std::vector<ExprPtr> part;
+      for (int region : regions[i]) {
+        int v = em_.temp("remote", Type::f32);
+        out.push_back(remote_shared_load(v, region, i32_const(0), i32_const(rank)));
+        part.push_back(r(v));
+      }
+      if (rank == 0) {
+        acc = part;
+        continue;
+      }
+      std::vector<ExprPtr> merged = em_.combine(out, *monoids[i], acc, part);
+      acc.clear();
+      for (const ExprPtr& v : merged) acc.push_back(r(em_.materialize(out, v, "c")));
+    }
+    for (const ExprPtr& v : acc) totals[i].push_back(em_.materialize(out, v, "total"));
+  }
   return totals;
 }
 
@@ -898,8 +963,10 @@ void RowLowering::store_row_scalars(std::vector<Stmt>& out) {
   }
   if (stores.empty()) return;
   out.push_back(comment("per-row outputs, by the program's first worker"));
-  out.push_back(if_(binary(BinOp::and_, r(row_valid_), binary(BinOp::eq, special(Special::worker_in_program), i32_const(0))),
-                    std::move(stores)));
+  ExprPtr first = binary(BinOp::eq, special(Special::worker_in_program), i32_const(0));
+  if (plan_.ctas_per_program > 1)
+    first = binary(BinOp::and_, first, binary(BinOp::eq, special(Special::cta_in_cluster), i32_const(0)));
+  out.push_back(if_(binary(BinOp::and_, r(row_valid_), first), std::move(stores)));
 }
 
 ExprPtr RowLowering::slot_base() const {

@@ -1,12 +1,14 @@
 // lower_row_program: row program + kernel signature + mapping plan -> raw IR.
 //
 // Each program (the workers that own one row) covers its row in stripes of
-// workers_per_program * vector_elems elements. Reductions over the columns are grouped in
+// workers_per_program * vector_elems elements (times ctas_per_program when the row spans the
+// groups of a cluster: worker w of the group of rank c is worker c * W + w of the row). Reductions over the columns are grouped in
 // levels (a reduction whose inputs use another's result comes a level later); each level is
 // one pass over the row: every worker folds its elements with the monoid's `chunk` graph (its
 // whole cached slice, or one re-read iteration at a time merged with `combine`), then the
 // states merge up the scope stack — lanes of a warp by shuffles, warps of a program through
-// shared memory and one barrier — with `combine` again. An output pass stores the row outputs.
+// shared memory and one barrier, the groups of a cluster through distributed shared memory
+// between cluster barriers (read in rank order) — with `combine` again. An output pass stores the row outputs.
 // Reductions over the rows fold each program's rows into per-slot partials (registers, or
 // the workspace for re-read plans) that a second kernel, lower_finish, combines in a fixed
 // order: bitwise identical from run to run. Guard programs (rows past the last) run every

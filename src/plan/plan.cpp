@@ -164,8 +164,10 @@ std::string MappingPlan::loop_nest() const {
   const std::string in = loops ? "  " : "";
   if (loops) os << "  for block in group, group + grid, ...:    // row blocks this group owns\n";
   os << in << "  parallel program in 0.." << programs_per_group << ":       // row = block * " << programs_per_group
-     << " + program\n"
-     << in << "    parallel worker in 0.." << workers_per_program << ":      // "
+     << " + program\n";
+  if (ctas_per_program > 1)
+    os << in << "   parallel cta in 0.." << ctas_per_program << ":          // groups of one cluster share the row\n";
+  os << in << "    parallel worker in 0.." << workers_per_program << ":      // "
      << (warps > 0 ? std::to_string(warps) + " warp(s)" : "sub-warp program") << ", width " << to_string(width_mode)
      << "\n";
   if (caching == InputCaching::registers) {
@@ -175,11 +177,15 @@ std::string MappingPlan::loop_nest() const {
     os << in << "      for pass in reduction levels + output:   // input re-read each pass\n"
        << in << "        for stripe in 0..ceil(cols/" << elems_per_stripe() << ") step " << stripe_unroll << ":\n";
   }
-  os << in << "        access " << vector_elems << " consecutive elements at ((stripe * " << workers_per_program
-     << " + worker) * " << vector_elems << ")   // tail: " << to_string(tail) << ", alignment: " << to_string(alignment)
+  os << in << "        access " << vector_elems << " consecutive elements at ((stripe * " << row_workers()
+     << (ctas_per_program > 1 ? " + cta * " + std::to_string(workers_per_program) : std::string()) << " + worker) * "
+     << vector_elems << ")   // tail: " << to_string(tail) << ", alignment: " << to_string(alignment)
      << (caching == InputCaching::registers ? ", cache format: " + to_string(cache_format) : "") << "\n"
      << in << "      reductions over the row (" << to_string(merge) << "): per worker, warp shuffles"
-     << (workers_per_program > 32 ? ", shared memory and a " + to_string(barrier_scope) + "-scope barrier" : "") << "\n";
+     << (workers_per_program > 32 ? ", shared memory and a " + to_string(barrier_scope) + "-scope barrier" : "")
+     << (ctas_per_program > 1 ? ", then the cluster's partials through distributed shared memory between two cluster barriers"
+                              : "")
+     << "\n";
   if (loops) os << "  reductions over the rows: per group in registers/shared memory, then a second kernel\n";
   return os.str();
 }

@@ -26,6 +26,9 @@ constexpr int64_t kRegisterRowBytes = 32 * 1024;
 // 64 KiB, in 4 vectors a worker.
 constexpr int64_t kRereadIterationBytes = 64 * 1024;
 constexpr int kRereadUnroll = 4;
+// Cached scalars a worker of a cluster program aims for: 32 (of the 64-scalar budget) leave a
+// 512-thread group room for index math in the 128 registers its launch bounds allow.
+constexpr int64_t kClusterSliceScalars = 32;
 // Threads a group of packed short-row programs aims for.
 constexpr int kTargetGroupThreads = 256;
 // Groups per SM below which packing more rows per group would leave SMs idle.
@@ -95,7 +98,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
                               {"vector_elems", req.vector_elems},
                               {"stripes", req.stripes},
                               {"stripe_unroll", req.stripe_unroll},
-                              {"private_budget", req.private_budget}})
+                              {"private_budget", req.private_budget},
+                              {"ctas_per_program", req.ctas_per_program}})
     if (value && *value < 1)
       throw_argument_error("mapping plan", field, "an integer in [1, 2147483647]", std::to_string(*value));
   MappingPlan p;
@@ -119,7 +123,26 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // Registers a cached column position costs a worker: one per row input, plus accumulators
   // of reductions over the rows.
   const int64_t per_elem = in.row_inputs() + in.rows_reduction_parts;
-  const bool long_row = cols * xes > kRegisterRowBytes &&
+  // A row too long for one group's registers is split over the groups of a cluster where the
+  // target has clusters: the smallest power-of-two cluster whose groups of 512 (else 1024)
+  // workers each cache at most kClusterSliceScalars scalars a worker. The row is then read
+  // from memory once; where even the largest cluster does not hold it, it is re-read.
+  int cluster = 1, cluster_width = 0;
+  const bool free_mapping = !req.stripes && !req.workers_per_program && req.programs_per_group.value_or(1) == 1 &&
+                            req.caching.value_or(InputCaching::registers) == InputCaching::registers;
+  if (req.ctas_per_program) {
+    cluster = *req.ctas_per_program;
+  } else if (limits.max_cluster_size > 1 && cols * xes > kRegisterRowBytes && free_mapping && !in.reduces_rows) {
+    for (int w : {kMaxAutomaticWidth, 1024}) {
+      if (w > limits.max_threads_per_group || cluster_width) continue;
+      for (int c = 2; c <= std::min(16, limits.max_cluster_size); c *= 2)
+        if (ceil_div(vectors, int64_t(c) * w) * p.vector_elems * per_elem <= kClusterSliceScalars) {
+          cluster = c, cluster_width = w;
+          break;
+        }
+    }
+  }
+  const bool long_row = cluster == 1 && cols * xes > kRegisterRowBytes &&
                         req.caching.value_or(InputCaching::reread) == InputCaching::reread && !req.stripes;
   const int reread_unroll = req.stripe_unroll.value_or(kRereadUnroll);
   if (req.width_mode == WidthMode::exact && !req.workers_per_program)
@@ -127,6 +150,9 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   if (req.workers_per_program) {
     p.workers_per_program = *req.workers_per_program;
     p.width_mode = req.width_mode.value_or(WidthMode::exact);
+  } else if (cluster_width) {
+    p.workers_per_program = cluster_width;
+    p.width_mode = WidthMode::automatic;
   } else if (long_row) {
     const int64_t iteration = std::min(kRereadIterationBytes, cols * xes / 2);
     int64_t w = round_up(ceil_div(iteration, int64_t(p.vector_elems) * xes * reread_unroll), 32);
@@ -134,19 +160,20 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     p.width_mode = WidthMode::automatic;
   } else {
     int64_t stripes_wanted = req.stripes ? *req.stripes : kTargetStripes;
-    if (vectors <= 16 && !req.stripes)
+    if (vectors <= 16 && !req.stripes && cluster == 1)
       p.workers_per_program = pow2_at_least(vectors);
-    else
-      p.workers_per_program = int(std::clamp<int64_t>(round_up(ceil_div(vectors, stripes_wanted), 32), 32,
+    else  // a cluster's groups share the row's vectors
+      p.workers_per_program = int(std::clamp<int64_t>(round_up(ceil_div(ceil_div(vectors, cluster), stripes_wanted), 32), 32,
                                                       std::min(kMaxAutomaticWidth, limits.max_threads_per_group)));
     p.width_mode = WidthMode::automatic;
   }
+  p.ctas_per_program = cluster;
   // Clamped to an int: validate_plan rejects a row of more passes.
-  p.stripes = req.stripes
-                  ? *req.stripes
-                  : int(std::clamp<int64_t>(ceil_div(vectors, std::max(p.workers_per_program, 1)), 1, INT32_MAX));
+  p.stripes = req.stripes ? *req.stripes
+                          : int(std::clamp<int64_t>(
+                                ceil_div(vectors, std::max<int64_t>(p.row_workers(), 1)), 1, INT32_MAX));
   p.private_budget = req.private_budget.value_or(64);
-  p.caching = req.caching.value_or(!long_row && int64_t(p.stripes) * p.vector_elems * per_elem <= p.private_budget
+  p.caching = req.caching.value_or(cluster > 1 || (!long_row && int64_t(p.stripes) * p.vector_elems * per_elem <= p.private_budget)
                                        ? InputCaching::registers
                                        : InputCaching::reread);
   if (long_row)
@@ -170,6 +197,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // that would leave fewer than kGroupsPerSm groups per SM; sub-warp programs fill whole warps.
   if (req.programs_per_group) {
     p.programs_per_group = *req.programs_per_group;
+  } else if (cluster > 1) {
+    p.programs_per_group = 1;  // the groups of a cluster share one row
   } else if (p.workers_per_program > 0 && p.workers_per_program <= limits.max_threads_per_group) {
     int64_t packed = std::max(1, kTargetGroupThreads / p.workers_per_program);
     int64_t spread = std::max<int64_t>(1, ceil_div(in.rows, kGroupsPerSm * limits.sm_count));
@@ -181,7 +210,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // Groups of 512 threads ask for two resident groups per SM (at most 64 registers a thread):
   // at 68 registers bf16 LayerNorm x 16384 ran one group per SM (ncu: 25 % occupancy, 53 % of
   // peak DRAM throughput); ptxas spills a few bytes instead, to L1.
-  p.resident_groups = req.resident_groups.value_or(p.threads_per_group() == 512 ? 2 : 1);
+  // A cluster program's group caches up to kClusterSliceScalars a worker: one group per SM.
+  p.resident_groups = req.resident_groups.value_or(p.threads_per_group() == 512 && cluster == 1 ? 2 : 1);
   // Reductions over the rows keep one partial per program slot: about two groups per SM
   // bound that extra memory (slots x cols x parts) while filling the device.
   p.grid_limit = req.grid_limit.value_or(
@@ -198,7 +228,7 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     throw_argument_error(op, std::string("plan.") + field, expected, given);
   };
   auto str = [](auto v) { return std::to_string(v); };
-  const int W = p.workers_per_program, P = p.programs_per_group, V = p.vector_elems;
+  const int W = p.workers_per_program, P = p.programs_per_group, V = p.vector_elems, C = p.ctas_per_program;
   if (!valid_width(W))
     fail("workers_per_program", "1, 2, 4, 8, 16 or a multiple of 32 up to 1024", str(W));
   if (P < 1) fail("programs_per_group", "at least 1", str(P));
@@ -214,19 +244,40 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("vector_elems", "an access of at most " + str(limits.max_vector_bytes) + " bytes on every operand",
          str(V) + " elements of " + str(in.widest_elem_bytes()) + " bytes");
   if (p.stripes < 1) fail("stripes", "at least 1", str(p.stripes));
+  // A row split over the groups of a cluster: each group caches its slice in registers and the
+  // partial states merge through distributed shared memory (one program a group, whole warps).
+  if (C < 1 || C > 16) fail("ctas_per_program", "1 to 16", str(C));
+  if (C > limits.max_cluster_size)
+    fail("ctas_per_program",
+         "at most " + str(limits.max_cluster_size) + " groups a cluster on this target" +
+             (limits.max_cluster_size == 1 ? " (it launches no clusters)" : ""),
+         str(C));
+  if (C > 1) {
+    // One program of whole warps (a group is whole warps): every worker reaches the merges.
+    if (P != 1) fail("programs_per_group", "1 when ctas_per_program > 1 (the groups of a cluster share one row)", str(P));
+    if (p.caching != InputCaching::registers)
+      fail("caching", "\"registers\" when ctas_per_program > 1 (each group caches its slice of the row)",
+           "\"" + to_string(p.caching) + "\"");
+    if (in.reduces_rows)
+      fail("ctas_per_program", "1 for a program with a reduction over the rows (its partials are kept per group)",
+           str(C));
+  }
   // The passes of all workers over a row are counted in 32 bits (the stripes field).
-  if (ceil_div(in.cols, int64_t(W) * V) > INT32_MAX)
-    throw_argument_error(
-        op, in.rows_operand,
-        "cols at most 2147483647 passes of workers_per_program x vector_elems = " + str(int64_t(W) * V) + " elements",
-        str(in.cols));
+  if (ceil_div(in.cols, int64_t(C) * W * V) > INT32_MAX)
+    throw_argument_error(op, in.rows_operand,
+                         "cols at most 2147483647 passes of ctas_per_program x workers_per_program x vector_elems = " +
+                             str(int64_t(C) * W * V) + " elements",
+                         str(in.cols));
   if (p.stripe_unroll < 1 || p.stripe_unroll > 16) fail("stripe_unroll", "1 to 16", str(p.stripe_unroll));
   if (p.private_budget < 1 || p.private_budget > 255) fail("private_budget", "1 to 255 scalars", str(p.private_budget));
   if (p.caching == InputCaching::registers) {
-    int64_t covered = int64_t(p.stripes) * W * V;
+    int64_t covered = int64_t(p.stripes) * C * W * V;
     if (covered < in.cols)
-      fail("stripes", "stripes x workers_per_program x vector_elems >= cols = " + str(in.cols),
-           str(p.stripes) + " x " + str(W) + " x " + str(V) + " = " + str(covered));
+      fail("stripes", std::string(C > 1 ? "stripes x ctas_per_program x workers_per_program x vector_elems"
+                                        : "stripes x workers_per_program x vector_elems") +
+                          " >= cols = " + str(in.cols),
+           str(p.stripes) + " x " + (C > 1 ? str(C) + " x " : std::string()) + str(W) + " x " + str(V) + " = " +
+               str(covered));
     const int64_t per_elem = in.row_inputs() + in.rows_reduction_parts;
     if (int64_t(p.stripes) * V * per_elem > p.private_budget)
       fail("caching", "a cached row slice within private_budget = " + str(p.private_budget) +
@@ -259,7 +310,8 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("alignment", "every row of every operand aligned to vector_elems = " + str(V) +
                           " elements and cols a multiple of it for \"require\"",
          "base alignment " + str(in.base_alignment) + " bytes, row strides " + strides(in) + ", cols " + str(in.cols));
-  if (int64_t(std::max(1, in.merge_parts)) * P * std::max(1, W / 32) * 4 > limits.max_shared_bytes)
+  // One slot per warp and part, and per part for the cluster's merge.
+  if (int64_t(std::max(1, in.merge_parts)) * (P * std::max(1, W / 32) + (C > 1 ? 1 : 0)) * 4 > limits.max_shared_bytes)
     fail("programs_per_group", "shared memory within " + str(limits.max_shared_bytes) + " bytes", str(P));
   if (int64_t(p.resident_groups) * P * W > limits.max_threads_per_sm)
     fail("resident_groups", "resident_groups x threads per group <= " + str(limits.max_threads_per_sm) +
@@ -272,10 +324,11 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("grid_limit", "at least 1 for a program reducing over the rows (its partials are bounded by the grid)",
          str(p.grid_limit));
   const int64_t blocks = ceil_div(in.rows, P);
-  const int64_t groups = p.grid_limit > 0 ? std::min<int64_t>(blocks, p.grid_limit) : blocks;
+  const int64_t groups = (p.grid_limit > 0 ? std::min<int64_t>(blocks, p.grid_limit) : blocks) * C;
   if (groups > limits.max_groups)
     throw_argument_error(op, in.rows_operand,
-                         "at most " + str(limits.max_groups) + " groups of " + str(P) + " rows (the grid's limit)",
+                         "at most " + str(limits.max_groups) + " groups of " + str(P) + " rows (the grid's limit)" +
+                             (C > 1 ? ", " + str(C) + " groups a row block" : std::string()),
                          str(in.rows) + " rows");
 }
 
@@ -316,6 +369,19 @@ std::vector<MappingPlan> mapping_family(const PlanInputs& in, const DeviceLimits
           }
       }
     }
+  // Rows split over the groups of a cluster, where the target has clusters: one program a
+  // group, register caching, either merge.
+  if (!in.reduces_rows)
+    for (int c = 2; c <= std::min(16, limits.max_cluster_size); c *= 2)
+      for (int w : {256, 512, 1024}) {
+        if (int64_t(c) * w * policy.vector_elems > 2 * int64_t(pow2_at_least(cols))) continue;
+        for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine}) {
+          PlanRequest r;
+          r.ctas_per_program = c, r.workers_per_program = w, r.vector_elems = policy.vector_elems;
+          r.programs_per_group = 1, r.caching = InputCaching::registers, r.merge = merge;
+          add(choose_plan(in, r, limits));
+        }
+      }
   return family;
 }
 

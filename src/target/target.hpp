@@ -16,7 +16,7 @@ namespace tile {
 // and plan validation respect, so a plan a target cannot run is refused before lowering.
 struct TargetCaps {
   int named_barriers = 16;          // per group; id 0 is the group barrier, 1.. one per program
-  int max_cluster_size = 1;         // groups per cluster (1: no cluster codegen yet)
+  int max_cluster_size = 1;         // groups per cluster a launch may have (1: no clusters)
   int vector_bytes = 16;            // widest single memory access of a worker
   int shared_bytes = 48 * 1024;     // static shared memory per group
   bool can_launch = false;          // a launch can run in this process (driver, device)

@@ -1,5 +1,6 @@
 // The CPU backend against the float64 oracle over the seeded sweep and the packing
 // configurations, plus guard rows and exact/automatic cooperating widths.
+#include <algorithm>
 #include <set>
 
 #include "support/cases.hpp"
@@ -103,6 +104,7 @@ TEST(CpuSweep, OneCaseOfEveryPlanFamily) {
     EXPECT_EQ(p.cache_format, *f.c.plan.cache_format);
     EXPECT_EQ(p.grid_limit, *f.c.plan.grid_limit);
     EXPECT_EQ(p.merge, *f.c.plan.merge);
+    EXPECT_EQ(p.ctas_per_program, f.c.plan.ctas_per_program.value_or(1));
     EXPECT_TRUE(seen.insert(f.family).second) << "family listed twice";
     seen.insert("op " + op_name(f.c.op));
     seen.insert("x " + std::string(dtype_name(f.c.x)));
@@ -119,7 +121,24 @@ TEST(CpuSweep, OneCaseOfEveryPlanFamily) {
                              "registers w96 single group clamp require f32-cache loop staged",
                              "reread w32 single group clamp require f32-cache combine"})
     EXPECT_TRUE(seen.count(family)) << family;
-  EXPECT_EQ(seen.size(), size_t(280 + 4 + 3 + 3));  // 224 register and 56 re-read families, ops, dtypes
+  EXPECT_EQ(std::count_if(seen.begin(), seen.end(), [](const std::string& f) { return f.rfind("cluster", 0) == 0; }), 16);
+  // 224 register, 56 re-read and 16 cluster families, ops, dtypes
+  EXPECT_EQ(seen.size(), size_t(280 + 16 + 4 + 3 + 3));
+}
+
+TEST(CpuSweep, ClusterProgramsAtLongRows) {
+  // The GPU sweep's cluster cases (cluster_sweep): each row is read once, by the groups of a
+  // cluster, and the partial states merge through distributed shared memory.
+  for (const Case& c : cluster_sweep()) {
+    SCOPED_TRACE(c.name());
+    CaseResult r = run_case(c, Backend::cpu);
+    EXPECT_TRUE(r.check.ok) << r.check.first_mismatch;
+    EXPECT_TRUE(r.outside_untouched);
+    EXPECT_EQ(r.record.plan.ctas_per_program, *c.plan.ctas_per_program);
+    EXPECT_GT(r.record.plan.ctas_per_program, 1);
+    EXPECT_EQ(r.record.plan.caching, InputCaching::registers);
+    EXPECT_EQ(r.record.groups, c.rows * r.record.plan.ctas_per_program);
+  }
 }
 
 TEST(CpuSweep, GroupsLoopingOverRowBlocksReuseTheirPartialsSafely) {
@@ -191,14 +210,16 @@ TEST(CpuSemantics, NanReachesTheOnlineSumWhileTheRunningMaxIsMinusInfinity) {
     run(call, {scalar, nullptr, Backend::cpu});
     for (float v : y) EXPECT_TRUE(std::isnan(v)) << op_name(op) << ": " << v;
   }
-  // 1 x 10000 fp32 (re-read by the policy): the NaN's worker sees only -inf otherwise.
+  // 1 x 10000 fp32, on every caching mode and the policy's plan (a cluster where the target
+  // launches them): the NaN's worker sees only -inf otherwise.
   const int64_t cols = 10000;
   std::vector<float> row(cols, -inf), out(cols, 0.0f);
   row[5000] = nan, row[9000] = 1.0f;
   for (Op op : {Op::softmax, Op::log_softmax}) {
     Call call{op, matrix(row.data(), DType::f32, 1, cols), matrix(out.data(), DType::f32, 1, cols)};
-    EXPECT_EQ(plan_for(call).caching, InputCaching::reread);
-    for (const PlanRequest& plan : plans_of_every_caching()) {
+    std::vector<PlanRequest> plans = plans_of_every_caching();
+    plans.push_back({});
+    for (const PlanRequest& plan : plans) {
       std::fill(out.begin(), out.end(), 0.0f);
       run(call, {plan, nullptr, Backend::cpu});
       for (int64_t c = 0; c < cols; ++c)

@@ -124,6 +124,19 @@ TEST_F(CudaSanitizerSubset, RepresentativePlans) {
   expect_case_passes(c, Backend::cuda);  // sub-warp programs, clamped tails
 }
 
+TEST_F(CudaSweep, ClusterProgramsAtLongRows) {
+  // Rows of 64K-256K split over the groups of a cluster (cluster_sweep, the policy's cluster
+  // size): launched with the cluster dimension, checked against the float64 oracle.
+  for (const Case& c : cluster_sweep()) {
+    SCOPED_TRACE(c.name());
+    CaseResult r = run_case(c, Backend::cuda);
+    EXPECT_TRUE(r.check.ok) << r.check.mismatches << " mismatches; first: " << r.check.first_mismatch;
+    EXPECT_TRUE(r.outside_untouched);
+    EXPECT_EQ(r.record.plan.ctas_per_program, *c.plan.ctas_per_program);
+    EXPECT_EQ(r.record.groups, c.rows * r.record.plan.ctas_per_program);
+  }
+}
+
 TEST_F(CudaSanitizerFamily, OneKernelOfEveryPlanFamily) {
   // Every structural class of the mapping family once (plan_family_cases; its CPU twin in
   // tests/api/cpu_sweep_test.cpp checks the coverage): the set compute-sanitizer runs over.

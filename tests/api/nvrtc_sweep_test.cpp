@@ -1,5 +1,6 @@
-// NVRTC compiles every kernel of the CPU sweep and of the sanitizer's plan families for sm_90
-// (no GPU needed), and every group barrier in the generated source is reached unconditionally.
+// NVRTC compiles every kernel of the CPU sweep, of the sanitizer's plan families and of the
+// cluster sweep for sm_90 (no GPU needed), and every group and cluster barrier in the generated
+// source is reached unconditionally.
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -7,7 +8,10 @@
 #include <sstream>
 
 #include "bind/bind.hpp"
+#include "backend/cuda/emit_cuda.hpp"
 #include "backend/cuda/jit_module.hpp"
+#include "ir/verifier.hpp"
+#include "lower/lower_row_program.hpp"
 #include "support/cases.hpp"
 
 namespace tile::testing {
@@ -21,11 +25,26 @@ Call host_call(const Case& c, HostMatrix& x, HostMatrix& y, HostVector& w, HostV
   return call;
 }
 
+// A cluster plan's source, lowered for a target with clusters of up to 16 groups (sm_90) whether
+// or not this process can launch one: plan, validation, lowering, verification, CUDA C++.
+std::string cluster_source(const Call& call, const PlanRequest& request) {
+  const BoundCall bound = bind(call);
+  DeviceLimits limits;
+  limits.max_cluster_size = 16;
+  const MappingPlan plan = choose_plan(bound.plan_inputs(), request, limits);
+  validate_plan(plan, bound.plan_inputs(), limits, op_name(call.op));
+  const LoweredProgram lp = lower_row_program(*bound.program, bound.signature(), plan);
+  ir::verify_or_throw(lp.main.kernel);
+  EXPECT_EQ(lp.main.kernel.ctas_per_cluster, plan.ctas_per_program);
+  return cuda::emit_cuda(lp.main.kernel, "// plan " + plan.to_json());
+}
+
 std::vector<std::string> sweep_sources() {
   std::set<std::string> sources;
   std::vector<Case> cases = core_sweep();
   for (const Case& c : packing_sweep()) cases.push_back(c);
   for (const FamilyCase& f : plan_family_cases()) cases.push_back(f.c);  // the sanitizer set
+  for (const Case& c : cluster_sweep()) cases.push_back(c);
   for (BarrierScope scope : {BarrierScope::group, BarrierScope::program})
     for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
       Case c;
@@ -40,7 +59,8 @@ std::vector<std::string> sweep_sources() {
     HostMatrix x(c.x, std::max<int64_t>(c.rows, 1), c.cols, c.x_stride_or_cols(), c.offset, 0);
     HostMatrix y(c.y, std::max<int64_t>(c.rows, 1), c.cols, c.y_stride_or_x(), c.y_offset_or_x(), 0);
     HostVector w(c.w, c.cols), b(c.w, c.cols);
-    sources.insert(source_for(host_call(c, x, y, w, b), c.plan));
+    const Call call = host_call(c, x, y, w, b);
+    sources.insert(c.plan.ctas_per_program.value_or(1) > 1 ? cluster_source(call, c.plan) : source_for(call, c.plan));
   }
   return {sources.begin(), sources.end()};
 }
@@ -61,7 +81,8 @@ TEST(GeneratedSource, GroupBarriersAreReachedUnconditionally) {
     while (std::getline(lines, line)) {
       ++number;
       std::string code = line.substr(0, line.find("//"));
-      if (code.find("__syncthreads()") != std::string::npos || code.find("tile_named_barrier(") != std::string::npos) {
+      if (code.find("__syncthreads()") != std::string::npos || code.find("tile_named_barrier(") != std::string::npos ||
+          code.find("tile_cluster_barrier()") != std::string::npos) {
         ++barriers;
         EXPECT_TRUE(depth >= 1 && std::all_of(uniform.begin(), uniform.end(), [](bool u) { return u; }))
             << "barrier under control flow at kernel line " << number << ": " << line;
@@ -81,14 +102,17 @@ TEST(GeneratedSource, NvrtcCompilesEveryKernelOfTheSweepForSm90) {
   std::filesystem::path dir = std::filesystem::temp_directory_path() / "tile-nvrtc-sweep-test";
   setenv("TILE_CACHE_DIR", dir.c_str(), 1);
   setenv("TILE_DISABLE_DISK_CACHE", "1", 1);
-  int compiled = 0;
+  int compiled = 0, clusters = 0;
   for (const std::string& src : sweep_sources()) {
     auto result = cuda::compile_cubin(src, "sm_90");
     ASSERT_EQ(result->cubin.compare(0, 4, "\x7f" "ELF"), 0);
     ++compiled;
+    clusters += src.find("tile_remote_shared_load(&") != std::string::npos;
   }
-  std::printf("NVRTC %s compiled %d kernels for sm_90\n", cuda::nvrtc_version().c_str(), compiled);
+  std::printf("NVRTC %s compiled %d kernels (%d cluster kernels) for sm_90\n", cuda::nvrtc_version().c_str(), compiled,
+              clusters);
   EXPECT_GT(compiled, 50);
+  EXPECT_GE(clusters, 30);  // the cluster families and the cluster sweep
 }
 
 }  // namespace

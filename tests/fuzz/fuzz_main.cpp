@@ -67,7 +67,7 @@ double executor_cost(const Case& c, const MappingPlan& p) {
   const int64_t programs = (c.rows + p.programs_per_group - 1) / p.programs_per_group * p.programs_per_group;
   const int64_t per_worker = (c.cols + p.elems_per_stripe() - 1) / p.elems_per_stripe() * p.vector_elems;
   const int passes = p.caching == InputCaching::registers ? 1 : 2;
-  return double(programs) * p.workers_per_program * (double(per_worker) * (4 + passes * 6) + 400);
+  return double(programs) * double(p.row_workers()) * (double(per_worker) * (4 + passes * 6) + 400);
 }
 
 // The plan inputs of the case's call: host buffers start 16-byte aligned (operator new), so
@@ -86,9 +86,17 @@ PlanInputs inputs_of(const Case& c) {
   return bind(builtin_program(c.op), to_args(call)).plan_inputs();
 }
 
+// The device the plans are drawn for: H200-like, with clusters of up to 16 groups, so both plan
+// generators draw rows split over a cluster (and the policy picks them for long rows).
+const DeviceLimits kLimits = [] {
+  DeviceLimits l;
+  l.max_cluster_size = 16;
+  return l;
+}();
+
 bool valid(const MappingPlan& p, const PlanInputs& in) {
   try {
-    validate_plan(p, in, DeviceLimits{}, "fuzz");
+    validate_plan(p, in, kLimits, "fuzz");
     return true;
   } catch (const Error&) {
     return false;
@@ -111,6 +119,12 @@ MappingPlan perturb(MappingPlan p, const PlanInputs& in, Rng& rng) {
   if (p.caching == InputCaching::reread && rng.chance(0.3))
     attempt([&](MappingPlan& q) { q.stripe_unroll = 1 + rng.below(16); });
   if (rng.chance(0.2)) attempt([&](MappingPlan& q) { q.private_budget = q.stripes * q.vector_elems + rng.below(64); });
+  if (p.caching == InputCaching::registers && p.workers_per_program % 32 == 0 && rng.chance(0.2))
+    attempt([&](MappingPlan& q) {  // the row split over a cluster, its stripes shared out
+      q.ctas_per_program = rng.pick({2, 3, 4, 8, 16});
+      q.programs_per_group = 1;
+      q.stripes = (q.stripes + q.ctas_per_program - 1) / q.ctas_per_program;
+    });
   if (rng.chance(0.3)) attempt([&](MappingPlan& q) { q.resident_groups = 1 + rng.below(4); });
   attempt([&](MappingPlan& q) { q.merge = rng.chance(0.5) ? MergeStrategy::staged : MergeStrategy::combine; });
   if (rng.chance(0.3)) attempt([&](MappingPlan& q) { q.grid_limit = 1 + rng.below(8); });  // groups loop over rows
@@ -134,7 +148,12 @@ std::optional<MappingPlan> random_plan(const PlanInputs& in, Rng& rng) {
   if (rng.chance(0.2)) r.resident_groups = 1 + rng.below(4);
   if (rng.chance(0.2)) r.grid_limit = rng.below(8);
   if (rng.chance(0.3)) r.merge = rng.chance(0.5) ? MergeStrategy::staged : MergeStrategy::combine;
-  MappingPlan p = choose_plan(in, r);
+  if (rng.chance(0.2)) {  // a cluster: mostly with the one program a group and the caching it needs
+    r.ctas_per_program = rng.pick({2, 3, 4, 8, 16});
+    if (rng.chance(0.8)) r.programs_per_group = 1;
+    if (rng.chance(0.8)) r.caching = InputCaching::registers;
+  }
+  MappingPlan p = choose_plan(in, r, kLimits);
   if (!valid(p, in)) return std::nullopt;
   return p;
 }
@@ -172,24 +191,24 @@ FuzzCase draw_case(uint64_t seed, uint64_t index, double budget) {
     std::optional<MappingPlan> p;
     const int source = rng.below(10);
     if (source < 5) {
-      if (family.empty()) family = mapping_family(in);
+      if (family.empty()) family = mapping_family(in, kLimits);
       p = perturb(family[size_t(rng.below(int(family.size())))], in, rng);
       f.origin = "family";
     } else if (source < 9) {
       p = random_plan(in, rng);
       f.origin = "random";
     } else {
-      p = choose_plan(in, {});
+      p = choose_plan(in, {}, kLimits);
       f.origin = "policy";
     }
     if (p && valid(*p, in) && executor_cost(c, *p) <= budget) {
       c.plan = PlanRequest::exactly(*p);
-      f.plan = choose_plan(in, c.plan);  // as launched: the width is then exact
+      f.plan = choose_plan(in, c.plan, kLimits);  // as launched: the width is then exact
       return f;
     }
   }
-  c.plan = PlanRequest::exactly(choose_plan(in, {}));
-  f.plan = choose_plan(in, c.plan);
+  c.plan = PlanRequest::exactly(choose_plan(in, {}, kLimits));
+  f.plan = choose_plan(in, c.plan, kLimits);
   f.origin = "policy (budget)";
   return f;
 }
@@ -364,6 +383,7 @@ int fuzz(const Options& o) {
       if (p.cache_format == CacheFormat::packed) ++tally["packed cache"];
       if (p.merge == MergeStrategy::staged) ++tally["staged merges"];
       if (p.grid_limit > 0) ++tally["row-block loops"];
+      if (p.ctas_per_program > 1) ++tally["cluster programs"];
       if (f.c.special_values) ++tally["special values"];
       if (!fail.empty()) {
         ++failures;

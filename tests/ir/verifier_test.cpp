@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/cpu/executor.hpp"
+#include "support/cluster_kernel.hpp"
 
 namespace tile::ir {
 namespace {
@@ -113,7 +114,7 @@ TEST(VerifierProof, RejectsProgramBarrierThatPartOfItsProgramSkips) {
 TEST(VerifierProof, RejectsBarriersOfScopesKernelsDoNotSynchronise) {
   // Warps converge without a barrier and nothing here spans a cluster or the grid: a barrier
   // of those scopes is a lowering bug, whatever control flow it sits on.
-  for (Scope scope : {Scope::lane, Scope::warp, Scope::cluster, Scope::grid}) {
+  for (Scope scope : {Scope::lane, Scope::warp, Scope::cluster, Scope::grid}) {  // cluster: C = 1 here
     Kernel k = row_sum(scope, false, false, 2);
     EXPECT_TRUE(mentions(verify(k), std::string("barrier of scope ") + scope_name(scope))) << scope_name(scope);
   }
@@ -152,6 +153,84 @@ TEST(VerifierProof, RejectsSharedIndexOutsideItsRegion) {
   Kernel k = row_sum(Scope::group, false, false, 2);
   k.body.push_back(shared_store(0, special(Special::lane), f32_const(0)));
   EXPECT_TRUE(mentions(verify(k), "not provably in [0, 2)"));
+}
+
+// Cluster proof cases (tests/support/cluster_kernel.hpp): a row split over the C groups of a
+// cluster, partials merged through remote shared loads between two cluster barriers.
+using testing::cluster_row_sum;
+using testing::ClusterSumFlaws;
+
+// Runs a cluster kernel over `rows` rows of C x 64 columns (x[i] = i % 7) and returns y.
+std::vector<float> run_cluster(const Kernel& k, int64_t rows, bool loop = false) {
+  const int C = k.ctas_per_cluster;
+  std::vector<float> x(size_t(rows) * 64 * C);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 7);
+  std::vector<float> y(size_t(rows), -1.0f);
+  cpu::LaunchArgs args;
+  args.groups = (loop ? std::min<int64_t>(rows, 2) : rows) * C;
+  args.buffers = {{x.data(), 0, int64_t(x.size())}, {y.data(), 0, int64_t(y.size())}};
+  args.params = {{0, rows}};
+  cpu::execute(k, args);
+  for (int64_t r = 0; r < rows; ++r) {
+    float want = 0;
+    for (int64_t c = 0; c < 64 * C; ++c) want += float((r * 64 * C + c) % 7);
+    EXPECT_EQ(y[size_t(r)], want) << "row " << r;
+  }
+  return y;
+}
+
+TEST(VerifierProof, AcceptsClusterMergeBetweenTwoClusterBarriers) {
+  for (int C : {2, 4, 16}) {
+    Kernel k = cluster_row_sum(C);
+    EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
+    run_cluster(k, 3);
+  }
+  // A persistent loop over row blocks: the bound is uniform across the cluster, the barriers
+  // inside it are passed by every group, and the last one orders the next block's writes.
+  Kernel k = cluster_row_sum(4, {.loop_over_rows = true});
+  EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
+  run_cluster(k, 5, /*loop=*/true);
+}
+
+TEST(VerifierProof, RejectsRemoteReadBeforeAClusterBarrier) {
+  Kernel k = cluster_row_sum(2, {.no_first_barrier = true});
+  EXPECT_TRUE(mentions(verify(k), "before a cluster barrier on some path"));
+  EXPECT_THROW(run_cluster(k, 2), cpu::ExecutionError);  // the owner's write races the read
+  // A barrier on one arm of an if does not cover the other arm.
+  k = cluster_row_sum(2, {.no_first_barrier = true});
+  k.body.insert(k.body.begin(), if_(binary(BinOp::lt, param(0, Type::i64), i64_const(4)), {barrier(Scope::cluster)}));
+  EXPECT_TRUE(mentions(verify(k), "before a cluster barrier on some path"));
+}
+
+TEST(VerifierProof, RejectsKernelEndingAfterARemoteRead) {
+  Kernel k = cluster_row_sum(2, {.no_last_barrier = true});
+  EXPECT_TRUE(mentions(verify(k), "not followed by a cluster barrier before the kernel ends"));
+  EXPECT_THROW(run_cluster(k, 2), cpu::ExecutionError);  // a group exits while read
+}
+
+TEST(VerifierProof, RejectsClusterBarrierThatSomeGroupsSkip) {
+  Kernel k = cluster_row_sum(2, {.rank_divergent = true});
+  EXPECT_TRUE(mentions(verify(k), "cluster barrier under control flow that is not uniform across the cluster"));
+  EXPECT_THROW(run_cluster(k, 2), cpu::ExecutionError);
+  // A guard on the group's own index (not the cluster's) is as divergent.
+  k = cluster_row_sum(2);
+  k.body.insert(k.body.begin(), assign(0, cast(Type::i64, special(Special::group_index))));
+  k.body = {if_(binary(BinOp::lt, reg(0, Type::i64), param(0, Type::i64)), k.body)};
+  EXPECT_TRUE(mentions(verify(k), "not uniform across the cluster"));
+}
+
+TEST(VerifierProof, RejectsRemoteRankOutsideTheCluster) {
+  Kernel k = cluster_row_sum(2, {.rank_past_cluster = true});
+  EXPECT_TRUE(mentions(verify(k), "remote rank '(cta_in_cluster + 1)' is not provably in [0, 2)"));
+  EXPECT_THROW(run_cluster(k, 2), cpu::ExecutionError);
+}
+
+TEST(VerifierProof, RejectsClusterSynchronisationWithoutClusters) {
+  Kernel k = cluster_row_sum(2);
+  k.ctas_per_cluster = 1;
+  const std::vector<std::string> errors = verify(k);
+  EXPECT_TRUE(mentions(errors, "barrier of scope cluster in a kernel without clusters"));
+  EXPECT_TRUE(mentions(errors, "remote shared load in a kernel without clusters"));
 }
 
 }  // namespace

@@ -42,6 +42,11 @@ Kernel every_kind() {
   loop.push_back(shared_load(t, 0, i32_const(0)));
   loop.push_back(store({t}, 1, at, i64_const(1), b1_const(false)));
   k.body.push_back(for_(i, i64_const(0), param(0, Type::i64), loop));
+  // The cluster rung: the partial of the cluster's other group, between two cluster barriers.
+  k.ctas_per_cluster = 2;
+  k.body.push_back(barrier(Scope::cluster));
+  k.body.push_back(remote_shared_load(t, 0, i32_const(0), binary(BinOp::sub, i32_const(1), special(Special::cta_in_cluster))));
+  k.body.push_back(barrier(Scope::cluster));
   return k;
 }
 
@@ -57,6 +62,7 @@ class KindRecorder : public IRVisitor<KindRecorder> {
   void visit_shfl_xor(const Stmt& s) { seen(s, Stmt::Kind::shfl_xor); }
   void visit_shared_store(const Stmt& s) { seen(s, Stmt::Kind::shared_store); }
   void visit_shared_load(const Stmt& s) { seen(s, Stmt::Kind::shared_load); }
+  void visit_remote_shared_load(const Stmt& s) { seen(s, Stmt::Kind::remote_shared_load); }
   void visit_barrier(const Stmt& s) { seen(s, Stmt::Kind::barrier); }
   void visit_if(const Stmt& s) { seen(s, Stmt::Kind::if_); }
   void visit_for(const Stmt& s) { seen(s, Stmt::Kind::for_); }
@@ -102,7 +108,7 @@ void hand_count(const Expr& e, std::array<int, kExprKinds>& exprs) {
 void hand_count(const std::vector<Stmt>& body, std::array<int, kStmtKinds>& stmts, std::array<int, kExprKinds>& exprs) {
   for (const Stmt& s : body) {
     ++stmts[int(s.kind)];
-    for (const ExprPtr& e : {s.value, s.index, s.valid, s.aligned, s.cond, s.begin, s.end})
+    for (const ExprPtr& e : {s.value, s.index, s.valid, s.aligned, s.cond, s.begin, s.end, s.cta})
       if (e) hand_count(*e, exprs);
     hand_count(s.body, stmts, exprs);
     hand_count(s.else_body, stmts, exprs);
@@ -126,7 +132,7 @@ TEST(Visitor, DefaultRecursionReachesNestedLeaves) {
   for (const Stmt& s : k.body) leaves.visit(s);
   EXPECT_EQ(leaves.constants, exprs[int(Expr::Kind::constant)]);
   EXPECT_EQ(leaves.comments, stmts[int(Stmt::Kind::comment)]);
-  EXPECT_EQ(leaves.constants, 8);  // the literals written in every_kind(), one by one
+  EXPECT_EQ(leaves.constants, 10);  // the literals written in every_kind(), one by one
 }
 
 // Statement arguments reach the statements of nested blocks; the if and the for handlers
@@ -148,12 +154,12 @@ TEST(Visitor, ArgumentsTravelToNestedStatements) {
   k.body[0].body.push_back(if_(b1_const(true), {}, {barrier(Scope::program)}));
   Depth d;
   for (const Stmt& s : k.body) d.visit(s, 0);
-  EXPECT_EQ(d.barriers_at, (std::map<int, int>{{0, 1}, {1, 1}, {2, 1}}));
+  EXPECT_EQ(d.barriers_at, (std::map<int, int>{{0, 3}, {1, 1}, {2, 1}}));  // two of every_kind()'s cluster barriers
 }
 
 // Lowered kernels of the built-in operators and of a reduction over the rows (whose finish
 // kernel is a second lowered kernel), over plans that cache or re-read, pack programs, span
-// one or several warps and use group or program barriers.
+// one or several warps or the groups of a cluster and use group or program barriers.
 std::vector<Kernel> lowered_kernels() {
   static RowProgram column_sum = [] {
     RowProgram p("column_sum");
@@ -183,6 +189,14 @@ std::vector<Kernel> lowered_kernels() {
     if (op == Op::rms_norm || op == Op::layer_norm) args.set("weight", w.view());
     if (op == Op::layer_norm) args.set("bias", b.view());
     add(builtin_program(op), args);
+    // The row split over a cluster of 4 groups, with either merge.
+    const BoundCall call = bind(builtin_program(op), args);
+    for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine}) {
+      PlanRequest request;
+      request.ctas_per_program = 4, request.workers_per_program = 64, request.programs_per_group = 1;
+      request.caching = InputCaching::registers, request.merge = merge;
+      out.push_back(lower_row_program(builtin_program(op), call.signature(), choose_plan(call.plan_inputs(), request)).main.kernel);
+    }
   }
   add(column_sum, Args().set("x", x.view()).set("dy", dy.view()).set("dw", dw.view()));
   return out;
@@ -215,7 +229,8 @@ TEST(Visitor, CountsAgreeWithAHandCountAndThePrintedIR) {
     EXPECT_EQ(occurrences(text, "} = load"), size_t(stmts[int(Stmt::Kind::load)]));
     EXPECT_EQ(occurrences(text, "for ("), size_t(stmts[int(Stmt::Kind::for_)]));
   }
-  for (int kind = 0; kind < kStmtKinds; ++kind) EXPECT_GT(all[kind], 0) << "no statement of kind " << kind;
+  for (int kind = 0; kind < kStmtKinds; ++kind)
+    EXPECT_GT(all[kind], 0) << "no statement of kind " << kind;
 }
 
 // The CUDA emitter derives from the printer: the kernel body of the .cu file must have the
@@ -241,7 +256,9 @@ TEST(Visitor, PrinterAndCudaEmitterWalkTheSameStatements) {
     EXPECT_EQ(occurrences(body, "tile_named_barrier("), occurrences(ir, "barrier.program"));
     EXPECT_EQ(occurrences(body, "__shfl_xor_sync("), occurrences(ir, "= shfl_xor("));
     EXPECT_EQ(occurrences(body, "for ("), occurrences(ir, "for ("));
-    EXPECT_EQ(occurrences(body, " = tile_shared["), occurrences(ir, " = shared "));
+    EXPECT_EQ(occurrences(body, "tile_cluster_barrier();"), occurrences(ir, "barrier.cluster"));
+    EXPECT_EQ(occurrences(body, " = tile_remote_shared_load(&tile_shared["), occurrences(ir, "] of cta "));
+    EXPECT_EQ(occurrences(body, " = tile_shared["), occurrences(ir, " = shared ") - occurrences(ir, "] of cta "));
   }
   EXPECT_GT(compared, 0u);
 }

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "bind/bind.hpp"
+#include "ir/printer.hpp"
 #include "testing/host_tensor.hpp"
 #include "tile/tile.hpp"
 
@@ -106,7 +107,7 @@ Generated generate(uint64_t seed) {
 
 TEST(LowerRowProgram, RandomProgramsOnRandomPlansMatchTheFloat64Evaluation) {
   const int kPrograms = 200, kPlansEach = 8;
-  int cases = 0;
+  int cases = 0, cluster_cases = 0;
   for (int n = 0; n < kPrograms; ++n) {
     const uint64_t seed = 1000 + n;
     Generated g = generate(seed);
@@ -145,6 +146,13 @@ TEST(LowerRowProgram, RandomProgramsOnRandomPlansMatchTheFloat64Evaluation) {
         req.barrier_scope = BarrierScope::program;
       if (dt == DType::bf16 && plan.caching == InputCaching::registers && plan.vector_elems % 2 == 0 && pick(0, 1))
         req.cache_format = CacheFormat::packed;
+      // The row split over the groups of a cluster (stripes recomputed to cover the row once).
+      if (plan.caching == InputCaching::registers && plan.programs_per_group == 1 && plan.workers_per_program % 32 == 0 &&
+          !g.has_col_out && !g.has_total && pick(0, 2) == 0) {
+        req.ctas_per_program = int(pick(2, 5));
+        req.stripes.reset();
+        ++cluster_cases;
+      }
       y.poison();
       SCOPED_TRACE("program seed " + std::to_string(seed) + ", " + std::to_string(rows) + " x " + std::to_string(cols) +
                    " " + std::string(dtype_name(dt)) + ", plan " + PlanRequest::exactly(plan).to_json() + "\n" +
@@ -162,8 +170,9 @@ TEST(LowerRowProgram, RandomProgramsOnRandomPlansMatchTheFloat64Evaluation) {
       ++cases;
     }
   }
-  std::printf("%d random programs, %d program x plan cases checked\n", kPrograms, cases);
+  std::printf("%d random programs, %d program x plan cases checked (%d on clusters)\n", kPrograms, cases, cluster_cases);
   EXPECT_GT(cases, kPrograms * kPlansEach / 2);
+  EXPECT_GT(cluster_cases, 20);
 }
 
 // A group that loops over row blocks (grid_limit) merges each block's reductions through the
@@ -188,6 +197,68 @@ TEST(LowerRowProgram, RowBlockLoopsReuseSharedSlotsAfterABarrier) {
     EXPECT_TRUE(check_against_reference(p, args).ok);
     EXPECT_TRUE(out.outside_untouched());
   }
+}
+
+// A row split over the C groups of a cluster: each group caches its slice, the partial states
+// merge through distributed shared memory in rank order. Every group must reach both cluster
+// barriers of a merge, and a group that loops over row blocks waits at a cluster barrier before
+// it overwrites slots the others may still read (the executor reports the race otherwise).
+TEST(LowerRowProgram, ClusterProgramsSplitEachRowOverTheGroupsOfACluster) {
+  RowProgram p("centered_softmax");
+  Operand x = p.row_in("x"), y = p.row_out("y");
+  Operand stat = p.row_scalar_out("stat", {DType::f32}, false);
+  RowExpr v = p.load(x);
+  auto [m, e] = p.reduce2(Axis::cols, monoid::online_softmax(), v);
+  RowExpr centered = v - p.reduce1(Axis::cols, monoid::sum(), v) / p.cols();
+  RowExpr var = p.reduce1(Axis::cols, monoid::sum(), centered * centered) / p.cols();
+  p.store(y, exp(v - m) / e + centered * rsqrt(var + 1.0));
+  p.store(stat, m + log(e));
+  std::mt19937_64 rng(12);
+  int launched = 0;
+  for (int64_t cols : {100, 4099, 16384}) {
+    testing::HostMatrix a(DType::bf16, 5, cols, cols), out(DType::f32, 5, cols, cols);
+    testing::HostVector s(DType::f32, 5);
+    a.fill_random(rng);
+    Args args;
+    args.set("x", a.view()).set("y", out.view()).set("stat", s.view());
+    for (int C : {2, 3, 16})
+      for (int workers : {32, 128})
+        for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine})
+          for (int grid_limit : {0, 2}) {
+            PlanRequest req;
+            req.ctas_per_program = C, req.workers_per_program = workers, req.programs_per_group = 1;
+            req.caching = InputCaching::registers, req.merge = merge, req.grid_limit = grid_limit;
+            SCOPED_TRACE(std::to_string(cols) + " cols, plan " + req.to_json());
+            out.poison();
+            LaunchRecord rec;
+            try {
+              rec = run(p, args, {req, nullptr, Backend::cpu});
+            } catch (const Error& e) {  // a slice beyond the private budget at this width
+              EXPECT_NE(std::string(e.what()).find("plan.caching': expected a cached row slice"), std::string::npos) << e.what();
+              continue;
+            }
+            ++launched;
+            EXPECT_EQ(rec.groups, (grid_limit ? 2 : 5) * C);
+            EXPECT_EQ(rec.plan.stripes, (cols + C * workers * rec.plan.vector_elems - 1) / (C * workers * rec.plan.vector_elems));
+            const OracleCheck check = check_against_reference(p, args);
+            EXPECT_TRUE(check.ok) << check.first_mismatch;
+            EXPECT_TRUE(out.outside_untouched());
+          }
+  }
+  EXPECT_GE(launched, 60);
+  // The IR: C remote loads per part and merge, between cluster barriers.
+  testing::HostMatrix a(DType::f32, 2, 4096, 4096), out(DType::f32, 2, 4096, 4096);
+  testing::HostVector s(DType::f32, 2);
+  Args args;
+  args.set("x", a.view()).set("y", out.view()).set("stat", s.view());
+  PlanRequest req;
+  req.ctas_per_program = 4, req.workers_per_program = 64, req.merge = MergeStrategy::combine;
+  req.caching = InputCaching::registers;
+  const BoundCall call = bind(p, args);
+  const std::string ir = ir::to_string(lower_row_program(p, call.signature(), choose_plan(call.plan_inputs(), req)).main.kernel);
+  EXPECT_NE(ir.find("cluster of 4 groups"), std::string::npos) << ir;
+  EXPECT_NE(ir.find("of cta 3"), std::string::npos) << ir;
+  EXPECT_NE(ir.find("barrier.cluster"), std::string::npos) << ir;
 }
 
 // Optional row and per-row inputs left out read as their constants and are never loaded;

@@ -105,5 +105,116 @@ TEST(Policy, MappingFamilyHoldsValidPlansAndThePolicysOwn) {
   }
 }
 
+// A plan whose row spans a cluster: refused on a target without clusters, and unless each group
+// is one program of whole warps caching its slice in registers; errors name the field.
+TEST(Policy, ClusterPlansAreValidatedFieldByField) {
+  const PlanInputs in = inputs(8, 65536);
+  DeviceLimits clusters;
+  clusters.max_cluster_size = 16;
+  PlanRequest r;
+  r.ctas_per_program = 4, r.workers_per_program = 512, r.vector_elems = 4, r.caching = InputCaching::registers;
+  r.programs_per_group = 1;
+  const MappingPlan p = choose_plan(in, r, clusters);
+  EXPECT_EQ(p.stripes, 8);  // 65536 / (4 x 512 x 4)
+  EXPECT_NO_THROW(validate_plan(p, in, clusters, "softmax"));
+  auto error = [&](MappingPlan q, const DeviceLimits& limits, const PlanInputs& pin) -> std::string {
+    try {
+      validate_plan(q, pin, limits, "softmax");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error(p, {}, in).find("'plan.ctas_per_program': expected at most 1 groups a cluster on this target (it launches no clusters), got 4"),
+            std::string::npos)
+      << error(p, {}, in);
+  MappingPlan q = p;
+  q.programs_per_group = 2, q.workers_per_program = 256;
+  EXPECT_NE(error(q, clusters, in).find("plan.programs_per_group': expected 1 when ctas_per_program > 1"), std::string::npos);
+  q = p, q.caching = InputCaching::reread, q.merge = MergeStrategy::combine;
+  EXPECT_NE(error(q, clusters, in).find("plan.caching': expected \"registers\" when ctas_per_program > 1"), std::string::npos);
+  q = p, q.stripes = 7;
+  EXPECT_NE(error(q, clusters, in).find("stripes x ctas_per_program x workers_per_program x vector_elems >= cols = 65536"),
+            std::string::npos)
+      << error(q, clusters, in);
+  q = p, q.ctas_per_program = 17;
+  EXPECT_NE(error(q, clusters, in).find("plan.ctas_per_program': expected 1 to 16, got 17"), std::string::npos);
+  PlanInputs rows_in = in;
+  rows_in.reduces_rows = true;
+  q = p, q.grid_limit = 4;
+  EXPECT_NE(error(q, clusters, rows_in).find("expected 1 for a program with a reduction over the rows"), std::string::npos)
+      << error(q, clusters, rows_in);
+}
+
+// Long rows on a target with clusters: the smallest power-of-two cluster whose 512-worker
+// groups cache at most 32 scalars a worker (1024 workers where 512 cannot), so the row is read
+// once; re-read where 16 groups cannot hold it, and on targets without clusters.
+TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
+  DeviceLimits clusters;
+  clusters.max_cluster_size = 16;
+  struct Want {
+    int64_t cols;
+    DType dt;
+    int ctas, workers;
+  };
+  for (Want w : {Want{16384, DType::f32, 2, 512}, {32768, DType::f32, 2, 512}, {65536, DType::f32, 4, 512},
+                 {131072, DType::f32, 8, 512}, {262144, DType::f32, 16, 512}, {524288, DType::f32, 16, 1024},
+                 {32768, DType::bf16, 2, 512}, {65536, DType::bf16, 4, 512}, {262144, DType::bf16, 16, 512},
+                 {524288, DType::bf16, 16, 1024}}) {
+    const PlanInputs in = inputs(4096, w.cols, w.dt);
+    const MappingPlan p = choose_plan(in, {}, clusters);
+    SCOPED_TRACE(std::to_string(w.cols) + " " + std::string(dtype_name(w.dt)) + ": " + p.to_json());
+    EXPECT_EQ(p.ctas_per_program, w.ctas);
+    EXPECT_EQ(p.workers_per_program, w.workers);
+    EXPECT_EQ(p.caching, InputCaching::registers);
+    EXPECT_EQ(p.programs_per_group, 1);
+    EXPECT_LE(int64_t(p.stripes) * p.vector_elems, 32);
+    EXPECT_GE(int64_t(p.stripes) * p.vector_elems * p.ctas_per_program * p.workers_per_program, w.cols);
+    EXPECT_NO_THROW(validate_plan(p, in, clusters, "softmax"));
+    // Without clusters the row is re-read.
+    const MappingPlan q = choose_plan(in, {}, {});
+    EXPECT_EQ(q.ctas_per_program, 1);
+    EXPECT_EQ(q.caching, InputCaching::reread);
+  }
+  // Rows a cluster of 16 cannot cache, rows that fit one group, and reductions over the rows.
+  EXPECT_EQ(choose_plan(inputs(64, 1048576, DType::bf16), {}, clusters).caching, InputCaching::reread);
+  EXPECT_EQ(choose_plan(inputs(64, 1048576, DType::bf16), {}, clusters).ctas_per_program, 1);
+  EXPECT_EQ(choose_plan(inputs(64, 4096), {}, clusters).ctas_per_program, 1);
+  PlanInputs rows_in = inputs(64, 262144);
+  rows_in.reduces_rows = true;
+  EXPECT_EQ(choose_plan(rows_in, {}, clusters).ctas_per_program, 1);
+  // A smaller cluster limit: the largest cluster allowed, else re-read.
+  DeviceLimits eight = clusters;
+  eight.max_cluster_size = 8;
+  EXPECT_EQ(choose_plan(inputs(64, 262144), {}, eight).ctas_per_program, 8);
+  EXPECT_EQ(choose_plan(inputs(64, 262144), {}, eight).workers_per_program, 1024);
+  // A requested cluster keeps the rest automatic: one program, cached, stripes over C x W.
+  PlanRequest r;
+  r.ctas_per_program = 4;
+  const MappingPlan p = choose_plan(inputs(64, 65536), r, clusters);
+  EXPECT_EQ(p.ctas_per_program, 4);
+  EXPECT_EQ(p.caching, InputCaching::registers);
+  EXPECT_NO_THROW(validate_plan(p, inputs(64, 65536), clusters, "softmax"));
+}
+
+TEST(Policy, EveryPolicyPlanValidatesOnATargetWithClusters) {
+  DeviceLimits clusters;
+  clusters.max_cluster_size = 16;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int64_t cols : {1, 33, 1537, 8192, 32768, 65537, 131072, 200000, 262144, 1048576})
+      for (int64_t rows : {0, 1, 37, 4096}) {
+        PlanInputs in = inputs(rows, cols, dt);
+        EXPECT_NO_THROW(validate_plan(choose_plan(in, {}, clusters), in, clusters, "softmax")) << rows << "x" << cols;
+      }
+  const PlanInputs in = inputs(64, 131072);
+  int cluster_plans = 0;
+  for (const MappingPlan& p : mapping_family(in, clusters)) {
+    EXPECT_NO_THROW(validate_plan(p, in, clusters, "tune")) << p.to_json();
+    cluster_plans += p.ctas_per_program > 1;
+  }
+  EXPECT_GE(cluster_plans, 12);
+  for (const MappingPlan& p : mapping_family(in)) EXPECT_EQ(p.ctas_per_program, 1);
+}
+
 }  // namespace
 }  // namespace tile

@@ -268,7 +268,57 @@ inline std::vector<FamilyCase> plan_family_cases() {
                 out.push_back({c, family});
                 ++index;
               }
+  // Rows split over the groups of a cluster (one program a group, cached in registers): two
+  // cluster sizes, one and three warps, with and without a row-block loop, both merges; tails,
+  // alignment and the cache format rotate. Rows span every group of the cluster.
+  for (int ctas : {2, 16})
+    for (int width : {32, 96})
+      for (bool loop : {false, true})
+        for (MergeStrategy merge : {MergeStrategy::combine, MergeStrategy::staged}) {
+          Case c;
+          c.op = ops[index % 4];
+          const bool require = index % 2 == 0, packed_cache = index % 3 == 0;
+          c.x = packed_cache ? DType::bf16 : dtypes[(index / 4) % 3];
+          c.y = dtypes[(index + 1) % 3], c.w = c.x;
+          const int v = 16 / std::max(dtype_size(c.x), dtype_size(c.y));
+          const int64_t span = int64_t(ctas) * width * v * 2;  // two stripes of the whole cluster
+          c.cols = require ? span : span - 13;
+          c.offset = require ? 0 : 1;
+          c.y_offset = require ? 0 : 3;
+          c.rows = 3;
+          c.seed = uint64_t(9000 + index);
+          PlanRequest& p = c.plan;
+          p.ctas_per_program = ctas, p.workers_per_program = width, p.vector_elems = v, p.programs_per_group = 1;
+          p.caching = InputCaching::registers, p.barrier_scope = BarrierScope::group;
+          p.tail = index % 4 < 2 ? TailHandling::predicate : TailHandling::clamp;
+          p.alignment = require ? Alignment::require : Alignment::scalar_fallback;
+          p.cache_format = packed_cache && v % 2 == 0 ? CacheFormat::packed : CacheFormat::f32;
+          p.stripe_unroll = 1, p.grid_limit = loop ? 2 : 0, p.merge = merge, p.resident_groups = 1;
+          out.push_back({c, "cluster" + std::to_string(ctas) + " w" + std::to_string(width) + " " + to_string(*p.tail) + " " +
+                                to_string(*p.alignment) + " " + to_string(*p.cache_format) + "-cache" + (loop ? " loop" : "") +
+                                " " + to_string(merge)});
+          ++index;
+        }
   return out;
+}
+
+// Long rows split over the groups of a cluster, read from memory once: the four operators in
+// fp32 and bf16 at 64K, 128K and 256K columns, each with the cluster size the policy picks on
+// a target with clusters of up to 16 groups (the rest of the plan is the policy's too).
+inline std::vector<Case> cluster_sweep() {
+  std::vector<Case> cases;
+  uint64_t seed = 12000;
+  DeviceLimits clusters;
+  clusters.max_cluster_size = 16;
+  for (Op op : {Op::softmax, Op::log_softmax, Op::rms_norm, Op::layer_norm})
+    for (DType dt : {DType::f32, DType::bf16})
+      for (int64_t cols : {65536, 131072, 262144}) {
+        Case c;
+        c.op = op, c.x = dt, c.y = dt, c.w = DType::f32, c.rows = 3, c.cols = cols, c.seed = seed++;
+        c.plan.ctas_per_program = choose_plan(PlanInputs::for_rows(dt, dt, c.rows, cols, 0, 0, DType::f32), {}, clusters).ctas_per_program;
+        cases.push_back(c);
+      }
+  return cases;
 }
 
 }  // namespace tile::testing

@@ -42,8 +42,9 @@ enum class Op : uint8_t {
   load, store,  // a = MemOp index
   shared_load,  // d = shared[region b][a]
   shared_store, // shared[region b][a] = d
+  remote_load,  // d = shared[region b][a] of the cluster's group of rank c
   shfl,         // d = src a of lane ^ (b & 255), segment width b >> 8, label c
-  group_barrier, program_barrier,  // a = sync label
+  group_barrier, program_barrier, cluster_barrier,  // a = sync label
   halt,
 };
 // clang-format on
@@ -75,7 +76,7 @@ struct Code {
   int32_t special_base = 0, param_base = 0, num_slots = 0;
 };
 
-constexpr int kSpecials = 6;
+constexpr int kSpecials = 8;
 
 std::string ranges(const std::vector<int>& ids) {  // sorted ids -> "1-31, 33"
   std::ostringstream os;
@@ -358,13 +359,24 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
     int32_t i = expr(s.index.get());
     code_.ins.push_back({st ? Op::shared_store : Op::shared_load, v, i, s.region});
   }
+  void visit_remote_shared_load(const Stmt& s) {
+    need(k_.ctas_per_cluster > 1, "remote shared load in a kernel without clusters");
+    need(s.region >= 0 && s.region < int(k_.shared.size()), "shared region that does not exist");
+    need(s.index && is_int(s.index->type) && s.cta && s.cta->type == Type::i32,
+         "remote shared load needs an integer index and an i32 rank");
+    int32_t d = reg_slot(s.dst, Type::f32, "remote_shared_load");
+    int32_t i = expr(s.index.get());
+    int32_t c = expr(s.cta.get());
+    code_.ins.push_back({Op::remote_load, d, i, s.region, c});
+  }
   void visit_barrier(const Stmt& s) {
-    need(s.scope == Scope::group || s.scope == Scope::program, "barrier of scope ", scope_name(s.scope),
-         ", which the executor does not run");
-    bool g = s.scope == Scope::group;
-    int& n = g ? group_barriers_ : program_barriers_;
-    int32_t l = label((g ? "group barrier #" : "program barrier #") + std::to_string(n++));
-    code_.ins.push_back({g ? Op::group_barrier : Op::program_barrier, 0, l});
+    need(s.scope == Scope::group || s.scope == Scope::program || (s.scope == Scope::cluster && k_.ctas_per_cluster > 1),
+         "barrier of scope ", scope_name(s.scope), ", which the executor does not run in a kernel of ",
+         k_.ctas_per_cluster, " group(s) per cluster");
+    const Op op = s.scope == Scope::group ? Op::group_barrier : s.scope == Scope::program ? Op::program_barrier : Op::cluster_barrier;
+    int& n = s.scope == Scope::group ? group_barriers_ : s.scope == Scope::program ? program_barriers_ : cluster_barriers_;
+    int32_t l = label(std::string(scope_name(s.scope)) + " barrier #" + std::to_string(n++));
+    code_.ins.push_back({op, 0, l});
   }
   void visit_if(const Stmt& s) {
     need(s.cond && s.cond->type == Type::b1, "if condition must be b1");
@@ -406,7 +418,7 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
   Code code_;
   std::map<std::pair<int, int64_t>, int32_t> const_slots_;
   int32_t temp_base_ = 0, temps_ = 0, max_temps_ = 0;
-  int shfls_ = 0, group_barriers_ = 0, program_barriers_ = 0;
+  int shfls_ = 0, group_barriers_ = 0, program_barriers_ = 0, cluster_barriers_ = 0;
 };
 
 class Runner {
@@ -417,17 +429,22 @@ class Runner {
         args_(args),
         W_(k.workers_per_program),
         T_(k.threads_per_group()),
+        C_(k.ctas_per_cluster),
+        N_(C_ * T_),
         S_(code.num_slots),
-        slots_(size_t(T_) * S_),
-        pc_(T_),
-        state_(T_),
-        shared_(k.shared_elems()),
+        E_(k.shared_elems()),
+        slots_(size_t(N_) * S_),
+        pc_(N_),
+        state_(N_),
+        shared_(size_t(C_) * E_),
         logs_(shared_.size()),
-        pgen_(k.programs_per_group),
+        ggen_(C_),
+        pgen_(size_t(C_) * k.programs_per_group),
+        remote_reader_(C_, -1),
         reg_init_(k.regs.size()) {
     for (size_t j = 0; j < k.regs.size(); ++j)
       if (k.regs[j].type == Type::f32) reg_init_[j].f = std::numeric_limits<float>::quiet_NaN();
-    for (int t = 0; t < T_; ++t) {
+    for (int t = 0; t < N_; ++t) {
       Slot* r = &slots_[size_t(t) * S_];
       for (auto [slot, v] : code.consts) r[slot] = v;
       for (size_t p = 0; p < k.params.size(); ++p) {
@@ -443,11 +460,13 @@ class Runner {
     }
   }
 
+  // Clusters run one after another; the groups of one cluster run together, so a cluster
+  // barrier is released once every worker of every group of the cluster waits at it.
   ExecStats run() {
-    for (group_ = 0; group_ < args_.groups; ++group_) {
-      start_group();
+    for (cluster_ = 0; cluster_ < args_.groups / C_; ++cluster_) {
+      start_cluster();
       for (;;) {
-        for (int t = 0; t < T_; ++t)
+        for (int t = 0; t < N_; ++t)
           if (state_[t] == kReady) run_worker(t);
         if (release()) continue;
         if (std::all_of(state_.begin(), state_.end(), [](uint8_t s) { return s == kDone; })) break;
@@ -463,34 +482,47 @@ class Runner {
     int32_t worker;
     uint32_t pgen;
   };
-  struct SlotLog {  // accesses to one shared slot since the last group barrier that matter
+  // Accesses to one shared slot (of one group) that matter: since the group's last barrier for
+  // its own workers, since the cluster's last barrier for the other groups' remote reads.
+  struct SlotLog {
     int32_t writer = -1;
-    uint32_t w_ggen = 0, w_pgen = 0, r_ggen = 0;
+    uint32_t w_ggen = 0, w_pgen = 0, w_cgen = 0, r_ggen = 0;
     std::vector<Read> reads;  // reads in group generation r_ggen, one entry per run of a worker
+    int32_t remote_reader = -1;  // a worker of another group that read the slot in cluster
+    uint32_t rr_cgen = 0;        // generation rr_cgen
   };
 
-  void start_group() {
-    ++ggen_;  // invalidates every SlotLog entry of the previous group
+  int cta(int t) const { return t / T_; }
+  int64_t group_of(int t) const { return cluster_ * C_ + cta(t); }
+
+  void start_cluster() {
+    ++cgen_;  // invalidates every SlotLog entry of the previous cluster
+    for (uint32_t& g : ggen_) ++g;
+    std::fill(remote_reader_.begin(), remote_reader_.end(), -1);
     std::fill(shared_.begin(), shared_.end(), std::numeric_limits<float>::quiet_NaN());
     std::fill(pc_.begin(), pc_.end(), 0);
     std::fill(state_.begin(), state_.end(), kReady);
-    for (int t = 0; t < T_; ++t) {
+    for (int t = 0; t < N_; ++t) {
       Slot* r = &slots_[size_t(t) * S_];
       std::copy(reg_init_.begin(), reg_init_.end(), r);
       Slot* sp = r + code_.special_base;
-      sp[int(ir::Special::group_index)].i = group_;
-      sp[int(ir::Special::program_in_group)].i = t / W_;
-      sp[int(ir::Special::worker_in_program)].i = t % W_;
-      sp[int(ir::Special::warp_in_program)].i = (t % W_) / 32;
-      sp[int(ir::Special::lane)].i = t % 32;
+      const int lt = t % T_;
+      sp[int(ir::Special::group_index)].i = group_of(t);
+      sp[int(ir::Special::program_in_group)].i = lt / W_;
+      sp[int(ir::Special::worker_in_program)].i = lt % W_;
+      sp[int(ir::Special::warp_in_program)].i = (lt % W_) / 32;
+      sp[int(ir::Special::lane)].i = lt % 32;
       sp[int(ir::Special::group_count)].i = args_.groups;
+      sp[int(ir::Special::cta_in_cluster)].i = cta(t);
+      sp[int(ir::Special::cluster_index)].i = cluster_;
     }
   }
 
   [[noreturn]] void fail(int t, const std::string& what) const {
-    throw ExecutionError(what + ", by worker " + std::to_string(t) + " (program " +
-                         std::to_string(t / W_) + ", lane " + std::to_string(t % 32) +
-                         ") of group " + std::to_string(group_) + " in kernel '" + k_.name + "'");
+    const int lt = t % T_;
+    throw ExecutionError(what + ", by worker " + std::to_string(lt) + " (program " +
+                         std::to_string(lt / W_) + ", lane " + std::to_string(lt % 32) +
+                         ") of group " + std::to_string(group_of(t)) + " in kernel '" + k_.name + "'");
   }
 
   // Runs worker t until it waits at a barrier or shfl_xor, or finishes.
@@ -592,15 +624,18 @@ class Runner {
         case Op::store: store(t, r, code_.mem[in.a]); break;
         case Op::shared_load: d.f = shared_[shared_slot(t, in, A.i, false)]; break;
         case Op::shared_store: shared_[shared_slot(t, in, A.i, true)] = d.f; break;
+        case Op::remote_load: d.f = shared_[remote_slot(t, in, A.i, r[in.c].i)]; break;
         case Op::shfl:
         case Op::group_barrier:
         case Op::program_barrier:
+        case Op::cluster_barrier:
           pc_[t] = pc;
           state_[t] = kWaiting;
           return;
         case Op::halt:
           pc_[t] = pc;
           state_[t] = kDone;
+          exited(t);
           return;
       }
 #undef A
@@ -755,51 +790,97 @@ class Runner {
   }
 
   // An access by `a` (program generation a_pgen at the time) happens before the current one
-  // by t iff a == t, or a barrier both passed lies between them.
+  // by t of the same group iff a == t, or a barrier both passed lies between them.
   bool ordered(int32_t a, uint32_t a_ggen, uint32_t a_pgen, int t) const {
-    return a == t || a_ggen != ggen_ || (a / W_ == t / W_ && a_pgen != pgen_[a / W_]);
+    return a == t || a_ggen != ggen_[cta(t)] || (a / W_ == t / W_ && a_pgen != pgen_[a / W_]);
   }
 
   [[noreturn]] void race(int t, const Ins& in, int64_t slot, int32_t a, bool a_wrote,
                          bool wrote) const {
     const ir::SharedRegion& reg = k_.shared[in.b];
+    auto who = [&](int32_t w) {
+      return "worker " + std::to_string(w % T_) + (C_ > 1 ? " of group " + std::to_string(group_of(w)) : std::string());
+    };
+    const bool remote = cta(a) != cta(t);
     throw ExecutionError("data race on shared region '" + reg.name + "' slot " +
-                         std::to_string(slot) + ": worker " + std::to_string(a) +
-                         (a_wrote ? " write" : " read") + " and worker " + std::to_string(t) +
-                         (wrote ? " write" : " read") + " with no barrier between them, in group " +
-                         std::to_string(group_) + " of kernel '" + k_.name + "'");
+                         std::to_string(slot % std::max(E_, 1)) + ": " + who(a) + (a_wrote ? " write" : remote ? " remote read" : " read") +
+                         " and " + who(t) + (wrote ? " write" : " read") + " with no " +
+                         (remote ? "cluster " : "") + "barrier between them, in " +
+                         (C_ > 1 ? "cluster " + std::to_string(cluster_) : "group " + std::to_string(group_of(t))) +
+                         " of kernel '" + k_.name + "'");
   }
 
   // Checks the index and the access against earlier ones, records it, returns the slot.
-  size_t shared_slot(int t, const Ins& in, int64_t i, bool write) {
+  size_t shared_slot(int t, const Ins& in, int64_t i, bool write, int owner = -1) {
     const ir::SharedRegion& reg = k_.shared[in.b];
     if (i < 0 || i >= reg.elems)
       fail(t, std::string("out-of-bounds shared ") + (write ? "store" : "load") + " of region '" +
                   reg.name + "' index " + std::to_string(i) + " (size " +
                   std::to_string(reg.elems) + ")");
-    const int p = t / W_;
-    const size_t slot = size_t(reg.base) + size_t(p) * reg.program_stride + size_t(i);
+    const int c = owner >= 0 ? owner : cta(t);
+    const int p = (t % T_) / W_;
+    const size_t slot = size_t(c) * E_ + size_t(reg.base) + size_t(p) * reg.program_stride + size_t(i);
     SlotLog& log = logs_[slot];
+    if (c != cta(t)) {  // a remote read: ordered only by a cluster barrier
+      if (log.writer >= 0 && log.w_cgen == cgen_) race(t, in, int64_t(slot), log.writer, true, false);
+      log.remote_reader = t;
+      log.rr_cgen = cgen_;
+      remote_reader_[c] = t;
+      return slot;
+    }
     if (log.writer >= 0 && !ordered(log.writer, log.w_ggen, log.w_pgen, t))
       race(t, in, int64_t(slot), log.writer, true, write);
-    if (log.r_ggen != ggen_) {
+    if (log.r_ggen != ggen_[c]) {
       log.reads.clear();
-      log.r_ggen = ggen_;
+      log.r_ggen = ggen_[c];
     }
     if (write) {
+      if (log.remote_reader >= 0 && log.rr_cgen == cgen_) race(t, in, int64_t(slot), log.remote_reader, false, true);
       for (const Read& rd : log.reads)
-        if (!ordered(rd.worker, ggen_, rd.pgen, t))
+        if (!ordered(rd.worker, ggen_[c], rd.pgen, t))
           race(t, in, int64_t(slot), rd.worker, false, true);
       log.reads.clear();
       log.writer = t;
-      log.w_ggen = ggen_;
-      log.w_pgen = pgen_[p];
+      log.w_ggen = ggen_[c];
+      log.w_pgen = pgen_[t / W_];
+      log.w_cgen = cgen_;
     } else if (!log.reads.empty() && log.reads.back().worker == t) {
-      log.reads.back().pgen = pgen_[p];  // a later read by the same worker covers the earlier
+      log.reads.back().pgen = pgen_[t / W_];  // a later read by the same worker covers the earlier
     } else {
-      log.reads.push_back({t, pgen_[p]});
+      log.reads.push_back({t, pgen_[t / W_]});
     }
     return slot;
+  }
+
+  // A read of this program's copy of a region in the cluster's group of rank `rank`; a read of
+  // the worker's own group is an ordinary shared load.
+  size_t remote_slot(int t, const Ins& in, int64_t i, int64_t rank) {
+    if (rank < 0 || rank >= C_)
+      fail(t, "remote shared load of region '" + k_.shared[in.b].name + "' from rank " + std::to_string(rank) +
+                  ", outside the cluster of " + std::to_string(C_) + " groups");
+    if (rank != cta(t) && cta_done(int(rank)))
+      fail(t, "remote shared load of region '" + k_.shared[in.b].name + "' from group " +
+                  std::to_string(cluster_ * C_ + rank) +
+                  ", which has exited (a cluster barrier must follow the last remote read)");
+    ++stats_.remote_loads;
+    return shared_slot(t, in, i, false, int(rank));
+  }
+
+  bool cta_done(int c) const {
+    for (int t = c * T_; t < (c + 1) * T_; ++t)
+      if (state_[t] != kDone) return false;
+    return true;
+  }
+  // Worker t finished: when its whole group has, no other group may still be reading its
+  // shared memory, unless a cluster barrier lies between those reads and now.
+  void exited(int t) {
+    const int c = cta(t);
+    if (C_ == 1 || remote_reader_[c] < 0 || !cta_done(c)) return;
+    const int32_t r = remote_reader_[c];
+    throw ExecutionError("group " + std::to_string(group_of(t)) + " exited while worker " + std::to_string(r % T_) +
+                         " of group " + std::to_string(group_of(r)) +
+                         " read its shared memory with no cluster barrier between them (the read may come after the "
+                         "exit), in kernel '" + k_.name + "'");
   }
 
   bool all_waiting_at(int begin, int end, int32_t pc) const {
@@ -818,29 +899,30 @@ class Runner {
   bool release() {
     bool any = false;
     const std::vector<Ins>& code = code_.ins;
-    for (int w0 = 0; w0 < T_; w0 += 32) {
-      const int n = std::min(32, T_ - w0);
-      const int32_t pc = pc_[w0];
-      if (state_[w0] != kWaiting || code[pc].op != Op::shfl || !all_waiting_at(w0, w0 + n, pc))
-        continue;
-      const Ins& in = code[pc];
-      const int offset = in.b & 255, width = in.b >> 8;
-      Slot src[32];
-      for (int l = 0; l < n; ++l) src[l] = slots_[size_t(w0 + l) * S_ + in.a];
-      for (int l = 0; l < n; ++l) {
-        int j = l ^ offset;
-        if (j > (l | (width - 1))) j = l;  // a later segment: own value (PTX shfl.bfly)
-        if (j >= n)
-          fail(w0 + l, code_.labels[in.c] + " reads lane " + std::to_string(j) + " of a warp of " +
-                           std::to_string(n) + " lanes");
-        slots_[size_t(w0 + l) * S_ + in.d] = src[j];
+    for (int c = 0; c < C_; ++c)
+      for (int l0 = 0; l0 < T_; l0 += 32) {
+        const int w0 = c * T_ + l0, n = std::min(32, T_ - l0);
+        const int32_t pc = pc_[w0];
+        if (state_[w0] != kWaiting || code[pc].op != Op::shfl || !all_waiting_at(w0, w0 + n, pc))
+          continue;
+        const Ins& in = code[pc];
+        const int offset = in.b & 255, width = in.b >> 8;
+        Slot src[32];
+        for (int l = 0; l < n; ++l) src[l] = slots_[size_t(w0 + l) * S_ + in.a];
+        for (int l = 0; l < n; ++l) {
+          int j = l ^ offset;
+          if (j > (l | (width - 1))) j = l;  // a later segment: own value (PTX shfl.bfly)
+          if (j >= n)
+            fail(w0 + l, code_.labels[in.c] + " reads lane " + std::to_string(j) + " of a warp of " +
+                             std::to_string(n) + " lanes");
+          slots_[size_t(w0 + l) * S_ + in.d] = src[j];
+        }
+        resume(w0, w0 + n);
+        ++stats_.shuffles;
+        any = true;
       }
-      resume(w0, w0 + n);
-      ++stats_.shuffles;
-      any = true;
-    }
-    for (int p = 0; p < k_.programs_per_group; ++p) {
-      const int b = p * W_;
+    for (size_t p = 0; p < pgen_.size(); ++p) {
+      const int b = int(p) * W_;
       const int32_t pc = pc_[b];
       if (state_[b] != kWaiting || code[pc].op != Op::program_barrier ||
           !all_waiting_at(b, b + W_, pc))
@@ -850,10 +932,23 @@ class Runner {
       ++stats_.barriers;
       any = true;
     }
-    if (state_[0] == kWaiting && code[pc_[0]].op == Op::group_barrier &&
-        all_waiting_at(0, T_, pc_[0])) {
-      ++ggen_;
-      resume(0, T_);
+    for (int c = 0; c < C_; ++c) {
+      const int b = c * T_;
+      if (state_[b] == kWaiting && code[pc_[b]].op == Op::group_barrier && all_waiting_at(b, b + T_, pc_[b])) {
+        ++ggen_[c];
+        resume(b, b + T_);
+        ++stats_.barriers;
+        any = true;
+      }
+    }
+    // A cluster barrier synchronises every worker of the cluster: it orders the groups' own
+    // accesses as a group barrier does, and remote reads against their owners' writes.
+    if (state_[0] == kWaiting && code[pc_[0]].op == Op::cluster_barrier && all_waiting_at(0, N_, pc_[0])) {
+      ++cgen_;
+      for (uint32_t& g : ggen_) ++g;
+      for (uint32_t& g : pgen_) ++g;
+      std::fill(remote_reader_.begin(), remote_reader_.end(), -1);
+      resume(0, N_);
       ++stats_.barriers;
       any = true;
     }
@@ -865,33 +960,44 @@ class Runner {
     int t0 = 0;
     while (state_[t0] != kWaiting) ++t0;
     const Ins& in = code_.ins[pc_[t0]];
-    int begin = 0, end = T_;
+    const int c0 = cta(t0);
+    int begin = c0 * T_, end = begin + T_;
     if (in.op == Op::program_barrier) begin = t0 / W_ * W_, end = begin + W_;
-    if (in.op == Op::shfl) begin = t0 / 32 * 32, end = std::min(T_, begin + 32);
-    std::vector<int> finished;
-    std::map<int32_t, std::vector<int>> elsewhere;  // label -> workers
+    if (in.op == Op::shfl) begin = c0 * T_ + (t0 % T_) / 32 * 32, end = std::min(c0 * T_ + T_, begin + 32);
+    if (in.op == Op::cluster_barrier) begin = 0, end = N_;
+    // Workers are named by their index in their group (in their warp for a shuffle), per group.
+    std::map<int64_t, std::vector<int>> finished;                     // group -> workers
+    std::map<int32_t, std::map<int64_t, std::vector<int>>> elsewhere;  // label -> group -> workers
     for (int t = begin; t < end; ++t) {
+      const int id = in.op == Op::shfl ? t - begin : t % T_;
       if (state_[t] == kDone)
-        finished.push_back(t - (in.op == Op::shfl ? begin : 0));
+        finished[group_of(t)].push_back(id);
       else if (pc_[t] != pc_[t0]) {
         const Ins& o = code_.ins[pc_[t]];
-        elsewhere[o.op == Op::shfl ? o.c : o.a].push_back(t - (in.op == Op::shfl ? begin : 0));
+        elsewhere[o.op == Op::shfl ? o.c : o.a][group_of(t)].push_back(id);
       }
     }
+    const bool many = in.op == Op::cluster_barrier;
+    auto list = [&](const std::map<int64_t, std::vector<int>>& ws) {
+      std::string out;
+      for (const auto& [g, ids] : ws)
+        out += (out.empty() ? "" : ", ") + ranges(ids) + (many ? " of group " + std::to_string(g) : std::string());
+      return out;
+    };
     std::string who = in.op == Op::shfl ? "lane(s) " : "worker(s) ";
     std::ostringstream os;
     if (in.op == Op::shfl)
-      os << code_.labels[in.c] << " not reached by lanes of warp " << begin / 32 << " of group "
-         << group_ << ": ";
+      os << code_.labels[in.c] << " not reached by lanes of warp " << (t0 % T_) / 32 << " of group "
+         << group_of(t0) << ": ";
     else
       os << code_.labels[in.a]
-         << (in.op == Op::program_barrier ? " of program " + std::to_string(t0 / W_)
-                                          : std::string())
-         << " in group " << group_ << " skipped: ";
-    if (!finished.empty()) os << who << ranges(finished) << " finished the kernel";
+         << (in.op == Op::program_barrier ? " of program " + std::to_string((t0 % T_) / W_) : std::string())
+         << (many ? " in cluster " + std::to_string(cluster_) : " in group " + std::to_string(group_of(t0)))
+         << " skipped: ";
+    if (!finished.empty()) os << who << list(finished) << " finished the kernel";
     bool first = finished.empty();
     for (const auto& [l, ws] : elsewhere) {
-      os << (first ? "" : "; ") << who << ranges(ws) << " are waiting at " << code_.labels[l];
+      os << (first ? "" : "; ") << who << list(ws) << " are waiting at " << code_.labels[l];
       first = false;
     }
     os << " (kernel '" << k_.name << "')";
@@ -901,16 +1007,20 @@ class Runner {
   const ir::Kernel& k_;
   const Code& code_;
   const LaunchArgs& args_;
-  const int W_, T_, S_;
-  std::vector<Slot> slots_;  // (T_, S_)
+  const int W_, T_, C_, N_, S_, E_;  // workers per program, per group, groups per cluster,
+                                     // workers per cluster, slots per worker, slots per group
+  std::vector<Slot> slots_;  // (N_, S_)
   std::vector<int32_t> pc_;
   std::vector<uint8_t> state_;
-  std::vector<float> shared_;
+  std::vector<float> shared_;  // (C_, E_)
   std::vector<SlotLog> logs_;
-  uint32_t ggen_ = 0;
-  std::vector<uint32_t> pgen_;
+  uint32_t cgen_ = 0;
+  std::vector<uint32_t> ggen_;        // per group of the cluster
+  std::vector<uint32_t> pgen_;        // per program of the cluster
+  std::vector<int32_t> remote_reader_;  // per group: a worker of another group that read its
+                                        // shared memory since the last cluster barrier, or -1
   std::vector<Slot> reg_init_;  // NaN for f32 registers, 0 for the others
-  int64_t group_ = 0;
+  int64_t cluster_ = 0;
   ExecStats stats_;
 };
 
@@ -923,6 +1033,10 @@ ExecStats execute(const ir::Kernel& kernel, const LaunchArgs& args) {
   if (kernel.programs_per_group < 1 || kernel.workers_per_program < 1)
     bad("programs_per_group and workers_per_program must be positive");
   if (args.groups < 0) bad("negative group count " + std::to_string(args.groups));
+  if (kernel.ctas_per_cluster < 1 || kernel.ctas_per_cluster > 16)
+    bad("ctas_per_cluster " + std::to_string(kernel.ctas_per_cluster) + " outside [1, 16]");
+  if (args.groups % kernel.ctas_per_cluster != 0)
+    bad(std::to_string(args.groups) + " groups are not whole clusters of " + std::to_string(kernel.ctas_per_cluster));
   if (args.buffers.size() != kernel.buffers.size())
     bad("expected " + std::to_string(kernel.buffers.size()) + " buffers, got " +
         std::to_string(args.buffers.size()));
@@ -937,7 +1051,8 @@ std::string describe(const ExecStats& s) {
   return "loaded " + std::to_string(s.bytes_loaded) + " B, stored " +
          std::to_string(s.bytes_stored) + " B, " + std::to_string(s.vector_accesses) +
          " vector + " + std::to_string(s.scalar_accesses) + " scalar accesses, " +
-         std::to_string(s.barriers) + " barriers, " + std::to_string(s.shuffles) + " shuffles";
+         std::to_string(s.barriers) + " barriers, " + std::to_string(s.shuffles) + " shuffles" +
+         (s.remote_loads ? ", " + std::to_string(s.remote_loads) + " remote shared loads" : "");
 }
 
 }  // namespace tile::cpu

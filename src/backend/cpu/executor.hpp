@@ -3,13 +3,15 @@
 //
 // The kernel is compiled once, by an IRVisitor (src/ir/visitor.hpp), into flat three-address
 // bytecode over a per-worker file of 8-byte slots (registers, built-ins, constants, parameters,
-// expression temporaries), with structured control flow lowered to jumps. Groups run one after
-// another; inside a group the workers run lane by lane: one worker runs until it reaches a
+// expression temporaries), with structured control flow lowered to jumps. Clusters (groups,
+// when ctas_per_cluster is 1) run one after another; the groups of a cluster run together, each
+// with its own shared memory, their workers lane by lane: one worker runs until it reaches a
 // barrier or shfl_xor or finishes, then the next; a barrier is released when every worker of
 // its scope waits at that same statement, a shfl_xor when every lane of the warp does. It
-// reports, as ExecutionError, out-of-bounds and misaligned accesses, shared-memory data races,
-// skipped barriers and shuffles, and integer division by zero (library bugs, so an
-// InternalError). Tested by tests/backend/cpu/executor_test.cpp.
+// reports, as ExecutionError, out-of-bounds and misaligned accesses, shared-memory data races
+// (remote ones too: a remote read and its owner's write with no cluster barrier between),
+// skipped barriers and shuffles, a group exiting while another may still read its shared
+// memory, and integer division by zero (library bugs, so an InternalError). Tested by tests/backend/cpu/executor_test.cpp.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +48,7 @@ struct ExecStats {
                                                      // width > 1, one per scalar element access
   int64_t barriers = 0;                              // releases, one per scope instance
   int64_t shuffles = 0;                              // warp exchanges, one per warp
+  int64_t remote_loads = 0;                          // remote shared loads, one per worker
 };
 
 // A kernel that breaks the IR's rules while it runs is a bug in the library that lowered it (or

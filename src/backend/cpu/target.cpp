@@ -24,10 +24,12 @@ class CpuTarget final : public Target {
  public:
   const char* name() const override { return "cpu"; }
   // The executor can run any plan; it declares CUDA's caps so that a plan, and so the IR, is
-  // the same on both backends and the CPU checks what the GPU runs.
+  // the same on both backends and the CPU checks what the GPU runs. It runs the groups of a
+  // cluster together, so it takes clusters of up to 16 groups (the largest CUDA allows).
   TargetCaps caps() const override {
     TargetCaps c;
     c.can_launch = true;
+    c.max_cluster_size = 16;
     return c;
   }
   DeviceLimits limits(const CallOptions&) const override { return with_caps(DeviceLimits{}, caps()); }

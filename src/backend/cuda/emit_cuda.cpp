@@ -80,7 +80,18 @@ class CudaEmitter : public IRPrinter {
     line("const int worker_in_program = tile_tid % " + std::to_string(W) + ";");
     line("const int warp_in_program = worker_in_program >> 5;");
     line("const int lane = tile_tid & 31;");
-    line("(void)program_in_group; (void)warp_in_program; (void)lane; (void)group_count;");
+    // Groups of a cluster share rows: row blocks are indexed by cluster (the launch puts
+    // ctas_per_cluster consecutive groups in one cluster).
+    const int C = k_.ctas_per_cluster;
+    if (C > 1) {
+      line("const int cta_in_cluster = tile_cluster_ctarank();  // 0.." + std::to_string(C - 1));
+      line("const long long cluster_index = group_index / " + std::to_string(C) + ";");
+    } else {
+      line("const int cta_in_cluster = 0;");
+      line("const long long cluster_index = group_index;");
+    }
+    line("(void)program_in_group; (void)warp_in_program; (void)lane; (void)group_count; (void)cta_in_cluster; "
+         "(void)cluster_index;");
     for (size_t i = 0; i < k_.regs.size(); ++i)
       line(type_spelling(k_.regs[i].type) + " " + names_[i] + ";" +
            (k_.regs[i].cached ? "  // cached input" : ""));
@@ -333,10 +344,15 @@ class CudaEmitter : public IRPrinter {
   }
   void visit_shared_store(const Stmt& s) override { line(shared_slot(s) + " = " + visit(*s.value) + ";"); }
   void visit_shared_load(const Stmt& s) override { line(reg_name(s.dst) + " = " + shared_slot(s) + ";"); }
+  void visit_remote_shared_load(const Stmt& s) override {
+    line(reg_name(s.dst) + " = tile_remote_shared_load(&" + shared_slot(s) + ", " + visit(*s.cta) + ");");
+  }
 
   void visit_barrier(const Stmt& s) override {
     if (s.scope == Scope::group)
       line("__syncthreads();  // group barrier");
+    else if (s.scope == Scope::cluster)
+      line("tile_cluster_barrier();  // cluster barrier");
     else
       line("tile_named_barrier(1 + program_in_group, " + std::to_string(k_.workers_per_program) +
            ");  // program barrier");

@@ -10,6 +10,8 @@
 #include <iostream>
 #include <vector>
 
+#include "support/cluster_kernel.hpp"
+
 namespace tile::cpu {
 namespace {
 
@@ -283,6 +285,92 @@ TEST(Executor, GroupBarrierOnDivergentPathIsReported) {
   const std::string err2 = error_of([&] { execute(k, {1, {}, {}}); });
   EXPECT_NE(err2.find("worker(s) 32-63 are waiting at group barrier #1"), std::string::npos)
       << err2;
+}
+
+// Clusters (tests/support/cluster_kernel.hpp): the groups of a cluster run together, each
+// with its own shared memory; remote reads are checked against their owners' writes and exits.
+LaunchArgs cluster_args(std::vector<float>& x, std::vector<float>& y, int64_t rows, int C) {
+  x.assign(size_t(rows) * 64 * C, 0.0f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 11) - 5);
+  y.assign(size_t(rows), -1.0f);
+  return {rows * C, {{x.data(), 0, int64_t(x.size())}, {y.data(), 0, rows}}, {{0, rows}}};
+}
+
+TEST(Executor, ClusterGroupsShareARowThroughRemoteSharedLoads) {
+  for (int C : {2, 3, 8}) {
+    std::vector<float> x, y;
+    const int64_t rows = 3;
+    const ExecStats st = execute(testing::cluster_row_sum(C), cluster_args(x, y, rows, C));
+    for (int64_t r = 0; r < rows; ++r) {
+      float want = 0;  // the kernel's order: each group's 64 elements, groups in rank order
+      std::vector<float> parts(C, 0.0f);
+      for (int c = 0; c < C; ++c) {
+        double p = 0;
+        for (int j = 0; j < 64; ++j) p += x[size_t(r * 64 * C + c * 64 + j)];
+        parts[c] = float(p);  // small integers: exact in any order
+      }
+      for (int c = 0; c < C; ++c) want += parts[c];
+      EXPECT_EQ(y[size_t(r)], want) << "C " << C << " row " << r;
+    }
+    EXPECT_EQ(st.remote_loads, rows * C * 64 * C);  // every worker reads every rank
+    EXPECT_EQ(st.barriers, rows * (C + 2));         // a group barrier per group, two cluster barriers
+    EXPECT_NE(describe(st).find("remote shared loads"), std::string::npos) << describe(st);
+  }
+}
+
+TEST(Executor, RemoteReadRacingItsOwnersWriteIsReported) {
+  // Rank 1 overwrites its partial after reading the others', before the last cluster barrier:
+  // rank 0's reads of that slot are unordered with the write.
+  std::vector<float> x, y;
+  std::string err = error_of([&] {
+    execute(testing::cluster_row_sum(2, {.rewrite_after_read = true}), cluster_args(x, y, 2, 2));
+  });
+  EXPECT_NE(err.find("data race on shared region 'cluster_part' slot 2: worker 63 of group 0 remote read and worker 0 "
+                     "of group 1 write with no cluster barrier between them"),
+            std::string::npos)
+      << err;
+  // No barrier before the remote reads: they race with the owners' writes.
+  err = error_of([&] { execute(testing::cluster_row_sum(2, {.no_first_barrier = true}), cluster_args(x, y, 1, 2)); });
+  EXPECT_NE(err.find("data race on shared region 'cluster_part'"), std::string::npos) << err;
+  // No barrier after them: a group exits while another may still read its shared memory.
+  err = error_of([&] { execute(testing::cluster_row_sum(2, {.no_last_barrier = true}), cluster_args(x, y, 1, 2)); });
+  EXPECT_NE(err.find("from group 0, which has exited (a cluster barrier must follow the last remote read)"),
+            std::string::npos)
+      << err;
+  // Only rank 0 reads, rank 1 exits: the exit is unordered with the read.
+  Kernel k = make_kernel(1, 32);
+  k.ctas_per_cluster = 2;
+  k.shared = {{"s", 0, 1, 1}};
+  const int v = k.add_reg("v", Type::f32);
+  k.body = {barrier(Scope::cluster),
+            if_(eq(special(Special::cta_in_cluster), i32_const(0)), {remote_shared_load(v, 0, i32_const(0), i32_const(1))})};
+  err = error_of([&] { execute(k, {2, {}, {}}); });
+  EXPECT_NE(err.find("group 1 exited while worker 31 of group 0 read its shared memory with no cluster barrier"),
+            std::string::npos)
+      << err;
+  k.body.push_back(barrier(Scope::cluster));
+  EXPECT_NO_THROW(execute(k, {4, {}, {}}));
+}
+
+TEST(Executor, SkippedClusterBarrierIsReported) {
+  Kernel k = make_kernel(1, 64);
+  k.ctas_per_cluster = 2;
+  k.body = {if_(eq(special(Special::cta_in_cluster), i32_const(0)), {barrier(Scope::cluster)})};
+  const std::string err = error_of([&] { execute(k, {4, {}, {}}); });
+  EXPECT_NE(err.find("cluster barrier #0 in cluster 0 skipped: worker(s) 0-63 of group 1 finished the kernel"),
+            std::string::npos)
+      << err;
+  k.body = {if_(eq(special(Special::cta_in_cluster), i32_const(0)), {barrier(Scope::cluster)}, {barrier(Scope::cluster)})};
+  const std::string err1 = error_of([&] { execute(k, {2, {}, {}}); });
+  EXPECT_NE(err1.find("worker(s) 0-63 of group 1 are waiting at cluster barrier #1"), std::string::npos) << err1;
+  std::vector<float> x, y;
+  // A remote rank outside the cluster, and a grid that is not whole clusters.
+  std::string err2 = error_of(
+      [&] { execute(testing::cluster_row_sum(2, {.rank_past_cluster = true}), cluster_args(x, y, 1, 2)); });
+  EXPECT_NE(err2.find("from rank 2, outside the cluster of 2 groups"), std::string::npos) << err2;
+  LaunchArgs odd = cluster_args(x, y, 1, 2);
+  odd.groups = 3;
+  EXPECT_THROW(execute(testing::cluster_row_sum(2), odd), ExecutionError);
 }
 
 TEST(Executor, ProgramBarrierNeedsOnlyItsOwnProgram) {

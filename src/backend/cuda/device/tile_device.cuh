@@ -70,3 +70,42 @@ TILE_DEVICE bool tile_aligned(const void* p, unsigned long long bytes) {
 TILE_DEVICE void tile_named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(threads) : "memory");
 }
+
+// The cluster rung (sm_90 and later; a cluster plan is refused where the device has no
+// clusters). Rank of this group in its cluster.
+TILE_DEVICE int tile_cluster_ctarank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return (int)r;
+#else
+  __trap();
+  return 0;
+#endif
+}
+
+// Every thread of every group of the cluster: the arrive releases this thread's shared memory
+// writes to the cluster, the wait acquires the others'. Reached by whole warps (.aligned).
+TILE_DEVICE void tile_cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" : : : "memory");
+#else
+  __trap();
+#endif
+}
+
+// The float at `p` (this group's shared memory) in the shared memory of the cluster's group of
+// rank `rank`: the address mapped into that group's window (mapa), then a cluster-scope load.
+TILE_DEVICE float tile_remote_shared_load(const float* p, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned local = (unsigned)__cvta_generic_to_shared(p);
+  unsigned remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+#else
+  __trap();
+  return 0.0f;
+#endif
+}
