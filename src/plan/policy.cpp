@@ -124,15 +124,18 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // of reductions over the rows.
   const int64_t per_elem = in.row_inputs() + in.rows_reduction_parts;
   // A row too long for one group's registers is split over the groups of a cluster where the
-  // target has clusters: the smallest power-of-two cluster whose groups of 512 (else 1024)
-  // workers each cache at most kClusterSliceScalars scalars a worker. The row is then read
-  // from memory once; where even the largest cluster does not hold it, it is re-read.
+  // target has clusters and the request asks for register caching: the smallest power-of-two
+  // cluster whose groups of 512 (else 1024) workers each cache at most kClusterSliceScalars
+  // scalars a worker. The row is then read from memory once; where even the largest cluster
+  // does not hold it, it is re-read. Unasked, long rows are re-read: on the H200 every cluster
+  // plan measured so far was slower than re-reading (bench/results/ab-clusters-h200-50bbc0f.json).
   int cluster = 1, cluster_width = 0;
   const bool free_mapping = !req.stripes && !req.workers_per_program && req.programs_per_group.value_or(1) == 1 &&
                             req.caching.value_or(InputCaching::registers) == InputCaching::registers;
   if (req.ctas_per_program) {
     cluster = *req.ctas_per_program;
-  } else if (limits.max_cluster_size > 1 && cols * xes > kRegisterRowBytes && free_mapping && !in.reduces_rows) {
+  } else if (limits.max_cluster_size > 1 && cols * xes > kRegisterRowBytes && free_mapping && !in.reduces_rows &&
+             req.caching == InputCaching::registers) {
     for (int w : {kMaxAutomaticWidth, 1024}) {
       if (w > limits.max_threads_per_group || cluster_width) continue;
       for (int c = 2; c <= std::min(16, limits.max_cluster_size); c *= 2)

@@ -146,12 +146,15 @@ TEST(Policy, ClusterPlansAreValidatedFieldByField) {
       << error(q, clusters, rows_in);
 }
 
-// Long rows on a target with clusters: the smallest power-of-two cluster whose 512-worker
-// groups cache at most 32 scalars a worker (1024 workers where 512 cannot), so the row is read
-// once; re-read where 16 groups cannot hold it, and on targets without clusters.
+// Long rows cached in registers on a target with clusters: the smallest power-of-two cluster
+// whose 512-worker groups cache at most 32 scalars a worker (1024 workers where 512 cannot), so
+// the row is read once; re-read where 16 groups cannot hold it, on targets without clusters,
+// and when the request does not ask for register caching (clusters measured slower so far).
 TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
   DeviceLimits clusters;
   clusters.max_cluster_size = 16;
+  PlanRequest cached;
+  cached.caching = InputCaching::registers;
   struct Want {
     int64_t cols;
     DType dt;
@@ -162,7 +165,8 @@ TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
                  {32768, DType::bf16, 2, 512}, {65536, DType::bf16, 4, 512}, {262144, DType::bf16, 16, 512},
                  {524288, DType::bf16, 16, 1024}}) {
     const PlanInputs in = inputs(4096, w.cols, w.dt);
-    const MappingPlan p = choose_plan(in, {}, clusters);
+    EXPECT_EQ(choose_plan(in, {}, clusters).ctas_per_program, 1);  // unasked: re-read
+    const MappingPlan p = choose_plan(in, cached, clusters);
     SCOPED_TRACE(std::to_string(w.cols) + " " + std::string(dtype_name(w.dt)) + ": " + p.to_json());
     EXPECT_EQ(p.ctas_per_program, w.ctas);
     EXPECT_EQ(p.workers_per_program, w.workers);
@@ -177,17 +181,16 @@ TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
     EXPECT_EQ(q.caching, InputCaching::reread);
   }
   // Rows a cluster of 16 cannot cache, rows that fit one group, and reductions over the rows.
-  EXPECT_EQ(choose_plan(inputs(64, 1048576, DType::bf16), {}, clusters).caching, InputCaching::reread);
-  EXPECT_EQ(choose_plan(inputs(64, 1048576, DType::bf16), {}, clusters).ctas_per_program, 1);
-  EXPECT_EQ(choose_plan(inputs(64, 4096), {}, clusters).ctas_per_program, 1);
+  EXPECT_EQ(choose_plan(inputs(64, 1048576, DType::bf16), cached, clusters).ctas_per_program, 1);
+  EXPECT_EQ(choose_plan(inputs(64, 4096), cached, clusters).ctas_per_program, 1);
   PlanInputs rows_in = inputs(64, 262144);
   rows_in.reduces_rows = true;
-  EXPECT_EQ(choose_plan(rows_in, {}, clusters).ctas_per_program, 1);
+  EXPECT_EQ(choose_plan(rows_in, cached, clusters).ctas_per_program, 1);
   // A smaller cluster limit: the largest cluster allowed, else re-read.
   DeviceLimits eight = clusters;
   eight.max_cluster_size = 8;
-  EXPECT_EQ(choose_plan(inputs(64, 262144), {}, eight).ctas_per_program, 8);
-  EXPECT_EQ(choose_plan(inputs(64, 262144), {}, eight).workers_per_program, 1024);
+  EXPECT_EQ(choose_plan(inputs(64, 262144), cached, eight).ctas_per_program, 8);
+  EXPECT_EQ(choose_plan(inputs(64, 262144), cached, eight).workers_per_program, 1024);
   // A requested cluster keeps the rest automatic: one program, cached, stripes over C x W.
   PlanRequest r;
   r.ctas_per_program = 4;

@@ -303,8 +303,9 @@ inline std::vector<FamilyCase> plan_family_cases() {
 }
 
 // Long rows split over the groups of a cluster, read from memory once: the four operators in
-// fp32 and bf16 at 64K, 128K and 256K columns, each with the cluster size the policy picks on
-// a target with clusters of up to 16 groups (the rest of the plan is the policy's too).
+// fp32 and bf16 at 64K, 128K and 256K columns, each with the cluster size the policy picks for
+// register caching on a target with clusters of up to 16 groups (the rest of the plan is the
+// policy's too).
 inline std::vector<Case> cluster_sweep() {
   std::vector<Case> cases;
   uint64_t seed = 12000;
@@ -315,7 +316,9 @@ inline std::vector<Case> cluster_sweep() {
       for (int64_t cols : {65536, 131072, 262144}) {
         Case c;
         c.op = op, c.x = dt, c.y = dt, c.w = DType::f32, c.rows = 3, c.cols = cols, c.seed = seed++;
-        c.plan.ctas_per_program = choose_plan(PlanInputs::for_rows(dt, dt, c.rows, cols, 0, 0, DType::f32), {}, clusters).ctas_per_program;
+        c.plan.caching = InputCaching::registers;
+        c.plan.ctas_per_program =
+            choose_plan(PlanInputs::for_rows(dt, dt, c.rows, cols, 0, 0, DType::f32), c.plan, clusters).ctas_per_program;
         cases.push_back(c);
       }
   return cases;
