@@ -7,7 +7,7 @@
 #   scripts/build_python.sh                        # python3 on PATH, build/ci/libtile.so
 #   PYTHON=/opt/torch/.venv/bin/python3 scripts/build_python.sh
 #   TILE_LIBRARY=build/dev/libtile.so scripts/build_python.sh
-#   TILE_GIT_COMMIT=<sha> scripts/build_python.sh  # where the tree is not a git checkout
+#   TILE_GIT_COMMIT=<sha> scripts/build_python.sh  # names the tree's commit (wins over its .git)
 #   BUILD_DIR=build/my-python scripts/build_python.sh
 #   TILE_LIBRARY=build/cpu-only/libtile.so scripts/build_python.sh -DTILE_WITH_CUDA=OFF  # no CUDA headers
 #
@@ -33,7 +33,7 @@ fi
 
 generator=()
 if command -v ninja >/dev/null; then generator=(-G Ninja); fi
-# Without a .git here, tile.build_info() reports the commit given as TILE_GIT_COMMIT.
+# tile.build_info() reports the commit given as TILE_GIT_COMMIT, else the checkout's HEAD.
 commit=()
 if [ -n "${TILE_GIT_COMMIT:-}" ]; then commit=(-DTILE_GIT_COMMIT="$TILE_GIT_COMMIT"); fi
 
