@@ -8,20 +8,14 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include "support/error_of.hpp"
 
 namespace tile {
 namespace {
 
 const CallOptions kCpu{{}, nullptr, Backend::cpu};
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using tile::testing::error_of;
 
 #define EXPECT_ERROR(stmt, text) EXPECT_EQ(error_of([&] { stmt; }), text)
 

@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 
 #include "backend/cuda/driver.hpp"
+#include "support/error_of.hpp"
 #endif
 
 namespace tile {
@@ -69,14 +70,7 @@ struct RmsNormBackward {
 
 const RowProgram& rms_backward() { return training_program("rms_norm_backward"); }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using tile::testing::error_of;
 
 TEST(Workspace, NoneForProgramsWithoutReductionsOverTheRows) {
   std::vector<float> x = random(64 * 100, 5), y(64 * 100);

@@ -7,6 +7,7 @@
 #include "core/sha256.hpp"
 #include "tile/error.hpp"
 #include "tile/policy.hpp"
+#include "support/error_of.hpp"
 
 namespace tile {
 namespace {
@@ -70,15 +71,7 @@ TEST(MappingPlan, EveryFieldIsInTheTable) {
   EXPECT_EQ(plan_fields().size(), 17u);
 }
 
-// The message of the tile::Error `f` throws, or "" when it throws none.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using tile::testing::error_of;
 
 PlanInputs inputs(DType dt, int64_t rows, int64_t cols, int64_t stride, int64_t alignment, bool columns) {
   PlanInputs in = PlanInputs::for_rows(dt, dt, rows, cols, stride, stride);

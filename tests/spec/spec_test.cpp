@@ -4,18 +4,12 @@
 
 #include "bind/bind.hpp"
 #include "tile/tile.hpp"
+#include "support/error_of.hpp"
 
 namespace tile {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using tile::testing::error_of;
 
 #define EXPECT_ERROR(stmt, text) EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << error_of([&] { stmt; })
 
