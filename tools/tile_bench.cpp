@@ -162,11 +162,15 @@ int host_main() {
 }  // namespace
 
 int bench_main(const BenchOptions& options) {
-  // `tile bench [--plan JSON] [--shape RxC]...`: fixed plan fields for every call; shapes to time.
+  // `tile bench [--plan JSON] [--shape RxC]... [--op NAME]... [--dtype T]...`: fixed plan fields for
+  // every call; shapes, operators and dtypes to time.
   // `tile bench --host`: host and launch-bound times of small calls (host_main).
   if (options.host) return host_main();
   std::vector<std::pair<long long, long long>> shapes = {{37, 1537}, {256, 3072}, {768, 6144}, {1024, 4096}, {32768, 4096}, {4096, 32768}};
   std::vector<tile::Op> ops = {tile::Op::softmax, tile::Op::log_softmax, tile::Op::rms_norm, tile::Op::layer_norm};
+  if (!options.ops.empty()) ops = options.ops;
+  std::vector<tile::DType> dtypes = {tile::DType::f32, tile::DType::bf16};
+  if (!options.dtypes.empty()) dtypes = options.dtypes;
   const tile::PlanRequest& request = options.request;
   if (!options.shapes.empty()) {
     shapes.clear();
@@ -177,7 +181,7 @@ int bench_main(const BenchOptions& options) {
   std::printf("device %s (%s), %d SMs; times are medians of 7 event-timed batches of back-to-back launches\n",
               dev.name.c_str(), dev.uuid.c_str(), dev.sm_count);
   std::printf("%-12s %-5s %-12s %10s %10s %10s %9s  %s\n", "op", "dtype", "shape", "kernel_us", "GB/s", "copy_GB/s", "%copy", "plan");
-  for (tile::DType dt : {tile::DType::f32, tile::DType::bf16})
+  for (tile::DType dt : dtypes)
     for (auto [rows, cols] : shapes) {
       DeviceCase c(ops[0], dt, rows, cols, uint64_t(rows * 131 + cols));
       for (tile::Op op : ops) {

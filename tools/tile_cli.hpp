@@ -24,6 +24,8 @@ struct Shape {
 struct BenchOptions {
   tile::PlanRequest request;
   std::vector<Shape> shapes;
+  std::vector<tile::Op> ops;        // empty: all four
+  std::vector<tile::DType> dtypes;  // empty: f32 and bf16
   bool host = false;
 };
 

@@ -279,7 +279,7 @@ struct RunArgs {
 
 struct BenchArgs {
   std::string plan;
-  std::vector<std::string> shapes;
+  std::vector<std::string> shapes, ops, dtypes;
   bool host = false;
   CLI::Option* plan_opt = nullptr;
 
@@ -292,12 +292,20 @@ struct BenchArgs {
                        "32768x4096 4096x32768)")
             ->type_name("RxC")
             ->allow_extra_args(false);
+    CLI::Option* op_opt = app.add_option("--op", ops, "an operator to time; repeat for more (default: all four)")
+                              ->type_name("NAME")
+                              ->allow_extra_args(false);
+    CLI::Option* dtype_opt = app.add_option("--dtype", dtypes, "an input dtype to time; repeat for more (default: f32 bf16)")
+                                 ->type_name("T")
+                                 ->allow_extra_args(false);
     app.add_flag("--host", host,
                  "host microseconds per call and GPU microseconds per launch of small calls, against the "
                  "empty-kernel launch floor")
         ->disable_flag_override()
         ->excludes(plan_opt)
-        ->excludes(shape_opt);
+        ->excludes(shape_opt)
+        ->excludes(op_opt)
+        ->excludes(dtype_opt);
   }
 
   tile::cli::BenchOptions check() const {
@@ -310,6 +318,8 @@ struct BenchArgs {
       check_host_bytes("--shape", shape, shape.cols, tile::DType::f32, tile::DType::f32, tile::DType::f32, 0);
       o.shapes.push_back(shape);
     }
+    for (const std::string& text : ops) o.ops.push_back(parse_op("--op", text));
+    for (const std::string& text : dtypes) o.dtypes.push_back(parse_dtype("--dtype", text));
     return o;
   }
 };

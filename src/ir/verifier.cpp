@@ -66,6 +66,9 @@ class RangeOf : public IRVisitor<RangeOf, std::optional<Interval>> {
       case BinOp::mul:
         if (a->lo >= 0 && b->lo >= 0) return Interval{a->lo * b->lo, a->hi * b->hi};
         return std::nullopt;
+      case BinOp::rem:  // C++ remainder: a non-negative value modulo a positive one
+        if (a->lo >= 0 && b->lo > 0) return Interval{0, std::min(a->hi, b->hi - 1)};
+        return std::nullopt;
       default: return std::nullopt;
     }
   }

@@ -887,16 +887,21 @@ std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt
 }
 
 // The cluster rung: each group's program-wide states (the same in every worker) go to one shared
-// slot per part; after a cluster barrier every worker reads the C groups' partials remotely and
-// folds them with the monoid's combine in rank order, so every group holds the same bits. Each
-// merge has its own slots; the cluster barrier at the end of the row (or row block) keeps them
-// alive, and unwritten, until every group has read them.
+// slot per part; after a cluster barrier lane r of every warp reads the partials of rank r (one
+// remote load per part, not C in a chain per worker) and a butterfly over segments of B lanes
+// (B = C rounded up to a power of two; lanes past C hold the identity) folds them. Lane l of
+// every warp of every group folds the same values in the same order, so the groups agree
+// bitwise. Each merge has its own slots; the cluster barrier at the end of the row (or row
+// block) keeps them alive, and unwritten, until every group has read them.
 std::vector<std::vector<int>> RowLowering::merge_across_cluster(std::vector<Stmt>& out,
                                                                 const std::vector<const Monoid*>& monoids,
                                                                 std::vector<std::vector<int>> states) {
   const int C = plan_.ctas_per_program;
   if (C == 1) return states;
   ++cluster_merges_;
+  int B = 1;
+  while (B < C) B *= 2;
+  TILE_CHECK(B <= 32, "a cluster of more groups than a warp has lanes");
   std::vector<Stmt> stores;
   std::vector<std::vector<int>> regions(states.size());
   for (size_t i = 0; i < states.size(); ++i)
@@ -908,27 +913,32 @@ std::vector<std::vector<int>> RowLowering::merge_across_cluster(std::vector<Stmt
     }
   out.push_back(if_(binary(BinOp::eq, special(Special::worker_in_program), i32_const(0)), std::move(stores)));
   out.push_back(barrier(Scope::cluster));
-  std::vector<std::vector<int>> totals(states.size());
-  for (size_t i = 0; i < states.size(); ++i) {
-    std::vector<ExprPtr> acc;
-    for (int rank = 0; rank < C; ++rank) {
-      std::vector<ExprPtr> part;
-      for (int region : regions[i]) {
-        int v = em_.temp("remote", Type::f32);
-        out.push_back(remote_shared_load(v, region, i32_const(0), i32_const(rank)));
-        part.push_back(r(v));
-      }
-      if (rank == 0) {
-        acc = part;
-        continue;
-      }
-      std::vector<ExprPtr> merged = em_.combine(out, *monoids[i], acc, part);
-      acc.clear();
-      for (const ExprPtr& v : merged) acc.push_back(r(em_.materialize(out, v, "c")));
+  // Lane l reads rank min(l % B, C - 1); a lane whose l % B is C or more contributes the identity.
+  const ExprPtr position = binary(BinOp::rem, special(Special::lane), i32_const(B));
+  const ExprPtr rank = binary(BinOp::min, position, i32_const(C - 1));  // inline: the verifier bounds it
+  std::vector<std::vector<int>> mine(states.size());
+  for (size_t i = 0; i < states.size(); ++i)
+    for (size_t q = 0; q < regions[i].size(); ++q) {
+      int v = em_.temp("remote", Type::f32);
+      out.push_back(remote_shared_load(v, regions[i][q], i32_const(0), rank));
+      mine[i].push_back(B == C ? v
+                               : assign_new(out, "part", select(binary(BinOp::lt, position, i32_const(C)), r(v),
+                                                               f32_const(monoids[i]->identity[q]))));
     }
-    for (const ExprPtr& v : acc) totals[i].push_back(em_.materialize(out, v, "total"));
-  }
-  return totals;
+  for (int offset = B / 2; offset >= 1; offset /= 2)
+    for (size_t i = 0; i < monoids.size(); ++i) {
+      std::vector<ExprPtr> self, other;
+      for (int reg_id : mine[i]) {
+        int t = em_.temp("t", Type::f32);
+        out.push_back(shfl_xor(t, reg_id, offset, B));
+        self.push_back(r(reg_id));
+        other.push_back(r(t));
+      }
+      std::vector<ExprPtr> merged = em_.combine(out, *monoids[i], self, other);
+      mine[i].clear();
+      for (const ExprPtr& v : merged) mine[i].push_back(em_.materialize(out, v, "c"));
+    }
+  return mine;
 }
 
 std::vector<Stmt> RowLowering::reread_loop(const std::set<int>& inputs,

@@ -8,7 +8,7 @@
 // whole cached slice, or one re-read iteration at a time merged with `combine`), then the
 // states merge up the scope stack — lanes of a warp by shuffles, warps of a program through
 // shared memory and one barrier, the groups of a cluster through distributed shared memory
-// between cluster barriers (read in rank order) — with `combine` again. An output pass stores the row outputs.
+// between cluster barriers (lane r reads rank r, a butterfly folds them) — with `combine` again. An output pass stores the row outputs.
 // Reductions over the rows fold each program's rows into per-slot partials (registers, or
 // the workspace for re-read plans) that a second kernel, lower_finish, combines in a fixed
 // order: bitwise identical from run to run. Guard programs (rows past the last) run every

@@ -225,6 +225,27 @@ TEST(VerifierProof, RejectsRemoteRankOutsideTheCluster) {
   EXPECT_THROW(run_cluster(k, 2), cpu::ExecutionError);
 }
 
+// A rank spread over the lanes (lane r reads rank r, as the lowering's cluster merge does) is
+// proved in range by the remainder's bound; a divisor past the cluster or a possibly negative
+// dividend is not.
+TEST(VerifierProof, BoundsRemoteRanksSpreadOverTheLanes) {
+  auto with_rank = [](ExprPtr cta) {
+    Kernel k = cluster_row_sum(4);
+    for (Stmt& s : k.body)
+      if (s.kind == Stmt::Kind::remote_shared_load) s.cta = cta;
+    return k;
+  };
+  const ExprPtr lane = special(Special::lane);
+  Kernel k = with_rank(binary(BinOp::rem, lane, i32_const(4)));
+  EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
+  k = with_rank(binary(BinOp::min, binary(BinOp::rem, lane, i32_const(8)), i32_const(3)));
+  EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
+  k = with_rank(binary(BinOp::rem, lane, i32_const(5)));
+  EXPECT_TRUE(mentions(verify(k), "remote rank '(lane % 5)' is not provably in [0, 4)"));
+  k = with_rank(binary(BinOp::rem, binary(BinOp::sub, lane, i32_const(1)), i32_const(4)));
+  EXPECT_TRUE(mentions(verify(k), "is not provably in [0, 4)"));
+}
+
 TEST(VerifierProof, RejectsClusterSynchronisationWithoutClusters) {
   Kernel k = cluster_row_sum(2);
   k.ctas_per_cluster = 1;

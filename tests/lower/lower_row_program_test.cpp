@@ -200,7 +200,7 @@ TEST(LowerRowProgram, RowBlockLoopsReuseSharedSlotsAfterABarrier) {
 }
 
 // A row split over the C groups of a cluster: each group caches its slice, the partial states
-// merge through distributed shared memory in rank order. Every group must reach both cluster
+// merge through distributed shared memory, lane r of each warp reading rank r. Every group must reach both cluster
 // barriers of a merge, and a group that loops over row blocks waits at a cluster barrier before
 // it overwrites slots the others may still read (the executor reports the race otherwise).
 TEST(LowerRowProgram, ClusterProgramsSplitEachRowOverTheGroupsOfACluster) {
@@ -246,7 +246,9 @@ TEST(LowerRowProgram, ClusterProgramsSplitEachRowOverTheGroupsOfACluster) {
           }
   }
   EXPECT_GE(launched, 60);
-  // The IR: C remote loads per part and merge, between cluster barriers.
+  // The IR: one remote load per part and merge, lane r reading rank r, then a butterfly over
+  // segments of C lanes (of 4 for C = 3, the fourth lane holding the identity), between
+  // cluster barriers.
   testing::HostMatrix a(DType::f32, 2, 4096, 4096), out(DType::f32, 2, 4096, 4096);
   testing::HostVector s(DType::f32, 2);
   Args args;
@@ -255,10 +257,23 @@ TEST(LowerRowProgram, ClusterProgramsSplitEachRowOverTheGroupsOfACluster) {
   req.ctas_per_program = 4, req.workers_per_program = 64, req.merge = MergeStrategy::combine;
   req.caching = InputCaching::registers;
   const BoundCall call = bind(p, args);
-  const std::string ir = ir::to_string(lower_row_program(p, call.signature(), choose_plan(call.plan_inputs(), req)).main.kernel);
+  auto count = [](const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  std::string ir = ir::to_string(lower_row_program(p, call.signature(), choose_plan(call.plan_inputs(), req)).main.kernel);
   EXPECT_NE(ir.find("cluster of 4 groups"), std::string::npos) << ir;
-  EXPECT_NE(ir.find("of cta 3"), std::string::npos) << ir;
+  EXPECT_GT(count(ir, "shared f32 cluster_partials"), 0) << ir;
+  EXPECT_EQ(count(ir, " of cta min((lane % 4), 3)"), count(ir, "shared f32 cluster_partials")) << ir;
+  EXPECT_EQ(count(ir, " of cta "), count(ir, "shared f32 cluster_partials")) << ir;
+  EXPECT_NE(ir.find("2, width 4)"), std::string::npos) << ir;
+  EXPECT_EQ(ir.find(", width 8)"), std::string::npos) << ir;
   EXPECT_NE(ir.find("barrier.cluster"), std::string::npos) << ir;
+  req.ctas_per_program = 3;
+  ir = ir::to_string(lower_row_program(p, call.signature(), choose_plan(call.plan_inputs(), req)).main.kernel);
+  EXPECT_EQ(count(ir, " of cta min((lane % 4), 2)"), count(ir, "shared f32 cluster_partials")) << ir;
+  EXPECT_NE(ir.find("((lane % 4) < 3) ?"), std::string::npos) << ir;
 }
 
 // Optional row and per-row inputs left out read as their constants and are never loaded;

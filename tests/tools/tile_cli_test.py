@@ -60,6 +60,9 @@ USAGE_ERRORS = [
     (["bench", "--shape", "0x64"], "--shape"),  # nothing to time
     (["bench", "--plan", "[]"], "--plan"),
     (["bench", "--host", "--shape", "4x8"], "--host"),
+    (["bench", "--op", "softmx"], "--op"),
+    (["bench", "--dtype", "f64"], "--dtype"),
+    (["bench", "--host", "--op", "softmax"], "--host"),
     (["bench", "--shap", "4x8"], "--shap"),
     (["tune", "--shape", "99999999999999999999x4"], "--shape"),
     (["tune", "--shape", "3x4611686018427387904"], "--shape"),
