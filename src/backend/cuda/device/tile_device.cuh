@@ -54,13 +54,20 @@ TILE_DEVICE float tile_min(float a, float b) {
 #endif
 }
 
-// floor(log2 |a|) for finite nonzero a (exact, subnormals included), else 0.
+// floor(log2 |a|) for finite nonzero a (exact, subnormals included), else 0. A normal a's
+// exponent is read from its bits; only subnormals take the library's ilogbf.
 TILE_DEVICE float tile_exponent(float a) {
-  return (a == 0.0f || !(fabsf(a) <= 3.40282347e38f)) ? 0.0f : (float)ilogbf(a);
+  const int bits = __float_as_int(a) & 0x7fffffff, biased = bits >> 23;
+  if (bits == 0 || biased == 0xff) return 0.0f;
+  return biased != 0 ? (float)(biased - 127) : (float)ilogbf(a);
 }
-// a * 2^b for an integer-valued b, exact; b clamped to [-1000, 1000], NaN if b is NaN.
+// a * 2^b for an integer-valued b, exact; b clamped to [-1000, 1000], NaN if b is NaN. Where
+// 2^b is a normal float, one multiplication by it rounds exactly as ldexpf does (the only
+// rounding is of a subnormal result, once, to nearest even); elsewhere ldexpf.
 TILE_DEVICE float tile_ldexp(float a, float b) {
-  return b != b ? b : ldexpf(a, (int)fminf(fmaxf(b, -1000.0f), 1000.0f));
+  if (b != b) return b;
+  const int e = (int)fminf(fmaxf(b, -1000.0f), 1000.0f);
+  return (e >= -126 && e <= 127) ? a * __int_as_float((e + 127) << 23) : ldexpf(a, e);
 }
 
 TILE_DEVICE bool tile_aligned(const void* p, unsigned long long bytes) {
