@@ -1,10 +1,12 @@
 // The seeded fuzz: random calls (operator, dtypes, shapes, strides, offsets, weights, eps,
 // special values) under random valid plans from the whole mapping family, each checked
-// against the float64 oracle with its output poisoned and its guard band watched.
+// against the float64 oracle with its output poisoned and its guard band watched. One case in
+// five calls a training operator (include/tile/training.hpp) instead, checked against the
+// float64 references of tests/support/training_cases.hpp.
 //
 //   fuzz_main [--cases N] [--seed S] [--jobs J]        CPU backend (CTest: fuzz.cpu)
 //   fuzz_main --backend cuda [--cases N] [--seed S]    GPU, also compared with the CPU executor
-//   fuzz_main --replay S:I [--backend cuda] [--dump]   one case, verbosely
+//   fuzz_main --replay S:I [--backend cuda] [--dump]   one case, verbosely (--dump: a forward case's elements)
 //
 // Case I of seed S is a pure function of (S, I), so a failure replays alone. The rules the
 // outputs are checked by are in docs/source/numerics.md.
@@ -224,8 +226,8 @@ enum class TrainKind : uint8_t { rms_norm_stats = uint8_t(TrainOp::cross_entropy
 constexpr int kTrainKinds = int(TrainKind::layer_norm_stats) + 1;
 
 const char* train_kind_name(int kind) {
-  if (kind == int(TrainKind::rms_norm_stats)) return "rms_norm (rstd)";
-  if (kind == int(TrainKind::layer_norm_stats)) return "layer_norm (mean, rstd)";
+  if (kind == int(TrainKind::rms_norm_stats)) return "rms_norm with rstd";
+  if (kind == int(TrainKind::layer_norm_stats)) return "layer_norm with mean/rstd";
   return train_op_name(TrainOp(kind));
 }
 
