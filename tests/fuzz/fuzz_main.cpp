@@ -1,10 +1,12 @@
 // The seeded fuzz: random calls (operator, dtypes, shapes, strides, offsets, weights, eps,
 // special values) under random valid plans from the whole mapping family, each checked
-// against the float64 oracle with its output poisoned and its guard band watched.
+// against the float64 oracle with its output poisoned and its guard band watched. One case in
+// five calls a training operator (include/tile/training.hpp) instead, checked against the
+// float64 references of tests/support/training_cases.hpp.
 //
 //   fuzz_main [--cases N] [--seed S] [--jobs J]        CPU backend (CTest: fuzz.cpu)
 //   fuzz_main --backend cuda [--cases N] [--seed S]    GPU, also compared with the CPU executor
-//   fuzz_main --replay S:I [--backend cuda] [--dump]   one case, verbosely
+//   fuzz_main --replay S:I [--backend cuda] [--dump]   one case, verbosely (--dump: a forward case's elements)
 //
 // Case I of seed S is a pure function of (S, I), so a failure replays alone. The rules the
 // outputs are checked by are in docs/source/numerics.md.
@@ -17,9 +19,11 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "bind/bind.hpp"
 #include "support/cases.hpp"
+#include "support/training_cases.hpp"
 #if TILE_WITH_CUDA
 #include "backend/cuda/jit_module.hpp"
 #endif
@@ -213,6 +217,385 @@ FuzzCase draw_case(uint64_t seed, uint64_t index, double budget) {
   return f;
 }
 
+// ---- training operators ----
+//
+// A training case is a TrainCase of tests/support/training_cases.hpp (its float64 references,
+// seeded inputs, poisoned outputs) with drawn shapes, dtypes, options and plan, plus two forward
+// calls that also write their statistics: rms_norm with rstd, layer_norm with mean and rstd.
+enum class TrainKind : uint8_t { rms_norm_stats = uint8_t(TrainOp::cross_entropy_fused) + 1, layer_norm_stats };
+constexpr int kTrainKinds = int(TrainKind::layer_norm_stats) + 1;
+
+const char* train_kind_name(int kind) {
+  if (kind == int(TrainKind::rms_norm_stats)) return "rms_norm with rstd";
+  if (kind == int(TrainKind::layer_norm_stats)) return "layer_norm with mean/rstd";
+  return train_op_name(TrainOp(kind));
+}
+
+struct TrainFuzz {
+  int kind = 0;
+  TrainCase c;  // c.op is meaningful for kind < rms_norm_stats
+  bool mean_out = true, rstd_out = true;  // layer_norm (mean, rstd): which statistics are written
+  bool repeat = false;                    // run twice: the reductions over rows must be bitwise equal
+};
+
+// The program and operands of a training call, bound like its entry point binds them
+// (src/api/training.cpp) with the buffers at disjoint 16-byte aligned bases plus the case's
+// offsets; no memory is touched. `count_pass`: the small counting pass cross_entropy_fused runs
+// first for a mean.
+std::pair<const RowProgram*, Args> train_call(const TrainFuzz& t, bool count_pass = false) {
+  const TrainCase& c = t.c;
+  const int64_t R = c.rows, C = c.cols, S = c.cols + c.pad;
+  int next = 1;
+  std::map<std::string, int> base;
+  auto at = [&](const std::string& name, int64_t offset, DType d) {
+    if (!base.count(name)) base[name] = next++;
+    return reinterpret_cast<void*>((uintptr_t(base[name]) << 30) + uintptr_t(offset * dtype_size(d)));
+  };
+  auto mat = [&](const std::string& name, DType d) { return TensorView{at(name, c.offset, d), d, R, C, S}; };
+  auto vec = [&](const std::string& name, DType d, int64_t n, int64_t stride = 1) {
+    return VectorView{at(name, 0, d), d, n, stride};
+  };
+  const auto io = [&](const char* out, const char* in) { return c.in_place ? in : out; };
+  Args a;
+  const RowProgram* program = nullptr;
+  if (t.kind == int(TrainKind::rms_norm_stats) || t.kind == int(TrainKind::layer_norm_stats)) {
+    const bool ln = t.kind == int(TrainKind::layer_norm_stats);
+    a.set("x", mat("x", c.in)).set("y", mat("y", c.out)).set("eps", ln ? 1e-5 : 1e-6);
+    if (c.weight) a.set("weight", vec("weight", c.w, C));
+    if (ln && c.second) a.set("bias", vec("bias", c.w, C));
+    if (ln && t.mean_out) a.set("mean", vec("mean", DType::f32, R));
+    if (t.rstd_out) a.set("rstd", vec("rstd", DType::f32, R));
+    program = &builtin_program(ln ? Op::layer_norm : Op::rms_norm);
+    return {program, a};
+  }
+  switch (c.op) {
+    case TrainOp::softmax_backward:
+    case TrainOp::log_softmax_backward:
+      a.set("y", mat("y", c.in)).set("dy", mat("dy", c.in)).set("dx", mat(io("dx", "dy"), c.in_place ? c.in : c.out));
+      break;
+    case TrainOp::rms_norm_backward:
+    case TrainOp::layer_norm_backward: {
+      const bool ln = c.op == TrainOp::layer_norm_backward;
+      a.set("dy", mat("dy", c.in)).set("x", mat("x", c.in)).set("dx", mat(io("dx", "dy"), c.in_place ? c.in : c.out));
+      a.set("rstd", vec("rstd", DType::f32, R));
+      if (ln) a.set("mean", vec("mean", DType::f32, R));
+      if (c.weight) a.set("weight", vec("weight", c.w, C)).set("dweight", vec("dweight", c.w, C));
+      if (ln && c.second) a.set("dbias", vec("dbias", c.w, C));
+      break;
+    }
+    case TrainOp::fused_add_rms_norm:
+      a.set("x", mat("x", c.in)).set("residual", mat("residual", c.res));
+      a.set("y", mat(io("y", "x"), c.in_place ? c.in : c.out)).set("residual_out", mat(io("residual_out", "residual"), c.res));
+      a.set("eps", 1e-6).set("rstd", vec("rstd", DType::f32, R));
+      if (c.weight) a.set("weight", vec("weight", c.w, C));
+      break;
+    case TrainOp::fused_add_rms_norm_backward:
+      a.set("dy", mat("dy", c.in)).set("residual_out", mat("residual_out", c.res));
+      a.set("dx", mat(io("dx", "dy"), c.in_place ? c.in : c.out)).set("rstd", vec("rstd", DType::f32, R));
+      if (c.second) a.set("dresidual_out", mat("dresidual_out", c.res)).set("dresidual", mat(io("dresidual", "dresidual_out"), c.res));
+      if (c.weight) a.set("weight", vec("weight", c.w, C)).set("dweight", vec("dweight", c.w, C));
+      break;
+    case TrainOp::cross_entropy:
+    case TrainOp::cross_entropy_backward:
+    case TrainOp::cross_entropy_fused: {
+      const CrossEntropyOptions& ce = c.ce;
+      const bool none = ce.reduction == Reduction::none;
+      a.set("logits", mat("logits", c.in)).set("target", vec("target", c.target, R));
+      a.set("ignore_index", double(ce.ignore_index)).set("z_loss", ce.z_loss);
+      if (ce.label_smoothing != 0.0) a.set("label_smoothing", ce.label_smoothing);
+      if (ce.softcap) a.set("softcap", *ce.softcap);
+      CrossEntropyPass pass = c.op == TrainOp::cross_entropy ? CrossEntropyPass::forward
+                              : c.op == TrainOp::cross_entropy_fused ? CrossEntropyPass::fused
+                                                                     : CrossEntropyPass::backward;
+      if (count_pass) {
+        a.set("count", vec("count", DType::f32, 1));
+        pass = CrossEntropyPass::forward;
+      } else {
+        if (c.op != TrainOp::cross_entropy_backward) {
+          const char* loss = none ? "loss" : ce.reduction == Reduction::sum ? "loss_sum" : "loss_mean";
+          a.set(loss, vec("loss", DType::f32, none ? R : 1)).set("lse", vec("lse_out", DType::f32, R));
+        } else {
+          a.set("lse", vec("lse", DType::f32, R));
+        }
+        if (c.op != TrainOp::cross_entropy)
+          a.set("dlogits", mat(io("dlogits", "logits"), c.in_place ? c.in : c.out));
+        if (c.op != TrainOp::cross_entropy && c.second) a.set("dloss", vec("dloss", c.w, R, none ? 1 : 0));
+        if (c.op == TrainOp::cross_entropy) a.set("count", vec("count", DType::f32, 1));
+        else if (ce.reduction == Reduction::mean) a.set("count", vec("count", DType::f32, R, 0));
+      }
+      program = &cross_entropy_program(pass, ce.label_smoothing != 0.0, ce.softcap.has_value());
+      return {program, a};
+    }
+  }
+  program = &training_program(train_op_name(c.op));
+  return {program, a};
+}
+
+PlanInputs train_inputs(const TrainFuzz& t, bool count_pass = false) {
+  const auto [program, args] = train_call(t, count_pass);
+  return bind(*program, args).plan_inputs();
+}
+
+// rms_norm with rstd, layer_norm with mean and rstd, against float64 values built from the
+// statistics helpers of training_cases.hpp; same inputs, comparison and guard bands.
+TrainResult run_stats_case(const TrainFuzz& t, Backend backend) {
+  using namespace detail;
+  const TrainCase& c = t.c;
+  const bool ln = t.kind == int(TrainKind::layer_norm_stats);
+  const double eps = ln ? 1e-5 : 1e-6;
+  std::mt19937_64 rng(c.seed);
+  Env env(backend);
+  const int64_t R = c.rows, C = c.cols;
+  env.add("x", random_matrix(rng, c.in, c, 0.5, 2));
+  if (c.special && R > 1)
+    for (int64_t k = 0; k < C; ++k) env["x"].set(1, k, ln ? 3.0 : 0.0);  // a constant row, a zero row
+  if (c.special && R > 2 && c.in != DType::f16)
+    for (int64_t k = 0; k < C; ++k) env["x"].set(2, k, env["x"].at(2, k) * 1e30);  // huge values
+  if (c.special && R > 3) {  // subnormal values of x's dtype: x^2 underflows in fp32, eps decides
+    const double tiny = c.in == DType::f16 ? 0x1p-20 : 0x1p-130;
+    for (int64_t k = 0; k < C; ++k) env["x"].set(3, k, env["x"].at(3, k) * tiny);
+  }
+  if (c.special && R > 4) env["x"].set(4, C / 2, kNaN);  // one NaN: its whole row and statistics
+  if (c.weight) env.add("weight", random_vector(rng, c.w, C, 1, 0.5));
+  if (ln && c.second) env.add("bias", random_vector(rng, c.w, C, 0, 1));
+  env.add("y", output_matrix(c.out, c));
+  if (ln && t.mean_out) env.add("mean", Buf::vector(DType::f32, R));
+  if (t.rstd_out) env.add("rstd", Buf::vector(DType::f32, R));
+  Expectations want;
+  Expected& y = want["y"];
+  Expected mean, rstd;
+  for (int64_t r = 0; r < R; ++r) {
+    const std::vector<double> h = row_of(env["x"], r);
+    double mu = 0, rs;
+    if (ln) std::tie(mu, rs) = ln_stats(h, eps);
+    else rs = rms_rstd(h, eps);
+    double abs_mean = 0;
+    for (double v : h) abs_mean += std::abs(v) / double(C);
+    mean.want.push_back(mu), mean.mag.push_back(abs_mean);
+    // The variance of a row far from zero mean loses bits to the mean's rounding.
+    rstd.want.push_back(rs), rstd.mag.push_back(rs * (1 + (ln ? mu * mu * rs * rs : 0.0)));
+    for (int64_t k = 0; k < C; ++k) {
+      const double wk = c.weight ? env["weight"].at(k) : 1.0, bk = ln && c.second ? env["bias"].at(k) : 0.0;
+      y.want.push_back((h[size_t(k)] - mu) * rs * wk + bk);
+      y.mag.push_back((std::abs(h[size_t(k)]) + std::abs(mu)) * rs * std::abs(wk) * (1 + (ln ? mu * mu * rs * rs : 0.0)) + std::abs(bk));
+    }
+  }
+  std::vector<std::string> outputs = {"y"};
+  if (ln && t.mean_out) want["mean"] = mean, outputs.push_back("mean");
+  if (t.rstd_out) want["rstd"] = rstd, outputs.push_back("rstd");
+  env.upload();
+  const CallOptions opts{c.plan, nullptr, backend};
+  if (ln)
+    layer_norm(env.mat("x"), env.mat("y"), env.vec("weight"), env.vec("bias"), env.vec("mean"), env.vec("rstd"),
+               float(eps), opts);
+  else
+    rms_norm(env.mat("x"), env.mat("y"), env.vec("weight"), env.vec("rstd"), float(eps), opts);
+  env.download();
+  TrainResult result;
+  for (const auto& [name, e] : want) compare(result.cmp, name, env[name], e, 256 + double(R));
+  for (const std::string& name : outputs) {
+    result.outside_untouched &= env[name].outside_untouched();
+    result.outputs[name] = env[name].bytes;
+    result.buffers[name] = env[name];
+  }
+  return result;
+}
+
+TrainResult run_train(const TrainFuzz& t, Backend backend) {
+  return t.kind >= int(TrainKind::rms_norm_stats) ? run_stats_case(t, backend) : run_train_case(t.c, backend);
+}
+
+// The outputs reduced over the rows: fp32 partials folded in a fixed order.
+bool reduced_over_rows(const std::string& name) { return name == "dweight" || name == "dbias" || name == "loss"; }
+
+// The executor's cost of a training call: executor_cost's estimate for the row loop, times 3
+// (the backward programs read two or three row operands and sweep the row twice or more).
+double train_cost(const TrainCase& c, const MappingPlan& p) {
+  Case shape;
+  shape.rows = c.rows, shape.cols = c.cols;
+  return 3 * executor_cost(shape, p);
+}
+
+TrainFuzz draw_train(uint64_t seed, uint64_t index, double budget, std::string& origin, MappingPlan& plan) {
+  Rng rng(mix(seed ^ 0x747261696e696e67ull, index));  // a stream of its own ("training")
+  TrainFuzz t;
+  TrainCase& c = t.c;
+  t.kind = rng.below(kTrainKinds);
+  if (t.kind < int(TrainKind::rms_norm_stats)) c.op = TrainOp(t.kind);
+  const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
+  c.in = dtypes[rng.below(3)], c.out = dtypes[rng.below(3)], c.w = dtypes[rng.below(3)], c.res = dtypes[rng.below(3)];
+  if (rng.chance(0.3) && c.in != DType::f32) c.res = DType::f32;  // fp32 residual (or dresidual) with 16-bit x
+  c.target = rng.chance(0.5) ? DType::i32 : DType::i64;
+  // Columns 1 ... 70,000 (vocabularies for cross-entropy), mostly short.
+  const int kind = rng.below(10);
+  if (kind < 4) c.cols = 1 + rng.below(64);
+  else if (kind < 7) c.cols = rng.log_uniform(65, 4096);
+  else if (kind < 9) c.cols = rng.log_uniform(4097, 70000);
+  else c.cols = std::max<int64_t>(1, (int64_t(1) << rng.below(17)) + rng.pick({-1, 0, 1}));
+  const int64_t max_rows = c.cols <= 64 ? 64 : c.cols <= 1024 ? 24 : c.cols <= 8192 ? 8 : 3;
+  c.rows = rng.chance(0.03) ? 0 : rng.chance(0.1) ? 1 : 1 + rng.below(int(max_rows));
+  c.pad = rng.chance(0.5) ? 0 : rng.pick({1, 2, 3, 4, 7, 8, 16, 17});
+  c.offset = rng.chance(0.6) ? 0 : rng.pick({1, 2, 3, 4, 7, 8});
+  c.weight = rng.chance(0.7), c.second = rng.chance(0.7);
+  c.in_place = rng.chance(0.25) && c.op != TrainOp::cross_entropy && t.kind < int(TrainKind::rms_norm_stats);
+  c.special = rng.chance(0.85);  // the forward fuzz's rate; the patterns are the case builder's
+  CrossEntropyOptions& ce = c.ce;
+  ce.reduction = Reduction(rng.below(3));
+  if (rng.chance(0.3)) ce.label_smoothing = rng.pick({0.05, 0.1, 0.5, 1.0});
+  if (rng.chance(0.3)) ce.z_loss = rng.pick({1e-4, 1e-3, 0.1});
+  if (rng.chance(0.3)) ce.softcap = rng.pick({1.0, 15.0, 30.0});
+  if (rng.chance(0.2)) ce.ignore_index = rng.pick<int64_t>({0, c.cols - 1, rng.below(int(c.cols)), -1});
+  if (t.kind == int(TrainKind::layer_norm_stats)) {
+    t.mean_out = rng.chance(0.7);
+    t.rstd_out = !t.mean_out || rng.chance(0.7);
+  }
+  const bool reduces = c.weight || (c.op >= TrainOp::cross_entropy && ce.reduction != Reduction::none);
+  t.repeat = reduces && t.kind < int(TrainKind::rms_norm_stats) && rng.chance(0.05);
+  c.seed = mix(~seed ^ 0x747261696e696e67ull, index);
+
+  // Random valid plans, as for the forward cases; cross_entropy_fused with a mean launches its
+  // counting pass with the same plan, so the plan must be valid for both.
+  const PlanInputs in = train_inputs(t);
+  const bool count_pass = c.op == TrainOp::cross_entropy_fused && ce.reduction == Reduction::mean &&
+                          t.kind < int(TrainKind::rms_norm_stats);
+  const std::optional<PlanInputs> in2 = count_pass ? std::optional<PlanInputs>(train_inputs(t, true)) : std::nullopt;
+  std::vector<MappingPlan> family;
+  for (int attempt = 0; attempt < 40; ++attempt) {
+    std::optional<MappingPlan> p;
+    const int source = rng.below(10);
+    if (source < 5) {
+      if (family.empty()) family = mapping_family(in, kLimits);
+      p = perturb(family[size_t(rng.below(int(family.size())))], in, rng);
+      origin = "family";
+    } else if (source < 9) {
+      p = random_plan(in, rng);
+      origin = "random";
+    } else {
+      p = choose_plan(in, {}, kLimits);
+      origin = "policy";
+    }
+    if (p && valid(*p, in) && (!in2 || valid(*p, *in2)) && train_cost(c, *p) <= budget) {
+      c.plan = PlanRequest::exactly(*p);
+      plan = *p;
+      return t;
+    }
+  }
+  c.plan = {};  // the policy's plan for each pass
+  plan = choose_plan(in, {}, kLimits);
+  origin = "policy (budget)";
+  return t;
+}
+
+std::string describe_train(const TrainFuzz& t) {
+  std::string s = t.c.name();
+  if (t.kind >= int(TrainKind::rms_norm_stats)) {
+    s = std::string(train_kind_name(t.kind)) + s.substr(s.find(' '));
+    if (t.kind == int(TrainKind::layer_norm_stats))
+      s += std::string(t.mean_out ? " mean" : "") + (t.rstd_out ? " rstd" : "");
+  }
+  return s + (t.repeat ? " repeat" : "");
+}
+
+// GPU and CPU outputs of a training call under the forward rule (compare_outputs): a few units
+// roundoff per operation along the merge depth, relative to the value and to its row's largest
+// value, plus one step of the output dtype. Values reduced over the rows (dweight, dbias, a
+// summed loss) fold fp32 partials in the same order on both: their depth grows by the rows,
+// and their scale is the largest value of the vector times the rows.
+std::string compare_train_outputs(const TrainResult& gpu, const TrainResult& cpu, const TrainFuzz& t,
+                                  const MappingPlan& plan) {
+  const int64_t R = t.c.rows;
+  double row_bits = 0;
+  for (int64_t n = R; n > 1; n = (n + 1) / 2) ++row_bits;
+  for (const auto& [name, b] : cpu.buffers) {
+    const Buf& a = gpu.buffers.at(name);
+    const bool across = reduced_over_rows(name) && !(name == "loss" && t.c.ce.reduction == Reduction::none);
+    const double depth = merge_depth(plan, t.c.cols) + (across ? double(R) : 0.0);
+    const double rel = (16 + 2 * depth) * kUnit;
+    const double out_ulp = b.dtype == DType::f16 ? 0x1p-10 : b.dtype == DType::bf16 ? 0x1p-7 : 0x1p-23;
+    const double out_step = b.dtype == DType::f16 ? 0x1p-24 : b.dtype == DType::bf16 ? 0x1p-133 : 0x1p-149;
+    const int64_t lines = b.is_matrix() ? b.rows : 1, width = b.is_matrix() ? b.cols : b.rows;
+    for (int64_t r = 0; r < lines; ++r) {
+      auto value = [&](const Buf& buf, int64_t k) { return buf.is_matrix() ? buf.at(r, k) : buf.at(k); };
+      double scale = 0;  // a per-row vector (rstd, mean, lse, a loss per row) is its own scale
+      if (b.is_matrix() || across)
+        for (int64_t k = 0; k < width; ++k)
+          if (std::isfinite(value(b, k))) scale = std::max(scale, std::abs(value(b, k)));
+      if (across) scale *= 1 + double(R);
+      for (int64_t k = 0; k < width; ++k) {
+        const double x = value(a, k), y = value(b, k);
+        double tol = 0;
+        bool ok;
+        if (std::isnan(y) || std::isinf(y)) {
+          ok = std::isnan(y) ? std::isnan(x) : x == y;
+        } else {
+          tol = rel * (std::abs(y) + scale) + out_ulp * std::abs(y) + out_step + 0x1p-126;
+          ok = std::abs(x - y) <= tol;
+        }
+        if (!ok) {
+          std::ostringstream os;
+          os.precision(9);
+          os << "GPU and CPU differ in " << name << " at " << (b.is_matrix() ? "row " + std::to_string(r) + " col " : "")
+             << k << ": gpu " << x << ", cpu " << y << " (tolerance " << tol << ")";
+          return os.str();
+        }
+      }
+    }
+  }
+  return "";
+}
+
+// Runs one training case; returns "" or what failed.
+std::string run_train_one(const TrainFuzz& t, const MappingPlan& plan, Backend backend) {
+  try {
+    auto check = [](const char* where, const TrainResult& r, int64_t rows) -> std::string {
+      if (!r.cmp.ok)
+        return std::string(where) + ": " + std::to_string(r.cmp.mismatches) + " of " + std::to_string(r.cmp.checked) +
+               " values off; first: " + r.cmp.first;
+      if (rows > 0 && r.cmp.checked < rows) return std::string(where) + ": fewer values checked than rows";
+      if (!r.outside_untouched) return std::string(where) + " wrote outside an output's view";
+      return "";
+    };
+    const TrainResult cpu = run_train(t, Backend::cpu);
+    std::string fail = check("CPU", cpu, t.c.rows);
+    if (fail.empty() && t.repeat) {  // weight gradients and reduced losses: bitwise equal on a rerun
+      const TrainResult again = run_train(t, Backend::cpu);
+      for (const auto& [name, bytes] : cpu.outputs)
+        if (reduced_over_rows(name) && again.outputs.at(name) != bytes) fail = "CPU: " + name + " differs bitwise on a rerun";
+    }
+    if (fail.empty() && backend == Backend::cuda) {
+      const TrainResult gpu = run_train(t, Backend::cuda);
+      fail = check("GPU", gpu, t.c.rows);
+      if (fail.empty() && t.repeat) {
+        const TrainResult again = run_train(t, Backend::cuda);
+        for (const auto& [name, bytes] : gpu.outputs)
+          if (reduced_over_rows(name) && again.outputs.at(name) != bytes) fail = "GPU: " + name + " differs bitwise on a rerun";
+      }
+      if (fail.empty()) fail = compare_train_outputs(gpu, cpu, t, plan);
+    }
+    return fail;
+  } catch (const std::exception& e) {
+    return std::string("exception: ") + e.what();
+  }
+}
+
+// Case I of seed S is a training case with probability kTrainShare, drawn from a stream of its
+// own; the others are the forward cases they always were at the same (S, I).
+constexpr double kTrainShare = 0.2;
+
+struct Drawn {
+  bool training = false;
+  FuzzCase f;   // forward
+  TrainFuzz t;  // training; its plan and origin in f.plan, f.origin
+};
+
+Drawn draw(uint64_t seed, uint64_t index, double budget) {
+  Drawn d;
+  d.training = Rng(mix(seed ^ 0x73706c6974ull, index)).chance(kTrainShare);
+  if (d.training) d.t = draw_train(seed, index, budget, d.f.origin, d.f.plan);
+  else d.f = draw_case(seed, index, budget);
+  return d;
+}
+
 struct Options {
   uint64_t seed = kDefaultSeed;
   int64_t cases = 10000;
@@ -318,7 +701,10 @@ std::string run_one(const FuzzCase& f, Backend backend, bool dump) {
   }
 }
 
-std::string describe(const FuzzCase& f) { return f.c.name() + ", plan " + f.plan.to_json() + " (" + f.origin + ")"; }
+std::string describe(const Drawn& d) {
+  if (d.training) return describe_train(d.t) + " (" + d.f.origin + ")";  // its name holds the plan
+  return d.f.c.name() + ", plan " + d.f.plan.to_json() + " (" + d.f.origin + ")";
+}
 
 std::string replay_command(const Options& o, uint64_t index) {
   return o.argv0 + " --replay " + std::to_string(o.seed) + ":" + std::to_string(index) +
@@ -327,12 +713,19 @@ std::string replay_command(const Options& o, uint64_t index) {
 
 #if TILE_WITH_CUDA
 // GPU mode compiles every distinct kernel first, on all host threads (NVRTC dominates).
-void precompile(const std::vector<FuzzCase>& cases, int jobs) {
+void precompile(const std::vector<Drawn>& cases, int jobs) {
   const std::string arch = cuda::arch_name(cuda::device_info(0));
   std::vector<std::string> sources;
   {
     std::map<std::string, bool> seen;
-    for (const FuzzCase& f : cases) {
+    for (const Drawn& drawn : cases) {
+      if (drawn.training) {  // the main pass (a second phase or a counting pass compiles when first run)
+        const auto [program, args] = train_call(drawn.t);
+        std::string src = source_for(*program, args, drawn.t.c.plan);
+        if (!seen.count(src)) seen[src] = true, sources.push_back(std::move(src));
+        continue;
+      }
+      const FuzzCase& f = drawn.f;
       CaseData d(f.c);
       std::string src = source_for(d.call, f.c.plan);
       if (!seen.count(src)) seen[src] = true, sources.push_back(std::move(src));
@@ -350,7 +743,7 @@ void precompile(const std::vector<FuzzCase>& cases, int jobs) {
 
 bool gpu_available() { return cuda::driver_available(); }
 #else
-void precompile(const std::vector<FuzzCase>&, int) {}
+void precompile(const std::vector<Drawn>&, int) {}
 bool gpu_available() { return false; }
 #endif
 
@@ -360,8 +753,8 @@ int fuzz(const Options& o) {
     std::printf("[  SKIPPED ] no CUDA driver (or a build without CUDA): the GPU fuzz needs a GPU\n");
     return 0;
   }
-  std::vector<FuzzCase> cases;
-  for (int64_t i = 0; i < o.cases; ++i) cases.push_back(draw_case(o.seed, uint64_t(i), o.budget));
+  std::vector<Drawn> cases;
+  for (int64_t i = 0; i < o.cases; ++i) cases.push_back(draw(o.seed, uint64_t(i), o.budget));
   if (o.backend == Backend::cuda) precompile(cases, o.jobs);
 
   std::atomic<int64_t> next{0}, failures{0};
@@ -369,9 +762,21 @@ int fuzz(const Options& o) {
   std::map<std::string, int> tally;  // op, caching, pattern counts for the log
   auto work = [&] {
     for (int64_t i; (i = next++) < o.cases && failures < 10;) {
-      const FuzzCase& f = cases[size_t(i)];
-      std::string fail = run_one(f, o.backend, false);
+      const Drawn& d = cases[size_t(i)];
+      const FuzzCase& f = d.f;
+      std::string fail = d.training ? run_train_one(d.t, f.plan, o.backend) : run_one(f, o.backend, false);
       std::lock_guard<std::mutex> lock(mutex);
+      if (d.training) {  // per training operator, and the reruns that checked bitwise equality
+        ++tally[train_kind_name(d.t.kind)], ++tally["plan from " + f.origin];
+        if (d.t.repeat) ++tally["bitwise reruns"];
+        if (!fail.empty()) {
+          ++failures;
+          std::printf("FAIL seed %llu case %lld: %s\n  %s\n  replay: %s\n", (unsigned long long)o.seed, (long long)i,
+                      describe(d).c_str(), fail.c_str(), replay_command(o, uint64_t(i)).c_str());
+          std::fflush(stdout);
+        }
+        continue;
+      }
       const MappingPlan& p = f.plan;
       ++tally[op_name(f.c.op)], ++tally[to_string(p.caching)], ++tally["plan from " + f.origin];
       ++tally[f.c.cols <= 64 ? "cols 1-64" : f.c.cols <= 4096 ? "cols 65-4096" : "cols 4097-40000"];
@@ -388,7 +793,7 @@ int fuzz(const Options& o) {
       if (!fail.empty()) {
         ++failures;
         std::printf("FAIL seed %llu case %lld: %s\n  %s\n  replay: %s\n", (unsigned long long)o.seed, (long long)i,
-                    describe(f).c_str(), fail.c_str(), replay_command(o, uint64_t(i)).c_str());
+                    describe(d).c_str(), fail.c_str(), replay_command(o, uint64_t(i)).c_str());
         std::fflush(stdout);
       }
     }
@@ -409,11 +814,11 @@ int fuzz(const Options& o) {
 }
 
 int replay(const Options& o) {
-  FuzzCase f = draw_case(o.seed, o.replay_index, o.budget);
-  std::printf("case %llu:%llu: %s\n", (unsigned long long)o.seed, (unsigned long long)o.replay_index, describe(f).c_str());
+  const Drawn d = draw(o.seed, o.replay_index, o.budget);
+  std::printf("case %llu:%llu: %s\n", (unsigned long long)o.seed, (unsigned long long)o.replay_index, describe(d).c_str());
   if (o.backend == Backend::cuda && !gpu_available()) std::printf("no CUDA driver: replaying on the CPU backend only\n");
   const Backend backend = o.backend == Backend::cuda && gpu_available() ? Backend::cuda : Backend::cpu;
-  std::string fail = run_one(f, backend, o.dump);
+  std::string fail = d.training ? run_train_one(d.t, d.f.plan, backend) : run_one(d.f, backend, o.dump);
   std::printf("%s\n", fail.empty() ? "passed" : ("FAIL: " + fail).c_str());
   return fail.empty() ? 0 : 1;
 }

@@ -397,6 +397,7 @@ struct TrainResult {
   Comparison cmp;
   bool outside_untouched = true;
   std::map<std::string, std::vector<uint8_t>> outputs;  // the outputs' bytes, for bitwise checks
+  std::map<std::string, Buf> buffers;                    // the outputs as written, for cross-backend checks
 };
 
 namespace detail {
@@ -648,6 +649,8 @@ inline TrainResult run_train_case(const TrainCase& c, Backend backend) {
         for (int64_t r = 0; r < R; ++r) {
           double scale = c.second ? env["dloss"].at(none ? r : 0) : 1.0;
           if (ce.reduction == Reduction::mean) scale /= count;
+          // An ignored row's gradient is exactly 0, also when every row is ignored (1 / count = inf).
+          if (int64_t(env["target"].at(r)) == ce.ignore_index) scale = 0;
           for (int64_t k = 0; k < C; ++k) {
             g.want.push_back(scale * rows_ref[size_t(r)].grad[size_t(k)]);
             g.mag.push_back(std::abs(scale) * rows_ref[size_t(r)].grad_mag[size_t(k)]);
@@ -676,6 +679,7 @@ inline TrainResult run_train_case(const TrainCase& c, Backend backend) {
   for (const std::string& name : outputs) {
     result.outside_untouched &= env[name].outside_untouched();
     result.outputs[name] = env[name].bytes;
+    result.buffers[name] = env[name];
   }
   return result;
 }
