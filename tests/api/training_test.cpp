@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+
 #include "support/error_of.hpp"
 
 namespace tile {

@@ -14,13 +14,13 @@
 #include <limits>
 #include <random>
 
+#include "support/error_of.hpp"
 #include "tile/training.hpp"
 
 #if TILE_WITH_CUDA
 #include <dlfcn.h>
 
 #include "backend/cuda/driver.hpp"
-#include "support/error_of.hpp"
 #endif
 
 namespace tile {
