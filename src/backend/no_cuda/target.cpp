@@ -11,7 +11,11 @@ namespace {
 class NoCudaTarget final : public Target {
  public:
   const char* name() const override { return "cuda"; }
-  TargetCaps caps() const override { return TargetCaps{}; }  // can_launch stays false
+  TargetCaps caps() const override {  // can_launch stays false
+    TargetCaps c;
+    c.max_cluster_size = 16;  // as the CUDA target declares before a device lowers it
+    return c;
+  }
   DeviceLimits limits(const CallOptions&) const override { return with_caps(DeviceLimits{}, caps()); }
 
   std::string source(const PreparedKernel& pk) const override {
