@@ -11,8 +11,8 @@ Each number is the median of `repeats` samples, with the garbage collector off w
 
 Variants: tile with out= given and tile allocating its output (the direct path, taken in eager
 when no input requires grad), tile through its custom op (torch.ops.tile.*, the path of
-torch.compile and of tensor subclasses), tile with x requiring grad (custom op and autograd
-node: the forward's host time), torch eager with out= (softmax and log_softmax only: the norms
+torch.compile and of tensor subclasses), tile with x requiring grad (the eager autograd path:
+a torch.autograd.Function; the forward's host time), torch eager with out= (softmax and log_softmax only: the norms
 have no out=), torch eager allocating, and torch eager with x requiring grad. Shapes: the four
 seed shapes and decode sizes (1, 8, 64 rows x 4096 and 16384 columns).
 
@@ -109,6 +109,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=25, help="samples per number; the median is kept")
     parser.add_argument("--out", help="also write the results as JSON to this file")
     parser.add_argument("--shapes", help="comma-separated RxC shapes instead of the seed and decode shapes")
+    parser.add_argument("--stub-launch", action="store_true",
+                        help="with --device cpu: tile's launch returns its outputs without running the kernel, so "
+                             "that tile's columns time only the Python side of a call (routing, checks, autograd)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                         help="cpu: a smoke run of the script (the CPU backend executes the kernel within the call, "
                              "so its times are not host overhead)")
@@ -128,6 +131,8 @@ def main():
         import torch
     except ImportError as e:
         fail(f"needs torch with a CUDA device; torch is not importable ({e})")
+    if args.stub_launch and args.device != "cpu":
+        fail("--stub-launch needs --device cpu")
     if args.device == "cuda" and not torch.cuda.is_available():
         fail("needs torch with a CUDA device; torch sees none")
     device = args.device
@@ -138,6 +143,14 @@ def main():
     except ImportError as e:
         fail(f"the tile package is not importable ({e}); put the folder holding tile/ on PYTHONPATH, "
              "e.g. PYTHONPATH=build/ci/python")
+
+    if args.stub_launch:
+        device_name = "cpu (launch stubbed: the Python side only)"
+
+        def stub(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats=()):
+            y = torch.empty_like(x) if out is None else out
+            return (y, *(torch.empty(x.shape[:-1]) for _ in stats)) if stats else y
+        tile._launch = stub     # both the direct path and the ops' implementations call it
 
     dtype = getattr(torch, args.dtype)
     rows = []

@@ -67,7 +67,8 @@ _is_numpy = _call._is_numpy
 _type_name = _call._type_name
 
 # tile/_torch_ops.py and its route(), once torch is loaded: a call whose arrays need autograd or
-# are traced by torch.compile goes to the custom ops; None while torch is not loaded.
+# are traced by torch.compile goes there (its eager autograd Functions or its custom ops); None
+# while torch is not loaded.
 _torch_api = None
 _routed = None
 

@@ -2,14 +2,19 @@
 with fake implementations, declared mutations and autograd formulas, and the routing that
 picks, per call, between them and the direct launch of tile/__init__.py.
 
-A call with torch tensors takes one of two paths:
+A call with torch tensors takes one of three paths:
 
 - direct: plain tensors (type torch.Tensor), not under torch.compile / torch.export tracing,
   and no input requiring grad while grad mode is on. The launch of tile/__init__.py, as
   cheap on the host as a call can be (python.md, "Host overhead").
-- custom op (torch.ops.tile.*): everything else — inputs that require grad (autograd),
-  tracing (fake tensors), tensor subclasses. The dispatcher costs microseconds more; the
-  op's implementation is the same direct launch.
+- eager autograd: the same, but an input requires grad (and no torch.func transform is
+  active; weights and biases may be nn.Parameter). A torch.autograd.Function per operator
+  (_EAGER) whose forward is the custom op's own implementation (the direct launch) and whose
+  setup and backward are the custom op's registered autograd formulas: the same kernels and
+  gradients, without the dispatcher's cost.
+- custom op (torch.ops.tile.*): everything else — tracing (fake tensors), tensor subclasses
+  (DTensor, FakeTensor, ...; nn.Parameter is eager), torch.func transforms. The dispatcher costs
+  microseconds more; the op's implementation is the same direct launch.
 
 The gradients use the backward operators (tile.softmax_backward, tile.rms_norm_backward,
 ...), looked up when the backward runs; where one is missing, the backward raises
@@ -57,6 +62,28 @@ def route_any(args, kwargs):
     if _is_compiling() or any(type(t) is not Tensor for t in tensors):
         return True
     return _grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+# Exact types the eager autograd path takes: nn.Parameter disables __torch_function__, so it
+# dispatches like a plain tensor (the weights of tile.nn's modules are Parameters).
+_Parameter = torch.nn.Parameter
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
+def eager_grad(*arrays):
+    """True when a call that route() / route_any() sent here takes the eager autograd path:
+    grad mode on, an input requiring grad, every tensor a plain torch.Tensor (or nn.Parameter),
+    no torch.compile / torch.export tracing and no torch.func transform (their wrapped tensors
+    go to the custom op, as before). None entries are absent optional arguments."""
+    if not _grad_enabled() or _is_compiling() or _functorch_active():
+        return False
+    grad = False
+    for a in arrays:
+        if a is not None:
+            if type(a) is not Tensor and type(a) is not _Parameter:
+                return False
+            grad = grad or a.requires_grad
+    return grad
 
 
 def needs_grad(*arrays):
@@ -141,15 +168,20 @@ def _launch(op, x, out=None, weight=None, bias=None, eps=None, plan=None, dtype=
 
 
 # ---- forward operators ----
+# Each op's implementation is a named function: the eager autograd path (_EAGER) runs it as is.
 
-@torch.library.custom_op("tile::softmax", mutates_args=())
-def _softmax(x: Tensor, dtype: Optional[torch.dtype] = None, plan: Optional[str] = None) -> Tensor:
+def _softmax_impl(x: Tensor, dtype: Optional[torch.dtype] = None, plan: Optional[str] = None) -> Tensor:
     return _launch("softmax", x, plan=plan, dtype=dtype)
 
 
-@torch.library.custom_op("tile::log_softmax", mutates_args=())
-def _log_softmax(x: Tensor, dtype: Optional[torch.dtype] = None, plan: Optional[str] = None) -> Tensor:
+_softmax = torch.library.custom_op("tile::softmax", mutates_args=())(_softmax_impl)
+
+
+def _log_softmax_impl(x: Tensor, dtype: Optional[torch.dtype] = None, plan: Optional[str] = None) -> Tensor:
     return _launch("log_softmax", x, plan=plan, dtype=dtype)
+
+
+_log_softmax = torch.library.custom_op("tile::log_softmax", mutates_args=())(_log_softmax_impl)
 
 
 @torch.library.custom_op("tile::softmax_out", mutates_args=("out",))
@@ -162,10 +194,12 @@ def _log_softmax_out(x: Tensor, out: Tensor, plan: Optional[str] = None) -> None
     _launch("log_softmax", x, out, plan=plan)
 
 
-@torch.library.custom_op("tile::rms_norm", mutates_args=())
-def _rms_norm(x: Tensor, weight: Optional[Tensor], eps: Optional[float], dtype: Optional[torch.dtype] = None,
-              plan: Optional[str] = None) -> Tuple[Tensor, Tensor]:
+def _rms_norm_impl(x: Tensor, weight: Optional[Tensor], eps: Optional[float], dtype: Optional[torch.dtype] = None,
+                   plan: Optional[str] = None) -> Tuple[Tensor, Tensor]:
     return _launch("rms_norm", x, None, weight, None, eps, plan, dtype, ("rstd",))
+
+
+_rms_norm = torch.library.custom_op("tile::rms_norm", mutates_args=())(_rms_norm_impl)
 
 
 @torch.library.custom_op("tile::rms_norm_out", mutates_args=("out", "rstd"))
@@ -174,10 +208,12 @@ def _rms_norm_out(x: Tensor, weight: Optional[Tensor], eps: Optional[float], out
     _pkg._launch_with_stats("rms_norm", x, out, weight, None, eps, plan, {"rstd": rstd})
 
 
-@torch.library.custom_op("tile::layer_norm", mutates_args=())
-def _layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: Optional[float],
-                dtype: Optional[torch.dtype] = None, plan: Optional[str] = None) -> Tuple[Tensor, Tensor, Tensor]:
+def _layer_norm_impl(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: Optional[float],
+                     dtype: Optional[torch.dtype] = None, plan: Optional[str] = None) -> Tuple[Tensor, Tensor, Tensor]:
     return _launch("layer_norm", x, None, weight, bias, eps, plan, dtype, ("mean", "rstd"))
+
+
+_layer_norm = torch.library.custom_op("tile::layer_norm", mutates_args=())(_layer_norm_impl)
 
 
 @torch.library.custom_op("tile::layer_norm_out", mutates_args=("out", "mean", "rstd"))
@@ -246,24 +282,21 @@ def _zero_grads(*likes):
     return tuple(torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in likes)
 
 
-@torch.library.custom_op("tile::softmax_backward", mutates_args=())
-def _softmax_backward(y: Tensor, dy: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+def _softmax_backward_impl(y: Tensor, dy: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
     out = torch.empty(y.shape, dtype=dtype or dy.dtype, device=y.device)
     if out.numel():
         _training("softmax_backward", "the gradient of tile.softmax")(y, dy, out=out)
     return out
 
 
-@torch.library.custom_op("tile::log_softmax_backward", mutates_args=())
-def _log_softmax_backward(y: Tensor, dy: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+def _log_softmax_backward_impl(y: Tensor, dy: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
     out = torch.empty(y.shape, dtype=dtype or dy.dtype, device=y.device)
     if out.numel():
         _training("log_softmax_backward", "the gradient of tile.log_softmax")(y, dy, out=out)
     return out
 
 
-@torch.library.custom_op("tile::rms_norm_backward", mutates_args=())
-def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor) -> Tuple[Tensor, Tensor]:
+def _rms_norm_backward_impl(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor) -> Tuple[Tensor, Tensor]:
     # Without a weight, dweight is an empty tensor (a custom op returns no None).
     w_like = ((0,), x.dtype, x.device) if weight is None else (weight.shape, weight.dtype, weight.device)
     if x.numel() == 0:                           # no element: every gradient is an empty sum
@@ -274,9 +307,8 @@ def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Te
     return _fresh((dx, dw), (dy, x, weight, rstd))
 
 
-@torch.library.custom_op("tile::layer_norm_backward", mutates_args=())
-def _layer_norm_backward(dy: Tensor, x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], mean: Tensor,
-                         rstd: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+def _layer_norm_backward_impl(dy: Tensor, x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], mean: Tensor,
+                              rstd: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     likes = [((0,), x.dtype, x.device) if p is None else (p.shape, p.dtype, p.device) for p in (weight, bias)]
     if x.numel() == 0:
         return _zero_grads((x.shape, x.dtype, x.device), *likes)
@@ -285,6 +317,14 @@ def _layer_norm_backward(dy: Tensor, x: Tensor, weight: Optional[Tensor], bias: 
     for g, (shape, dtype, device) in zip((dw, db), likes):
         grads.append(torch.zeros(shape, dtype=dtype, device=device) if g is None else g.to(dtype))
     return _fresh(grads, (dy, x, weight, bias, mean, rstd))
+
+
+_softmax_backward = torch.library.custom_op("tile::softmax_backward", mutates_args=())(_softmax_backward_impl)
+_log_softmax_backward = torch.library.custom_op("tile::log_softmax_backward", mutates_args=())(
+    _log_softmax_backward_impl)
+_rms_norm_backward = torch.library.custom_op("tile::rms_norm_backward", mutates_args=())(_rms_norm_backward_impl)
+_layer_norm_backward = torch.library.custom_op("tile::layer_norm_backward", mutates_args=())(
+    _layer_norm_backward_impl)
 
 
 @_softmax_backward.register_fake
@@ -309,6 +349,16 @@ def _(dy, x, weight, bias, mean, rstd):
 
 # ---- autograd ----
 
+def _backward(ctx, name):
+    """The backward operator a gradient formula calls: on the eager autograd path (ctx.eager)
+    while no graph of the backward is recorded, the op's own implementation (the same kernels,
+    without the dispatcher); else the custom op — under torch.compile and compiled autograd, and
+    with create_graph, where the op (it has no autograd formula) refuses a double backward."""
+    if getattr(ctx, "eager", False) and not _grad_enabled() and not _is_compiling():
+        return _BACKWARD_IMPLS[name]
+    return getattr(torch.ops.tile, name)
+
+
 def _softmax_setup(ctx, inputs, output):
     ctx.x_dtype = inputs[0].dtype
     ctx.save_for_backward(output)
@@ -316,12 +366,12 @@ def _softmax_setup(ctx, inputs, output):
 
 def _softmax_grad(ctx, dy):
     (y,) = ctx.saved_tensors
-    return torch.ops.tile.softmax_backward(y, dy.contiguous(), ctx.x_dtype), None, None
+    return _backward(ctx, "softmax_backward")(y, dy.contiguous(), ctx.x_dtype), None, None
 
 
 def _log_softmax_grad(ctx, dy):
     (y,) = ctx.saved_tensors
-    return torch.ops.tile.log_softmax_backward(y, dy.contiguous(), ctx.x_dtype), None, None
+    return _backward(ctx, "log_softmax_backward")(y, dy.contiguous(), ctx.x_dtype), None, None
 
 
 def _rms_norm_setup(ctx, inputs, output):
@@ -333,7 +383,7 @@ def _rms_norm_setup(ctx, inputs, output):
 
 def _rms_norm_grad(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
-    dx, dw = torch.ops.tile.rms_norm_backward(dy.contiguous(), x, weight, rstd)
+    dx, dw = _backward(ctx, "rms_norm_backward")(dy.contiguous(), x, weight, rstd)
     return dx, (dw if weight is not None and ctx.needs_input_grad[1] else None), None, None, None
 
 
@@ -346,7 +396,7 @@ def _layer_norm_setup(ctx, inputs, output):
 
 def _layer_norm_grad(ctx, dy, _dmean, _drstd):
     x, weight, bias, mean, rstd = ctx.saved_tensors
-    dx, dw, db = torch.ops.tile.layer_norm_backward(dy.contiguous(), x, weight, bias, mean, rstd)
+    dx, dw, db = _backward(ctx, "layer_norm_backward")(dy.contiguous(), x, weight, bias, mean, rstd)
     dw = dw if weight is not None and ctx.needs_input_grad[1] else None
     db = db if bias is not None and ctx.needs_input_grad[2] else None
     return dx, dw, db, None, None, None
@@ -360,12 +410,14 @@ _layer_norm.register_autograd(_layer_norm_grad, setup_context=_layer_norm_setup)
 
 # ---- the fused and loss operators of the package, with their gradients ----
 
-@torch.library.custom_op("tile::fused_add_rms_norm", mutates_args=())
-def _fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor],
-                        eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+def _fused_add_rms_norm_impl(x: Tensor, residual: Tensor, weight: Optional[Tensor],
+                             eps: float) -> Tuple[Tensor, Tensor, Tensor]:
     fn = _training("fused_add_rms_norm", "tile.fused_add_rms_norm")
     y, residual_out, rstd = fn(x, residual, weight=weight, eps=eps, return_rstd=True)
     return _fresh((y.to(x.dtype), residual_out.to(residual.dtype), rstd.to(torch.float32)), (x, residual, weight))
+
+
+_fused_add_rms_norm = torch.library.custom_op("tile::fused_add_rms_norm", mutates_args=())(_fused_add_rms_norm_impl)
 
 
 @torch.library.custom_op("tile::fused_add_rms_norm_", mutates_args=("x", "residual"))
@@ -373,9 +425,9 @@ def _fused_add_rms_norm_(x: Tensor, residual: Tensor, weight: Optional[Tensor], 
     _training("fused_add_rms_norm", "tile.fused_add_rms_norm")(x, residual, weight=weight, eps=eps, in_place=True)
 
 
-@torch.library.custom_op("tile::fused_add_rms_norm_backward", mutates_args=())
-def _fused_add_rms_norm_backward(dy: Tensor, dresidual_out: Tensor, residual_out: Tensor, weight: Optional[Tensor],
-                                 rstd: Tensor, x_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
+def _fused_add_rms_norm_backward_impl(dy: Tensor, dresidual_out: Tensor, residual_out: Tensor,
+                                      weight: Optional[Tensor], rstd: Tensor,
+                                      x_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
     s = residual_out
     w_like = ((0,), s.dtype) if weight is None else (weight.shape, weight.dtype)
     if s.numel() == 0:
@@ -392,9 +444,12 @@ def _fused_add_rms_norm_backward(dy: Tensor, dresidual_out: Tensor, residual_out
                   (dy, dresidual_out, residual_out, weight, rstd))
 
 
-@torch.library.custom_op("tile::cross_entropy", mutates_args=())
-def _cross_entropy(logits: Tensor, target: Tensor, ignore_index: int, reduction: str, label_smoothing: float,
-                   z_loss: float, softcap: Optional[float]) -> Tuple[Tensor, Tensor]:
+_fused_add_rms_norm_backward = torch.library.custom_op("tile::fused_add_rms_norm_backward", mutates_args=())(
+    _fused_add_rms_norm_backward_impl)
+
+
+def _cross_entropy_impl(logits: Tensor, target: Tensor, ignore_index: int, reduction: str, label_smoothing: float,
+                        z_loss: float, softcap: Optional[float]) -> Tuple[Tensor, Tensor]:
     rows = logits.shape[:-1]
     if rows.numel() == 0:                        # no row: torch's mean is NaN, its sum 0
         loss = torch.full(() if reduction != "none" else rows, float("nan") if reduction == "mean" else 0.0,
@@ -407,15 +462,22 @@ def _cross_entropy(logits: Tensor, target: Tensor, ignore_index: int, reduction:
                    lse.to(torch.float32).reshape(rows)), (logits, target))
 
 
-@torch.library.custom_op("tile::cross_entropy_backward", mutates_args=())
-def _cross_entropy_backward(dloss: Tensor, logits: Tensor, target: Tensor, lse: Tensor, ignore_index: int,
-                            reduction: str, label_smoothing: float, z_loss: float, softcap: Optional[float]) -> Tensor:
+_cross_entropy = torch.library.custom_op("tile::cross_entropy", mutates_args=())(_cross_entropy_impl)
+
+
+def _cross_entropy_backward_impl(dloss: Tensor, logits: Tensor, target: Tensor, lse: Tensor, ignore_index: int,
+                                 reduction: str, label_smoothing: float, z_loss: float,
+                                 softcap: Optional[float]) -> Tensor:
     if logits.numel() == 0:
         return torch.zeros_like(logits)
     dlogits = _training("cross_entropy_backward", "the gradient of tile.cross_entropy")(
         dloss, logits, target, lse, ignore_index=ignore_index, reduction=reduction,
         label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap)
     return _fresh((dlogits.to(logits.dtype).contiguous(),), (dloss, logits, target, lse))[0]
+
+
+_cross_entropy_backward = torch.library.custom_op("tile::cross_entropy_backward", mutates_args=())(
+    _cross_entropy_backward_impl)
 
 
 @_fused_add_rms_norm.register_fake
@@ -457,7 +519,7 @@ def _fused_setup(ctx, inputs, output):
 
 def _fused_grad(ctx, dy, dresidual_out, _drstd):
     s, weight, rstd = ctx.saved_tensors
-    dx, dres, dw = torch.ops.tile.fused_add_rms_norm_backward(dy.contiguous(), dresidual_out.contiguous(), s, weight,
+    dx, dres, dw = _backward(ctx, "fused_add_rms_norm_backward")(dy.contiguous(), dresidual_out.contiguous(), s, weight,
                                                               rstd, ctx.x_dtype)
     return dx, dres, (dw if weight is not None and ctx.needs_input_grad[2] else None), None
 
@@ -472,12 +534,52 @@ def _cross_entropy_setup(ctx, inputs, output):
 
 def _cross_entropy_grad(ctx, dloss, _dlse):
     logits, target, lse = ctx.saved_tensors
-    dlogits = torch.ops.tile.cross_entropy_backward(dloss.contiguous(), logits, target, lse, *ctx.options)
+    dlogits = _backward(ctx, "cross_entropy_backward")(dloss.contiguous(), logits, target, lse, *ctx.options)
     return dlogits, None, None, None, None, None, None
 
 
 _fused_add_rms_norm.register_autograd(_fused_grad, setup_context=_fused_setup)
 _cross_entropy.register_autograd(_cross_entropy_grad, setup_context=_cross_entropy_setup)
+
+
+# ---- the eager autograd path ----
+
+_BACKWARD_IMPLS = {
+    "softmax_backward": _softmax_backward_impl,
+    "log_softmax_backward": _log_softmax_backward_impl,
+    "rms_norm_backward": _rms_norm_backward_impl,
+    "layer_norm_backward": _layer_norm_backward_impl,
+    "fused_add_rms_norm_backward": _fused_add_rms_norm_backward_impl,
+    "cross_entropy_backward": _cross_entropy_backward_impl,
+}
+
+
+def _eager_function(name, impl, setup, grad):
+    """A torch.autograd.Function taking the custom op's arguments (positionally): forward its
+    implementation, setup and backward its registered formulas, the backward op called as
+    _backward says. ctx.eager tells _backward which path the node is on. The setup runs inside
+    forward, as in the Function torch generates for the custom op: a separate setup_context
+    makes apply() bind the arguments with inspect.signature, about 12 us a call."""
+    def forward(ctx, *args):
+        ctx.eager = True
+        output = impl(*args)
+        setup(ctx, args, output)
+        return output
+
+    return type(f"Eager_{name}", (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(grad)})
+
+
+# Each differentiable op's eager path, by name; .apply takes the custom op's arguments.
+_EAGER = {
+    "softmax": _eager_function("softmax", _softmax_impl, _softmax_setup, _softmax_grad),
+    "log_softmax": _eager_function("log_softmax", _log_softmax_impl, _softmax_setup, _log_softmax_grad),
+    "rms_norm": _eager_function("rms_norm", _rms_norm_impl, _rms_norm_setup, _rms_norm_grad),
+    "layer_norm": _eager_function("layer_norm", _layer_norm_impl, _layer_norm_setup, _layer_norm_grad),
+    "fused_add_rms_norm": _eager_function("fused_add_rms_norm", _fused_add_rms_norm_impl, _fused_setup, _fused_grad),
+    "cross_entropy": _eager_function("cross_entropy", _cross_entropy_impl, _cross_entropy_setup,
+                                     _cross_entropy_grad),
+}
 
 
 # ---- the package's functions on the custom-op path (tile/__init__.py routes here) ----
@@ -525,6 +627,8 @@ def softmax(x, dim, out, plan, stream, dtype, op="softmax"):
             refuse_grad(op, "a call with out=", x=x)
             (_softmax_out if op == "softmax" else _log_softmax_out)(x, out, _plan(op, plan))
             return out
+        if eager_grad(x):
+            return _EAGER[op].apply(x, d, plan)
         return (_softmax if op == "softmax" else _log_softmax)(x, d, _plan(op, plan))
 
 
@@ -541,7 +645,10 @@ def rms_norm(x, weight, eps, out, plan, stream, dtype, return_rstd):
             rstd = x.new_empty(_rows(x), dtype=torch.float32) if return_rstd else None
             _rms_norm_out(x, weight, eps, out, rstd, _plan("rms_norm", plan))
             return (out, rstd) if return_rstd else out
-        y, rstd = _rms_norm(x, weight, eps, d, _plan("rms_norm", plan))
+        if eager_grad(x, weight):
+            y, rstd = _EAGER["rms_norm"].apply(x, weight, eps, d, plan)
+        else:
+            y, rstd = _rms_norm(x, weight, eps, d, _plan("rms_norm", plan))
     return (y, rstd) if return_rstd else y
 
 
@@ -554,7 +661,10 @@ def layer_norm(x, weight, bias, eps, out, plan, stream, dtype, return_stats):
             mean, rstd = _stats(x, 2) if return_stats else (None, None)
             _layer_norm_out(x, weight, bias, eps, out, mean, rstd, _plan("layer_norm", plan))
             return (out, mean, rstd) if return_stats else out
-        y, mean, rstd = _layer_norm(x, weight, bias, eps, d, _plan("layer_norm", plan))
+        if eager_grad(x, weight, bias):
+            y, mean, rstd = _EAGER["layer_norm"].apply(x, weight, bias, eps, d, plan)
+        else:
+            y, mean, rstd = _layer_norm(x, weight, bias, eps, d, _plan("layer_norm", plan))
     return (y, mean, rstd) if return_stats else y
 
 
@@ -564,7 +674,8 @@ def fused_add_rms_norm(x, residual, weight=None, eps=1e-6, in_place=False):
         refuse_grad("fused_add_rms_norm", "the in-place form (in_place=True)", x=x, residual=residual, weight=weight)
         _fused_add_rms_norm_(x, residual, weight, eps)
         return x, residual
-    y, residual_out, _ = _fused_add_rms_norm(x, residual, weight, eps)
+    fn = _EAGER["fused_add_rms_norm"].apply if eager_grad(x, residual, weight) else _fused_add_rms_norm
+    y, residual_out, _ = fn(x, residual, weight, eps)
     return y, residual_out
 
 
@@ -576,8 +687,9 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smo
                         f"class-probability targets), got dtype {target.dtype}")
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: argument 'reduction': expected 'mean', 'sum' or 'none', got {reduction!r}")
-    loss, lse = _cross_entropy(logits, target, int(ignore_index), reduction, float(label_smoothing), float(z_loss),
-                               None if softcap is None else float(softcap))
+    fn = _EAGER["cross_entropy"].apply if eager_grad(logits, target) else _cross_entropy
+    loss, lse = fn(logits, target, int(ignore_index), reduction, float(label_smoothing), float(z_loss),
+                   None if softcap is None else float(softcap))
     return (loss, lse) if return_lse else loss
 
 

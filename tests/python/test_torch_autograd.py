@@ -226,6 +226,10 @@ def test_out_and_in_place_forms_refuse_grad(training_ops):
         tile.softmax(x, out=torch.empty(3, 16))
     with pytest.raises(RuntimeError, match=r"rms_norm: argument 'weight': a call with out= is not differentiable"):
         tile.rms_norm(x.detach(), weight=w, out=torch.empty(3, 16))
+    with pytest.raises(RuntimeError, match=r"layer_norm: argument 'weight': a call with out= is not differentiable"):
+        tile.layer_norm(x.detach(), weight=w, out=torch.empty(3, 16))
+    with pytest.raises(RuntimeError, match=r"layer_norm: argument 'bias': a call with out= is not differentiable"):
+        tile.layer_norm(x.detach(), bias=w, out=torch.empty(3, 16))
     with pytest.raises(RuntimeError, match=r"fused_add_rms_norm: argument 'x': the in-place form"):
         tile.fused_add_rms_norm(x, torch.randn(3, 16), in_place=True)
     with torch.no_grad():                          # allowed without grad mode
@@ -244,8 +248,9 @@ def test_run_and_row_programs_refuse_grad():
     tile.builtin("softmax")(x=x.detach())
 
 
-def test_no_grad_and_detached_inputs_take_the_direct_path(monkeypatch):
-    # The direct path: no custom op is dispatched (the op would raise here).
+def test_which_path_a_call_takes(monkeypatch):
+    # No custom op is dispatched on the direct and eager autograd paths (the op would raise here;
+    # nn.Parameter is eager too); a tensor subclass as x still takes it.
     def boom(*args, **kwargs):
         raise AssertionError("the custom op was called")
     monkeypatch.setattr(tile._torch_api, "_softmax", boom)
@@ -253,15 +258,121 @@ def test_no_grad_and_detached_inputs_take_the_direct_path(monkeypatch):
     with torch.no_grad():
         assert not tile.softmax(x).requires_grad
     assert not tile.softmax(x.detach()).requires_grad
+    y = tile.softmax(x)
+    assert type(y.grad_fn).__name__.startswith("Eager_softmax")
+    assert type(tile.softmax(torch.nn.Parameter(x.detach())).grad_fn).__name__.startswith("Eager_softmax")
+
+    class Subclass(torch.Tensor):
+        pass
     with pytest.raises(AssertionError, match="the custom op was called"):
-        tile.softmax(x)
+        tile.softmax(x.detach().as_subclass(Subclass).requires_grad_())
 
 
-def test_double_backward_raises(training_ops):
+# ---- the eager autograd path against the custom op's registered autograd ----
+
+def _custom_op_path(monkeypatch):
+    monkeypatch.setattr(tile._torch_api, "eager_grad", lambda *arrays: False)
+
+
+def _both_paths(monkeypatch, call, inputs, grads_of):
+    """Runs call(*twins of inputs) on the eager autograd path, then on the custom-op path, each
+    followed by a backward with the same output gradients; returns (outputs, gradients) of each."""
+    results = []
+    for path in ("eager", "custom op"):
+        if path == "custom op":
+            _custom_op_path(monkeypatch)
+        leaves = [None if t is None else (twin(t) if t.requires_grad else t) for t in inputs]
+        outs = call(*leaves)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        name = type(outs[0].grad_fn).__name__
+        assert name.startswith("Eager_") if path == "eager" else name.startswith("GeneratedBackwardFor_tile_"), name
+        diff = [o for o in outs if o.requires_grad]
+        torch.autograd.backward(diff, [grads_of(o, i) for i, o in enumerate(diff)])
+        results.append(([o.detach() for o in outs], [None if t is None else t.grad for t in leaves]))
+    return results
+
+
+def _bitwise(eager, custom):
+    (outs_e, grads_e), (outs_c, grads_c) = eager, custom
+    for a, b in zip(outs_e + grads_e, outs_c + grads_c):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), "the two paths differ"
+
+
+def _dy(o, i):
+    return torch.randn(o.shape, generator=torch.Generator().manual_seed(40 + i)).to(o.dtype)
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.float32])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_eager_softmax_matches_the_custom_op_bitwise(training_ops, monkeypatch, op, dtype, out_dtype):
+    x = leaf((3, 5, 67), dtype, 30)
+    _bitwise(*_both_paths(monkeypatch, lambda x: getattr(tile, op)(x, dtype=out_dtype), [x], _dy))
+
+
+@pytest.mark.parametrize("weighted,grads", [(True, "x"), (True, "weight"), (True, "both"), (False, "x")])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_eager_rms_norm_matches_the_custom_op_bitwise(training_ops, monkeypatch, dtype, weighted, grads):
+    x = leaf((6, 4, 96), dtype, 31).requires_grad_(grads != "weight")
+    w = leaf(96, dtype, 32, 1.0).requires_grad_(grads != "x") if weighted else None
+    _bitwise(*_both_paths(monkeypatch, lambda x, w: tile.rms_norm(x, weight=w, eps=1e-5, return_rstd=True), [x, w],
+                          _dy))
+
+
+@pytest.mark.parametrize("affine", ["both", "weight", "bias", "none"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_eager_layer_norm_matches_the_custom_op_bitwise(training_ops, monkeypatch, dtype, affine):
+    x = leaf((5, 130), dtype, 33)
+    w = leaf(130, dtype, 34, 1.0) if affine in ("both", "weight") else None
+    b = leaf(130, dtype, 35, 1.0) if affine in ("both", "bias") else None
+    _bitwise(*_both_paths(monkeypatch, lambda x, w, b: tile.layer_norm(x, weight=w, bias=b, return_stats=True),
+                          [x, w, b], _dy))
+
+
+def test_eager_layer_norm_parameters_alone(training_ops, monkeypatch):
+    # x frozen, nn.Parameter weight and bias (tile.nn's modules): the eager path, same gradients.
+    x = torch.randn(4, 40)
+    w, b = torch.nn.Parameter(torch.randn(40)), torch.nn.Parameter(torch.randn(40))
+    _bitwise(*_both_paths(monkeypatch, lambda x, w, b: tile.layer_norm(x, weight=w, bias=b), [x, w, b], _dy))
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_eager_fused_add_rms_norm_matches_the_custom_op_bitwise(training_ops, monkeypatch, weighted):
+    x, r = leaf((7, 48), torch.float32, 36), leaf((7, 48), torch.float32, 37)
+    w = leaf(48, torch.float32, 38, 1.0) if weighted else None
+    _bitwise(*_both_paths(monkeypatch, lambda x, r, w: tile.fused_add_rms_norm(x, r, w, 1e-6), [x, r, w], _dy))
+
+
+@pytest.mark.parametrize("options", [dict(reduction="mean"), dict(reduction="sum", label_smoothing=0.1),
+                                     dict(reduction="none"), dict(z_loss=1e-3, softcap=5.0)])
+def test_eager_cross_entropy_matches_the_custom_op_bitwise(training_ops, monkeypatch, options):
+    logits = leaf((9, 37), torch.float32, 39, 4.0)
+    target = torch.tensor([0, 36, 5, -100, 7, 7, 20, -100, 1])
+    _bitwise(*_both_paths(monkeypatch, lambda lg, t: tile.cross_entropy(lg, t, **options), [logits, target], _dy))
+
+
+@pytest.mark.parametrize("path", ["eager", "custom op"])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "rms_norm", "layer_norm"])
+def test_double_backward_raises(training_ops, monkeypatch, op, path):
+    if path == "custom op":
+        _custom_op_path(monkeypatch)
     x = leaf((3, 16), torch.float32, 23)
-    (g,) = torch.autograd.grad(tile.softmax(x).pow(2).sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match=r"tile\.softmax_backward.*no autograd formula"):
+    y = getattr(tile, op)(x)
+    (g,) = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match=rf"tile\.{op}_backward.*no autograd formula"):
         g.sum().backward()
+
+
+@pytest.mark.parametrize("path", ["eager", "custom op"])
+def test_missing_backward_raises_on_both_paths(monkeypatch, path):
+    if path == "custom op":
+        _custom_op_path(monkeypatch)
+    monkeypatch.setattr(tile, "rms_norm_backward", None, raising=False)
+    y = tile.rms_norm(leaf((3, 16), torch.float32, 41), weight=leaf(16, torch.float32, 42))
+    with pytest.raises(NotImplementedError, match=r"tile\.rms_norm_backward is not available"):
+        y.sum().backward()
 
 
 # ---- the package's own backward operators on the GPU ----
