@@ -155,9 +155,10 @@ def test_reduce_overhead_training():
     x = torch.randn(32, 256, device="cuda")
     for _ in range(4):
         # A training loop under cudagraph trees marks each step, so the previous step's graph
-        # outputs may be overwritten (torch's documented contract for reduce-overhead training).
+        # outputs may be overwritten (torch's documented contract for reduce-overhead training),
+        # and drops the gradients (set_to_none): the previous step's, graph outputs, are dead.
         torch.compiler.cudagraph_mark_step_begin()
-        model.zero_grad(set_to_none=False)
+        model.zero_grad(set_to_none=True)
         compiled(x).backward()
     got = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
