@@ -6,7 +6,9 @@ candidates are the policy's plan and plans that fix some fields and let the poli
 rest: widths giving 1, 2, 4, 8 or 16 stripes, packing 2-16 programs for short rows, sub-warp
 programs for rows of at most 32 vectors, and for rows of 16384 elements or more re-reading
 with 256, 512 or 1024 workers and an unroll of 2 or 4, plus register caching with 1024
-workers. Candidates are resolved with tile.plan() and deduplicated, every one is checked
+workers, and rows split over a thread-block cluster of 2, 4, 8 or 16 groups of 256, 512 or
+1024 workers caching the row in registers (where the slice fits the budget; tile.plan()
+refuses the others, which are left out). Candidates are resolved with tile.plan() and deduplicated, every one is checked
 against a float64 oracle (torch on the GPU) on the output before it is timed, and a time is
 the median of --batches CUDA-event-timed batches of back-to-back launches of about
 --batch-ms each. Regret = policy time / fastest candidate's time - 1.
@@ -58,6 +60,10 @@ def candidates(n, element_bytes):
             for unroll in (2, 4):
                 out.append({"workers_per_program": w, "caching": "reread", "stripe_unroll": unroll})
         out.append({"workers_per_program": 1024, "caching": "registers", "private_budget": 128})
+        for ctas in (2, 4, 8, 16):
+            for w in (256, 512, 1024):
+                if ctas * w * (16 // element_bytes) <= 2 * n:  # every worker has a vector
+                    out.append({"ctas_per_program": ctas, "workers_per_program": w, "caching": "registers"})
     return out
 
 
