@@ -391,17 +391,7 @@ TrainResult run_stats_case(const TrainFuzz& t, Backend backend) {
   else
     rms_norm(env.mat("x"), env.mat("y"), env.vec("weight"), env.vec("rstd"), float(eps), opts);
   env.download();
-  TrainResult result;
-  for (const auto& [name, e] : want) {
-    compare(result.cmp, name, env[name], e, 256 + double(R));
-    result.magnitudes[name] = e.mag;
-  }
-  for (const std::string& name : outputs) {
-    result.outside_untouched &= env[name].outside_untouched();
-    result.outputs[name] = env[name].bytes;
-    result.buffers[name] = env[name];
-  }
-  return result;
+  return train_result(env, want, outputs, R);
 }
 
 TrainResult run_train(const TrainFuzz& t, Backend backend) {

@@ -431,6 +431,23 @@ inline const char* target_of(const TrainCase& c, const char* out, const char* in
 
 }  // namespace detail
 
+// The result of a call whose outputs `env` holds: each output compared with its float64
+// reference (the tolerance grows with the rows R a reduction over the rows folds), its guard
+// band, its bytes and its cancellation magnitudes.
+inline TrainResult train_result(Env& env, const Expectations& want, const std::vector<std::string>& outputs, int64_t R) {
+  TrainResult result;
+  for (const auto& [name, e] : want) {
+    compare(result.cmp, name, env[name], e, 256 + double(R));
+    result.magnitudes[name] = e.mag;
+  }
+  for (const std::string& name : outputs) {
+    result.outside_untouched &= env[name].outside_untouched();
+    result.outputs[name] = env[name].bytes;
+    result.buffers[name] = env[name];
+  }
+  return result;
+}
+
 // Runs one case on `backend`: seeded inputs, poisoned outputs, one call of the operator's
 // entry point, every output against its float64 reference, and the guard bands.
 inline TrainResult run_train_case(const TrainCase& c, Backend backend) {
@@ -677,17 +694,7 @@ inline TrainResult run_train_case(const TrainCase& c, Backend backend) {
     }
   }
   env.download();
-  TrainResult result;
-  for (const auto& [name, e] : want) {
-    compare(result.cmp, name, env[name], e, 256 + double(R));
-    result.magnitudes[name] = e.mag;
-  }
-  for (const std::string& name : outputs) {
-    result.outside_untouched &= env[name].outside_untouched();
-    result.outputs[name] = env[name].bytes;
-    result.buffers[name] = env[name];
-  }
-  return result;
+  return train_result(env, want, outputs, R);
 }
 
 inline void expect_train_case_passes(const TrainCase& c, Backend backend) {
