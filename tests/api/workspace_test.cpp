@@ -274,12 +274,7 @@ TEST_F(WorkspaceGpu, CaptureOnAFreshStreamWithACallersWorkspace) {
   captured.workspace = ws.get(), captured.workspace_size = ws.bytes();
   dev.upload();  // outputs poisoned again
   TILE_CU_CHECK(graphs.begin(stream.get(), CU_STREAM_CAPTURE_MODE_GLOBAL));
-  std::string error;
-  try {
-    run(rms_backward(), dev.args(), captured);
-  } catch (const Error& e) {
-    error = e.what();
-  }
+  const std::string error = error_of([&] { run(rms_backward(), dev.args(), captured); });
   CUgraph graph = nullptr;
   TILE_CU_CHECK(graphs.end(stream.get(), &graph));
   ASSERT_EQ(error, "");
@@ -310,12 +305,7 @@ TEST_F(WorkspaceGpu, CaptureWithoutAWorkspaceSaysHowToGiveOne) {
   CallOptions captured;
   captured.stream = stream.get();
   TILE_CU_CHECK(graphs.begin(stream.get(), CU_STREAM_CAPTURE_MODE_GLOBAL));
-  std::string error;
-  try {
-    run(rms_backward(), dev.args(), captured);
-  } catch (const Error& e) {
-    error = e.what();
-  }
+  const std::string error = error_of([&] { run(rms_backward(), dev.args(), captured); });
   CUgraph graph = nullptr;
   TILE_CU_CHECK(graphs.end(stream.get(), &graph));  // nothing was recorded: the capture is still valid
   if (graph) TILE_CU_CHECK(graphs.destroy(graph));

@@ -162,6 +162,25 @@ std::optional<MappingPlan> random_plan(const PlanInputs& in, Rng& rng) {
   return p;
 }
 
+// One draw of a plan for `in`: half the time a perturbed plan of the tuner's mapping family
+// (computed into `family` on first use), 40 % a plan with every field drawn at random, else the
+// policy's; `origin` names which.
+std::optional<MappingPlan> draw_plan(const PlanInputs& in, Rng& rng, std::vector<MappingPlan>& family,
+                                     std::string& origin) {
+  const int source = rng.below(10);
+  if (source < 5) {
+    if (family.empty()) family = mapping_family(in, kLimits);
+    origin = "family";
+    return perturb(family[size_t(rng.below(int(family.size())))], in, rng);
+  }
+  if (source < 9) {
+    origin = "random";
+    return random_plan(in, rng);
+  }
+  origin = "policy";
+  return choose_plan(in, {}, kLimits);
+}
+
 FuzzCase draw_case(uint64_t seed, uint64_t index, double budget) {
   Rng rng(mix(seed, index));
   FuzzCase f;
@@ -192,19 +211,7 @@ FuzzCase draw_case(uint64_t seed, uint64_t index, double budget) {
   // with every field drawn at random, or the policy's choice.
   std::vector<MappingPlan> family;
   for (int attempt = 0; attempt < 40; ++attempt) {
-    std::optional<MappingPlan> p;
-    const int source = rng.below(10);
-    if (source < 5) {
-      if (family.empty()) family = mapping_family(in, kLimits);
-      p = perturb(family[size_t(rng.below(int(family.size())))], in, rng);
-      f.origin = "family";
-    } else if (source < 9) {
-      p = random_plan(in, rng);
-      f.origin = "random";
-    } else {
-      p = choose_plan(in, {}, kLimits);
-      f.origin = "policy";
-    }
+    const std::optional<MappingPlan> p = draw_plan(in, rng, family, f.origin);
     if (p && valid(*p, in) && executor_cost(c, *p) <= budget) {
       c.plan = PlanRequest::exactly(*p);
       f.plan = choose_plan(in, c.plan, kLimits);  // as launched: the width is then exact
@@ -454,19 +461,7 @@ TrainFuzz draw_train(uint64_t seed, uint64_t index, double budget, std::string& 
   const std::optional<PlanInputs> in2 = count_pass ? std::optional<PlanInputs>(train_inputs(t, true)) : std::nullopt;
   std::vector<MappingPlan> family;
   for (int attempt = 0; attempt < 40; ++attempt) {
-    std::optional<MappingPlan> p;
-    const int source = rng.below(10);
-    if (source < 5) {
-      if (family.empty()) family = mapping_family(in, kLimits);
-      p = perturb(family[size_t(rng.below(int(family.size())))], in, rng);
-      origin = "family";
-    } else if (source < 9) {
-      p = random_plan(in, rng);
-      origin = "random";
-    } else {
-      p = choose_plan(in, {}, kLimits);
-      origin = "policy";
-    }
+    const std::optional<MappingPlan> p = draw_plan(in, rng, family, origin);
     if (p && valid(*p, in) && (!in2 || valid(*p, *in2)) && train_cost(c, *p) <= budget) {
       c.plan = PlanRequest::exactly(*p);
       plan = *p;
