@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the Python extension tile._tile on its own (python/CMakeLists.txt as a top-level
 # project) against an already built libtile.so: what a GPU machine without nlohmann-json or
-# gtest needs. Only the headers of include/tile/ and src/backend/cuda/{driver,jit_module}.hpp,
-# <cuda.h>, nanobind for the chosen Python, and libtile.so are used.
+# gtest needs. Only the headers of include/tile/, src/backend/cuda/{driver,jit_module}.hpp and
+# src/target/target.hpp (with the src/ headers it includes), <cuda.h>, nanobind for the chosen
+# Python, and libtile.so are used.
 #
 #   scripts/build_python.sh                        # python3 on PATH, build/ci/libtile.so
 #   PYTHON=/opt/torch/.venv/bin/python3 scripts/build_python.sh

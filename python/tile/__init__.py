@@ -207,8 +207,9 @@ def _empty_result(op, x, out, weight, bias, dtype, record, stats=(), given=None)
 def _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats=()):
     # The common case inline: torch CUDA tensors cross as plain integers instead of a DLPack
     # capsule each, whose making and reading cost microseconds per call. launch_raw converts
-    # and checks what launch does; what this path does not read (another framework's array, a
-    # CPU or sparse tensor, an unsupported dtype) goes the DLPack way, whose checks name it.
+    # and checks what launch does, and replays a call it has seen with other data pointers
+    # (python.md, "Host overhead"); what this path does not read (another framework's array,
+    # a CPU or sparse tensor, an unsupported dtype) goes the DLPack way, whose checks name it.
     if not (isinstance(x, _call.Tensor) and x.is_cuda):
         if _call.Tensor is _call._NoTorch and _is_torch(x):   # torch was imported after tile
             _init_torch(_torch())
@@ -217,8 +218,9 @@ def _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats=()
     try:
         device = x.get_device()
         shape = x.shape
-        ops = {"x": (x.data_ptr(), shape, x.stride(), _call.RAW_CODES[x.dtype], device)}
+        code = _call.RAW_CODES[x.dtype]
         empty = shape[-1] == 0                  # IndexError for a 0-d x: the DLPack path names it
+        ops = {"x": (x.data_ptr(), shape, x.stride(), code, device)}
         if out is not None:
             ops["y"] = _call.raw(out)
         if weight is not None:
@@ -239,18 +241,22 @@ def _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats=()
             code = _call.RAW_CODES.get(out.dtype)
             if code is None:                    # e.g. torch.float64: the DLPack path names it
                 return _launch_dlpack(op, x, out, weight, bias, eps, plan, stream, None, record, stats)
-            ops["y"] = (out.data_ptr(), out.shape, out.stride(), code, device)
+            ops["y"] = (out.data_ptr(), shape, out.stride(), code, device)
     elif out is None:
+        # x's own dtype, so x's dtype code; contiguous, so strides like a contiguous x's.
         out = _call.empty_like(x, memory_format=_call.contiguous)
-        ops["y"] = (out.data_ptr(), out.shape, out.stride(), ops["x"][3], device)
+        ops["y"] = (out.data_ptr(), shape, out.stride(), code, device)
     extra = ()
     if stats:                                   # per-row float32 statistics, shaped like x's rows
-        torch = _torch()
-        extra = tuple(torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) for _ in stats)
+        rows = shape[:-1]
+        empty_stats = _call.empty
+        f32 = _call.float32
+        dev = x.device
+        extra = tuple([empty_stats(rows, dtype=f32, device=dev) for _ in stats])
         for name, t in zip(stats, extra):
-            ops[name] = (t.data_ptr(), t.shape, t.stride(), 0, device)
+            ops[name] = (t.data_ptr(), rows, t.stride(), 0, device)
     if eps is not None:
-        ops["eps"] = _call.scalar(op, "eps", eps)
+        ops["eps"] = eps if type(eps) is float else _call.scalar(op, "eps", eps)
     if plan is not None:
         plan = _call.plan_json(op, plan)
     handle = _call.current_stream(device) if stream is None else _call.stream_handle(op, stream, True)

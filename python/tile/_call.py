@@ -189,6 +189,8 @@ RAW_CODES = {}
 current_device = None
 current_stream = None
 empty_like = None
+empty = None
+float32 = None
 contiguous = None
 grad_enabled = None
 # Called with torch after the fast path is on: the package's custom ops and routing.
@@ -196,7 +198,7 @@ torch_hooks = []
 
 
 def init_torch(torch):
-    global Tensor, RAW_CODES, current_device, current_stream, empty_like, contiguous, grad_enabled
+    global Tensor, RAW_CODES, current_device, current_stream, empty_like, empty, float32, contiguous, grad_enabled
     RAW_CODES = {getattr(torch, name): code for name, code in _tile.RAW_DTYPE_CODES.items()}
     # Private but long-standing (torch.cuda.current_device and Inductor call them); the public
     # API where a build lacks them.
@@ -204,6 +206,8 @@ def init_torch(torch):
     current_stream = (getattr(torch._C, "_cuda_getCurrentRawStream", None)
                       or (lambda device: torch.cuda.current_stream(device).cuda_stream))
     empty_like = torch.empty_like
+    empty = torch.empty
+    float32 = torch.float32
     contiguous = torch.contiguous_format
     grad_enabled = torch.is_grad_enabled
     first = Tensor is _NoTorch

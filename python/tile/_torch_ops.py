@@ -163,22 +163,22 @@ def _stats(x, n):
     return tuple(x.new_empty(_rows(x), dtype=torch.float32) for _ in range(n))
 
 
-def _launch(op, x, out=None, weight=None, bias=None, eps=None, plan=None, dtype=None, stats=()):
-    return _pkg._launch(op, x, out, weight, bias, eps, plan, None, dtype, False, stats)
+_RSTD = ("rstd",)
+_MEAN_RSTD = ("mean", "rstd")
 
 
 # ---- forward operators ----
 # Each op's implementation is a named function: the eager autograd path (_EAGER) runs it as is.
 
 def _softmax_impl(x: Tensor, dtype: Optional[torch.dtype] = None, plan: Optional[str] = None) -> Tensor:
-    return _launch("softmax", x, plan=plan, dtype=dtype)
+    return _pkg._launch("softmax", x, None, None, None, None, plan, None, dtype, False)
 
 
 _softmax = torch.library.custom_op("tile::softmax", mutates_args=())(_softmax_impl)
 
 
 def _log_softmax_impl(x: Tensor, dtype: Optional[torch.dtype] = None, plan: Optional[str] = None) -> Tensor:
-    return _launch("log_softmax", x, plan=plan, dtype=dtype)
+    return _pkg._launch("log_softmax", x, None, None, None, None, plan, None, dtype, False)
 
 
 _log_softmax = torch.library.custom_op("tile::log_softmax", mutates_args=())(_log_softmax_impl)
@@ -186,17 +186,17 @@ _log_softmax = torch.library.custom_op("tile::log_softmax", mutates_args=())(_lo
 
 @torch.library.custom_op("tile::softmax_out", mutates_args=("out",))
 def _softmax_out(x: Tensor, out: Tensor, plan: Optional[str] = None) -> None:
-    _launch("softmax", x, out, plan=plan)
+    _pkg._launch("softmax", x, out, None, None, None, plan, None, None, False)
 
 
 @torch.library.custom_op("tile::log_softmax_out", mutates_args=("out",))
 def _log_softmax_out(x: Tensor, out: Tensor, plan: Optional[str] = None) -> None:
-    _launch("log_softmax", x, out, plan=plan)
+    _pkg._launch("log_softmax", x, out, None, None, None, plan, None, None, False)
 
 
 def _rms_norm_impl(x: Tensor, weight: Optional[Tensor], eps: Optional[float], dtype: Optional[torch.dtype] = None,
                    plan: Optional[str] = None) -> Tuple[Tensor, Tensor]:
-    return _launch("rms_norm", x, None, weight, None, eps, plan, dtype, ("rstd",))
+    return _pkg._launch("rms_norm", x, None, weight, None, eps, plan, None, dtype, False, _RSTD)
 
 
 _rms_norm = torch.library.custom_op("tile::rms_norm", mutates_args=())(_rms_norm_impl)
@@ -210,7 +210,7 @@ def _rms_norm_out(x: Tensor, weight: Optional[Tensor], eps: Optional[float], out
 
 def _layer_norm_impl(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: Optional[float],
                      dtype: Optional[torch.dtype] = None, plan: Optional[str] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    return _launch("layer_norm", x, None, weight, bias, eps, plan, dtype, ("mean", "rstd"))
+    return _pkg._launch("layer_norm", x, None, weight, bias, eps, plan, None, dtype, False, _MEAN_RSTD)
 
 
 _layer_norm = torch.library.custom_op("tile::layer_norm", mutates_args=())(_layer_norm_impl)
@@ -557,17 +557,19 @@ _BACKWARD_IMPLS = {
 def _eager_function(name, impl, setup, grad):
     """A torch.autograd.Function taking the custom op's arguments (positionally): forward its
     implementation, setup and backward its registered formulas, the backward op called as
-    _backward says. ctx.eager tells _backward which path the node is on. The setup runs inside
-    forward, as in the Function torch generates for the custom op: a separate setup_context
-    makes apply() bind the arguments with inspect.signature, about 12 us a call."""
+    _backward says. ctx.eager tells _backward which path the node is on: a class attribute of
+    the node (its ctx), set once rather than on every call. The setup runs inside forward, as in
+    the Function torch generates for the custom op: a separate setup_context makes apply() bind
+    the arguments with inspect.signature, about 12 us a call."""
     def forward(ctx, *args):
-        ctx.eager = True
         output = impl(*args)
         setup(ctx, args, output)
         return output
 
-    return type(f"Eager_{name}", (torch.autograd.Function,),
-                {"forward": staticmethod(forward), "backward": staticmethod(grad)})
+    cls = type(f"Eager_{name}", (torch.autograd.Function,),
+               {"forward": staticmethod(forward), "backward": staticmethod(grad)})
+    cls._backward_cls.eager = True
+    return cls
 
 
 # Each differentiable op's eager path, by name; .apply takes the custom op's arguments.
@@ -580,6 +582,10 @@ _EAGER = {
     "cross_entropy": _eager_function("cross_entropy", _cross_entropy_impl, _cross_entropy_setup,
                                      _cross_entropy_grad),
 }
+
+
+# Their apply, looked up once.
+_EAGER_APPLY = {name: fn.apply for name, fn in _EAGER.items()}
 
 
 # ---- the package's functions on the custom-op path (tile/__init__.py routes here) ----
@@ -618,7 +624,17 @@ def _out_dtype(op, x, out, dtype):
     return d
 
 
+def _plain_grad(x):
+    """True for the common eager autograd call: x a plain tensor requiring grad, grad mode on,
+    no tracing and no torch.func transform (eager_grad's conditions, for x alone)."""
+    return (type(x) is Tensor and x.requires_grad and _grad_enabled() and not _is_compiling()
+            and not _functorch_active())
+
+
 def softmax(x, dim, out, plan, stream, dtype, op="softmax"):
+    if out is None and stream is None and dim == -1 and _plain_grad(x):
+        # What the checks below would find: no DTensor, no out=, the current stream.
+        return _EAGER_APPLY[op](x, None if dtype is None else _out_dtype(op, x, None, dtype), plan)
     refuse_dtensor(op, x=x, out=out)
     _check_dim(op, x, dim)
     d = _out_dtype(op, x, out, dtype)
@@ -637,6 +653,11 @@ def log_softmax(x, dim, out, plan, stream, dtype):
 
 
 def rms_norm(x, weight, eps, out, plan, stream, dtype, return_rstd):
+    if (out is None and stream is None and _plain_grad(x)
+            and (weight is None or type(weight) is Tensor or type(weight) is _Parameter)):
+        y, rstd = _EAGER_APPLY["rms_norm"](x, weight, eps, None if dtype is None else
+                                           _out_dtype("rms_norm", x, None, dtype), plan)
+        return (y, rstd) if return_rstd else y
     refuse_dtensor("rms_norm", x=x, weight=weight, out=out)
     d = _out_dtype("rms_norm", x, out, dtype)
     with _stream("rms_norm", stream, x):
@@ -653,6 +674,12 @@ def rms_norm(x, weight, eps, out, plan, stream, dtype, return_rstd):
 
 
 def layer_norm(x, weight, bias, eps, out, plan, stream, dtype, return_stats):
+    if (out is None and stream is None and _plain_grad(x)
+            and (weight is None or type(weight) is Tensor or type(weight) is _Parameter)
+            and (bias is None or type(bias) is Tensor or type(bias) is _Parameter)):
+        y, mean, rstd = _EAGER_APPLY["layer_norm"](x, weight, bias, eps, None if dtype is None else
+                                                   _out_dtype("layer_norm", x, None, dtype), plan)
+        return (y, mean, rstd) if return_stats else y
     refuse_dtensor("layer_norm", x=x, weight=weight, bias=bias, out=out)
     d = _out_dtype("layer_norm", x, out, dtype)
     with _stream("layer_norm", stream, x):

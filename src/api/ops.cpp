@@ -38,19 +38,27 @@ void check_workspace(const std::string& op, const CallOptions& options, int64_t 
                          "an address " + std::to_string(address % 4) + " bytes past a 4-byte boundary");
 }
 
-LaunchRecord launch(const RowProgram& program, const BoundCall& call, const CallOptions& options) {
+// `replay`, where given, receives the call as the target's Replay (or null).
+LaunchRecord launch(const RowProgram& program, const BoundCall& call, const CallOptions& options,
+                    std::shared_ptr<const Replay>* replay = nullptr) {
   const Target& target = target_for(options.backend);
   auto pk = prepared(program, call, options.plan, target, options);
   if (options.workspace || options.workspace_size > 0)
     check_workspace(program.name(), options, workspace_elems(*pk, call) * 4);
   LaunchRecord rec = target.launch(*pk, call, options);
   rec.ir_sha256 = pk->ir_sha256;
+  if (replay) *replay = target.replay(std::move(pk), call, options);
   return rec;
 }
 }  // namespace
 
 LaunchRecord run(const RowProgram& program, const Args& args, const CallOptions& options) {
   return launch(program, bind(program, args), options);
+}
+
+LaunchRecord run(const RowProgram& program, const Args& args, const CallOptions& options,
+                 std::shared_ptr<const Replay>& replay) {
+  return launch(program, bind(program, args), options, &replay);
 }
 
 LaunchRecord run(const Call& call, const CallOptions& options) { return launch(builtin_program(call.op), bind(call), options); }

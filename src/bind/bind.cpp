@@ -143,6 +143,57 @@ PlanInputs BoundCall::plan_inputs() const {
 
 namespace {
 
+// Operand i's memory at `data`: its rows (or values) as strided byte ranges.
+StridedBytes view_of(const BoundCall& call, size_t i, const void* data) {
+  const BoundOperand& b = call.operands[i];
+  const Role role = call.program->operands()[i].role;
+  const int64_t es = dtype_size(b.dtype);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(data);
+  if (is_row(role)) return StridedBytes{base, b.stride * es, call.cols * es, call.rows};
+  if (is_row_scalar(role)) return StridedBytes{base, b.stride * es, es, b.stride == 0 ? 1 : call.rows};
+  return StridedBytes{base, b.extent * es, b.extent * es, 1};
+}
+
+// Outputs overlap nothing else, except the one input each may alias exactly (in place: same
+// pointer, stride and dtype; each worker reads its elements before it writes them). True when
+// output o at data_o and operand a at data_a break that rule.
+bool conflict(const BoundCall& call, size_t o, size_t a, const void* data_o, const void* data_a) {
+  const auto& decls = call.program->operands();
+  const BoundOperand &bo = call.operands[o], &ba = call.operands[a];
+  if (!is_output(decls[o].role) || !bo.present || bo.extent == 0) return false;
+  if (a == o || !ba.present || ba.extent == 0 || decls[a].role == Role::scalar_in) return false;
+  if (decls[o].may_alias == int(a) && data_o == data_a && bo.stride == ba.stride && bo.dtype == ba.dtype) return false;
+  return overlaps(view_of(call, o, data_o), view_of(call, a, data_a));
+}
+
+// What the checks of one operand's data pointer find: null, aligned to its element size, and
+// the view's end inside the address space.
+enum class PointerProblem { none, null, misaligned, past_end };
+
+PointerProblem pointer_problem(const BoundOperand& b, const void* data) {
+  if (b.extent > 0 && data == nullptr) return PointerProblem::null;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(data);
+  if (base % dtype_size(b.dtype) != 0) return PointerProblem::misaligned;
+  if (uintptr_t(b.extent) * dtype_size(b.dtype) > UINTPTR_MAX - base) return PointerProblem::past_end;
+  return PointerProblem::none;
+}
+
+}  // namespace
+
+bool pointers_bind(const BoundCall& call, const void* const* data) {
+  const size_t n = call.operands.size();
+  for (size_t i = 0; i < n; ++i)
+    if (call.operands[i].present && call.program->operands()[i].role != Role::scalar_in &&
+        pointer_problem(call.operands[i], data[i]) != PointerProblem::none)
+      return false;
+  for (size_t o = 0; o < n; ++o)
+    for (size_t a = 0; a < n; ++a)
+      if (conflict(call, o, a, data[o], data[a])) return false;
+  return true;
+}
+
+namespace {
+
 // The one check of a call: values[i] is operand i's value, or null when the caller gave none.
 BoundCall bind_values(const RowProgram& program, const Args::Value* const* values) {
   const ProgramFacts& facts = facts_of(program);
@@ -173,14 +224,15 @@ BoundCall bind_values(const RowProgram& program, const Args::Value* const* value
       } else {
         b.value = std::get<double>(*v);
       }
-      // Declared ranges use +-1e300 for "unbounded".
-      const bool lo = d.min_value > -1e300, hi = d.max_value < 1e300;
-      const std::string range = lo && hi ? "a value in [" + number(d.min_value) + ", " + number(d.max_value) + "]"
-                                : lo   ? "a finite value >= " + number(d.min_value)
-                                : hi   ? "a finite value <= " + number(d.max_value)
-                                       : "a finite value";
-      if (std::isnan(b.value) || b.value < d.min_value || b.value > d.max_value)
+      if (std::isnan(b.value) || b.value < d.min_value || b.value > d.max_value) {
+        // Declared ranges use +-1e300 for "unbounded".
+        const bool lo = d.min_value > -1e300, hi = d.max_value < 1e300;
+        const std::string range = lo && hi ? "a value in [" + number(d.min_value) + ", " + number(d.max_value) + "]"
+                                  : lo   ? "a finite value >= " + number(d.min_value)
+                                  : hi   ? "a finite value <= " + number(d.max_value)
+                                         : "a finite value";
         throw_argument_error(op, name, range, number(b.value));
+      }
       if (d.scalar_type == ValueType::i64) {
         if (b.value != std::trunc(b.value) || std::abs(b.value) > 9007199254740992.0)
           throw_argument_error(op, name, "an integer of magnitude at most 2^53", number(b.value));
@@ -251,37 +303,26 @@ BoundCall bind_values(const RowProgram& program, const Args::Value* const* value
     b.present = true;
     if (!d.dtypes.contains(b.dtype))
       throw_argument_error(op, name, "dtype " + d.dtypes.to_string(), std::string(dtype_name(b.dtype)));
-    if (b.extent > 0 && b.data == nullptr) throw_argument_error(op, name, "a non-null data pointer", "null");
-    const uintptr_t base = reinterpret_cast<uintptr_t>(b.data);
-    if (base % dtype_size(b.dtype) != 0)
-      throw_argument_error(op, name,
-                           "a pointer aligned to its element size (" + std::to_string(dtype_size(b.dtype)) + " bytes)",
-                           "a misaligned pointer");
-    if (uintptr_t(b.extent) * dtype_size(b.dtype) > UINTPTR_MAX - base)
-      throw_argument_error(op, name, is_row(d.role) ? "a view that ends inside the address space" : "a vector that ends inside the address space",
-                           (is_row(d.role) ? shape_text(call.rows, call.cols, b.stride) : std::to_string(b.extent) + " elements") +
-                               " at address " + std::to_string(base));
+    switch (pointer_problem(b, b.data)) {
+      case PointerProblem::none:
+        break;
+      case PointerProblem::null:
+        throw_argument_error(op, name, "a non-null data pointer", "null");
+      case PointerProblem::misaligned:
+        throw_argument_error(op, name,
+                             "a pointer aligned to its element size (" + std::to_string(dtype_size(b.dtype)) + " bytes)",
+                             "a misaligned pointer");
+      case PointerProblem::past_end:
+        throw_argument_error(op, name, is_row(d.role) ? "a view that ends inside the address space" : "a vector that ends inside the address space",
+                             (is_row(d.role) ? shape_text(call.rows, call.cols, b.stride) : std::to_string(b.extent) + " elements") +
+                                 " at address " + std::to_string(reinterpret_cast<uintptr_t>(b.data)));
+    }
   }
 
-  // Outputs overlap nothing else, except the one input each may alias exactly (in place: same
-  // pointer, stride and dtype; each worker reads its elements before it writes them).
-  auto view_of = [&](size_t i) {
-    const BoundOperand& b = call.operands[i];
-    const Role role = decls[i].role;
-    const int64_t es = dtype_size(b.dtype);
-    if (is_row(role)) return StridedBytes{reinterpret_cast<uintptr_t>(b.data), b.stride * es, call.cols * es, call.rows};
-    if (is_row_scalar(role))
-      return StridedBytes{reinterpret_cast<uintptr_t>(b.data), b.stride * es, es, b.stride == 0 ? 1 : call.rows};
-    return StridedBytes{reinterpret_cast<uintptr_t>(b.data), b.extent * es, b.extent * es, 1};
-  };
   for (size_t o = 0; o < decls.size(); ++o) {
-    if (!is_output(decls[o].role) || !call.operands[o].present || call.operands[o].extent == 0) continue;
     for (size_t a = 0; a < decls.size(); ++a) {
-      if (a == o || !call.operands[a].present || call.operands[a].extent == 0 || decls[a].role == Role::scalar_in) continue;
-      const BoundOperand &bo = call.operands[o], &ba = call.operands[a];
+      if (!conflict(call, o, a, call.operands[o].data, call.operands[a].data)) continue;
       const bool allowed = decls[o].may_alias == int(a);
-      if (allowed && bo.data == ba.data && bo.stride == ba.stride && bo.dtype == ba.dtype) continue;
-      if (!overlaps(view_of(o), view_of(a))) continue;
       throw_argument_error(op, decls[o].name,
                            "memory that does not overlap " + decls[a].name +
                                (allowed ? ", or exactly " + decls[a].name + " (same pointer, stride and dtype)" : ""),

@@ -60,6 +60,11 @@ BoundCall bind(const RowProgram& program, const Args& args);
 // The same checks, for a built-in operator's call (no operand names to look up).
 BoundCall bind(const Call& call);
 
+// For a call bound before, with operand i's data now at data[i] (declaration order): true when
+// bind's checks that read data pointers pass (non-null, aligned, inside the address space, no
+// overlap but the exact aliases allowed). The other checks depend on what a replay's key holds.
+bool pointers_bind(const BoundCall& call, const void* const* data);
+
 // Throws tile::Error naming `op` and `name` unless fp32 holds `value` within rounding.
 void check_f32_scalar(const std::string& op, const std::string& name, double value);
 

@@ -25,6 +25,21 @@ struct TargetCaps {
 // `limits` with the fields the caps decide replaced by the caps' values.
 DeviceLimits with_caps(DeviceLimits limits, const TargetCaps& caps);
 
+// A call resolved down to its launches: the kernels loaded in one context, their grids and
+// scalar arguments. A later call that differs from it only in its data pointers replays it,
+// skipping bind's derivations, the plan, the kernel caches and the launch record; the caller
+// keys everything else the resolution read (program serial, operands' dtypes, shapes, strides
+// and pointer alignment, scalars, plan request, device). It refers to its call's program,
+// which must outlive it unchanged.
+class Replay {
+ public:
+  virtual ~Replay() = default;
+  // Launches with operand i's data at data[i] (declaration order) on `stream`. False, having
+  // launched nothing, when the call must take the full path instead: a pointer bind refuses
+  // (bind then names it), or another current context.
+  virtual bool launch(const void* const* data, void* stream) const = 0;
+};
+
 class Target {
  public:
   virtual ~Target() = default;
@@ -37,6 +52,12 @@ class Target {
   virtual std::string source(const PreparedKernel& kernel) const = 0;
   virtual LaunchRecord launch(const PreparedKernel& kernel, const BoundCall& call,
                               const CallOptions& options) const = 0;
+  // The call just launched as a Replay, or null where the target makes none (the CPU
+  // executor, calls that need a workspace).
+  virtual std::shared_ptr<const Replay> replay(std::shared_ptr<const PreparedKernel> /*kernel*/,
+                                               const BoundCall& /*call*/, const CallOptions& /*options*/) const {
+    return nullptr;
+  }
   // Forgets what the target caches beyond prepared kernels (compiled modules); not the disk.
   virtual void clear_caches() const {}
 };
@@ -59,6 +80,10 @@ struct ArgumentValues {
   };
   std::vector<Scalar> params;
 };
+// tile::run, also returning the call as a Replay where its target makes one (else null).
+LaunchRecord run(const RowProgram& program, const Args& args, const CallOptions& options,
+                 std::shared_ptr<const Replay>& replay);
+
 ArgumentValues argument_values(const LoweredKernel& kernel, const BoundCall& call, void* workspace,
                                int64_t workspace_elems, int64_t slots);
 

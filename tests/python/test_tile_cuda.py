@@ -351,3 +351,41 @@ def test_fast_path_on_another_device():
     with pytest.raises(ValueError, match=r"softmax: argument 'out': expected an array on cuda:1 like x, "
                                          r"got one on cuda:0"):
         tile.softmax(x, out=torch.empty(8, 512, device="cuda:0"))
+
+
+# ---- replays: a repeated call with other data pointers skips straight to the launch ----
+
+@pytest.mark.parametrize("op", OPS)
+def test_replayed_calls_read_their_own_arrays(op):
+    # The first call resolves the launch; the next ones, on other tensors of the same layout and
+    # alignment, replay it and must read and write their own memory.
+    xs = [make((37, 1537), torch.float16, seed=s) for s in range(3)]
+    w = make(1537, torch.float32, seed=7) if op in NORMS else None
+    b = make(1537, torch.float32, seed=8) if op == "layer_norm" else None
+    ys = [torch.full_like(x, float("nan")) for x in xs]
+    for _ in range(2):
+        for x, y in zip(xs, ys):
+            call(op, x, w, b, out=y)
+    torch.cuda.synchronize()
+    for x, y in zip(xs, ys):
+        assert_close(y, reference(op, x, w, b))
+
+
+def test_a_replayed_call_still_refuses_overlap():
+    # The pointers are checked on every call: an out= overlapping x, in a layout seen before, is
+    # refused with bind's message, not launched.
+    buf = make((2, 64, 512), torch.float32)
+    tile.softmax(buf[0], out=buf[1])                 # resolves (64, 512) into another tensor
+    with pytest.raises(ValueError, match="overlap"):
+        tile.softmax(buf[0], out=buf.view(-1)[256:256 + 64 * 512].view(64, 512))  # half a row past x
+    torch.cuda.synchronize()
+
+
+def test_replays_are_forgotten_with_the_kernel_caches():
+    from tile import _log
+    x = make((16, 777), torch.float32)
+    tile.softmax(x)
+    tile.clear_kernel_caches()
+    with _log.collect() as events:
+        tile.softmax(x)                              # lowered and loaded again, not replayed
+    assert events and events[0]["cache_origin"] in ("compiled", "memory", "disk")

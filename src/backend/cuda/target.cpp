@@ -142,25 +142,27 @@ void* workspace_for(CUstream stream, size_t bytes, const std::string& kernel) {
   return reinterpret_cast<void*>(ptr);
 }
 
-void launch_kernel(CUfunction fn, const LoweredKernel& lk, const ArgumentValues& a, int64_t groups, CUstream stream) {
+// Launches `groups` groups of `lk` with its buffers' base pointers and scalar parameters.
+void launch_kernel(CUfunction fn, const LoweredKernel& lk, void* const* buffers, size_t n_buffers,
+                   const ArgumentValues::Scalar* params, size_t n_params, int64_t groups, CUstream stream) {
   // Fixed arrays: no allocation on the launch path.
   constexpr size_t kMax = 64;
-  TILE_CHECK(a.buffers.size() <= kMax && a.params.size() <= kMax, "kernel ", lk.kernel.name, " has too many arguments");
+  TILE_CHECK(n_buffers <= kMax && n_params <= kMax, "kernel ", lk.kernel.name, " has too many arguments");
   CUdeviceptr ptrs[kMax];
   long long ints[kMax];
   float floats[kMax];
   void* argv[2 * kMax];
   size_t n = 0;
-  for (size_t b = 0; b < a.buffers.size(); ++b) {
-    ptrs[b] = reinterpret_cast<CUdeviceptr>(a.buffers[b]);
+  for (size_t b = 0; b < n_buffers; ++b) {
+    ptrs[b] = reinterpret_cast<CUdeviceptr>(buffers[b]);
     argv[n++] = &ptrs[b];
   }
-  for (size_t p = 0; p < a.params.size(); ++p) {
+  for (size_t p = 0; p < n_params; ++p) {
     if (lk.kernel.params[p].type == ir::Type::f32) {
-      floats[p] = a.params[p].f;
+      floats[p] = params[p].f;
       argv[n++] = &floats[p];
     } else {
-      ints[p] = a.params[p].i;
+      ints[p] = params[p].i;
       argv[n++] = &ints[p];
     }
   }
@@ -176,6 +178,51 @@ void launch_kernel(CUfunction fn, const LoweredKernel& lk, const ArgumentValues&
   TILE_CU_CHECK(cuda::driver().cuLaunchKernel(fn, unsigned(groups), 1, 1, unsigned(lk.kernel.threads_per_group()), 1, 1,
                                               0, stream, argv, nullptr));
 }
+
+void launch_kernel(CUfunction fn, const LoweredKernel& lk, const ArgumentValues& a, int64_t groups, CUstream stream) {
+  launch_kernel(fn, lk, a.buffers.data(), a.buffers.size(), a.params.data(), a.params.size(), groups, stream);
+}
+
+// A call of one row kernel (no second phase, so no workspace) as the CUDA target replays it:
+// the function loaded in one context, its grid, and its scalar arguments, which depend on
+// the shapes and scalars only; the buffers are the operands' data pointers of each replay.
+class CudaReplay final : public Replay {
+ public:
+  CudaReplay(std::shared_ptr<const PreparedKernel> pk, const BoundCall& call, LoadedKernel kernel, CUcontext context,
+             uint64_t context_id)
+      : pk_(std::move(pk)), call_(call), kernel_(std::move(kernel)), context_(context), context_id_(context_id) {
+    const LoweredKernel& lk = pk_->lowered.main;
+    groups_ = grid_groups(call_, pk_->plan);
+    params_ = argument_values(lk, call_, nullptr, 0, groups_ * pk_->plan.programs_per_group).params;
+  }
+
+  bool launch(const void* const* data, void* stream) const override {
+    CUcontext current = nullptr;
+    if (cuda::driver().cuCtxGetCurrent(&current) != CUDA_SUCCESS || current != context_) return false;
+    // A handle may be reused by a later context, an id never is.
+    unsigned long long id = 0;
+    if (cuda::driver().cuCtxGetId(current, &id) != CUDA_SUCCESS || id != context_id_) return false;
+    if (!pointers_bind(call_, data)) return false;
+    if (groups_ == 0) return true;
+    const LoweredKernel& lk = pk_->lowered.main;
+    constexpr size_t kMax = 64;
+    void* buffers[kMax];
+    TILE_CHECK(lk.buffers.size() <= kMax, "kernel ", lk.kernel.name, " has too many arguments");
+    for (size_t b = 0; b < lk.buffers.size(); ++b) buffers[b] = const_cast<void*>(data[lk.buffers[b]]);
+    launch_kernel(kernel_.function, lk, buffers, lk.buffers.size(), params_.data(), params_.size(), groups_,
+                  static_cast<CUstream>(stream));
+    return true;
+  }
+
+ private:
+  std::shared_ptr<const PreparedKernel> pk_;
+  BoundCall call_;  // the call resolved: shapes, strides, scalars; its data pointers are not read
+  LoadedKernel kernel_;
+  CUcontext context_;
+  uint64_t context_id_;
+  int64_t groups_ = 0;
+  std::vector<ArgumentValues::Scalar> params_;
+};
 
 class CudaTarget final : public Target {
  public:
@@ -209,6 +256,24 @@ class CudaTarget final : public Target {
   }
 
   void clear_caches() const override { cuda::clear_memory_cache(); }
+
+  std::shared_ptr<const Replay> replay(std::shared_ptr<const PreparedKernel> pk, const BoundCall& call,
+                                       const CallOptions& options) const override {
+    if (pk->lowered.finish) return nullptr;  // a reduction over the rows: a workspace each call
+    for (int operand : pk->lowered.main.buffers)
+      if (operand < 0) return nullptr;
+    CudaState& st = state_of(*pk);
+    const CUcontext context = cuda::ensure_context(options.device);
+    const uint64_t id = cuda::context_id(context);
+    LoadedKernel loaded;
+    {
+      std::lock_guard<std::mutex> lock(st.mutex);
+      auto it = st.loaded.find(id);
+      if (it == st.loaded.end()) return nullptr;
+      loaded = it->second.first;
+    }
+    return std::make_shared<CudaReplay>(std::move(pk), call, std::move(loaded), context, id);
+  }
 
   std::string source(const PreparedKernel& pk) const override {
     CudaState& st = state_of(pk);
