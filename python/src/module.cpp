@@ -96,8 +96,8 @@ tile::RowExpr expr(const ExprRef& e) {
   return tile::RowExpr{const_cast<tile::RowProgram*>(e.first->program), e.second};
 }
 
-constexpr tile::DType kDTypes[] = {tile::DType::f32, tile::DType::f16, tile::DType::bf16, tile::DType::i32,
-                                   tile::DType::i64};
+constexpr tile::DType kDTypes[] = {tile::DType::f32, tile::DType::f64, tile::DType::f16, tile::DType::bf16,
+                                   tile::DType::i32, tile::DType::i64};
 
 tile::DTypeSet dtype_set(const std::vector<std::string>& names) {
   std::vector<tile::DType> v;
@@ -117,8 +117,10 @@ tile::DTypeSet dtype_set(const std::vector<std::string>& names) {
       return {v[0], v[1], v[2]};
     case 4:
       return {v[0], v[1], v[2], v[3]};
-    default:
+    case 5:
       return {v[0], v[1], v[2], v[3], v[4]};
+    default:
+      return {v[0], v[1], v[2], v[3], v[4], v[5]};
   }
 }
 
@@ -218,13 +220,15 @@ nb::dlpack::dtype dlpack_dtype(tile::DType t) {
       return nb::dtype<int32_t>();
     case tile::DType::i64:
       return nb::dtype<int64_t>();
+    case tile::DType::f64:
+      return nb::dtype<double>();
   }
   return {};
 }
 
-// numpy's and torch's names of the dtypes an operand accepts: "float32, float16 or bfloat16".
+// numpy's and torch's names of the dtypes an operand accepts: "float32, float64, float16 or bfloat16".
 std::string dtype_names(tile::DTypeSet set) {
-  static const char* names[] = {"float32", "float16", "bfloat16", "int32", "int64"};
+  static const char* names[] = {"float32", "float16", "bfloat16", "int32", "int64", "float64"};
   std::vector<std::string> in;
   for (tile::DType t : kDTypes)
     if (set.contains(t)) in.emplace_back(names[int(t)]);
@@ -495,7 +499,7 @@ struct RawArrays {
       malformed();
     }
     const int64_t code = as_int(PyTuple_GET_ITEM(h.ptr(), 3), s.arg);
-    if (code < 0 || code > int64_t(tile::DType::i64))
+    if (code < 0 || code > int64_t(tile::DType::f64))
       throw nb::type_error(("launch_raw: argument '" + s.arg + "': unknown dtype code " + std::to_string(code) +
                             " (see RAW_DTYPE_CODES)")
                                .c_str());
@@ -1121,6 +1125,7 @@ NB_MODULE(_tile, m) {
   codes["bfloat16"] = int(tile::DType::bf16);
   codes["int32"] = int(tile::DType::i32);
   codes["int64"] = int(tile::DType::i64);
+  codes["float64"] = int(tile::DType::f64);
   m.attr("RAW_DTYPE_CODES") = codes;
   for (auto [name, what] : {std::pair{"plan", Introspect::plan}, std::pair{"ir", Introspect::ir},
                             std::pair{"source", Introspect::source}}) {

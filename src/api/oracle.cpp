@@ -14,6 +14,17 @@ namespace tile {
 namespace {
 
 constexpr double kUnit = 0x1p-24;  // fp32's unit roundoff
+// A float64 call is held to the same number of units in the last place as an fp32 one: every
+// fp32 tolerance scaled by fp64's unit roundoff over fp32's (2^-29).
+constexpr double kF64Scale = 0x1p-29;
+
+// The eps a kernel computes with: the call's, or the operator's default; rounded to fp32 unless
+// the call is a float64 one (which reads eps as a double).
+double kernel_eps(const Call& call) {
+  const BoundCall bound = bind(call);
+  const double eps = bound.operand("eps").value;
+  return bound.f64 ? eps : double(float(eps));
+}
 
 // A LayerNorm row's float64 mean, 1 / sqrt(var + eps) and largest |x| (NaN when the row is).
 struct NormRow {
@@ -24,14 +35,14 @@ NormRow layer_norm_row(const Call& call, int64_t r, double eps) {
   const int64_t cols = call.x.cols;
   NormRow n;
   for (int64_t c = 0; c < cols; ++c) {
-    double v = load_as_float(call.x.data, r * call.x.row_stride + c, call.x.dtype);
+    double v = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype);
     n.mean += v;
     n.amax = std::max(n.amax, std::abs(v));
   }
   n.mean /= double(cols);
   double var = 0;
   for (int64_t c = 0; c < cols; ++c) {
-    double d = load_as_float(call.x.data, r * call.x.row_stride + c, call.x.dtype) - n.mean;
+    double d = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype) - n.mean;
     var += d * d;
   }
   n.inv = 1.0 / std::sqrt(var / double(cols) + eps);
@@ -55,14 +66,14 @@ std::vector<double> oracle(const Call& call) {
   const int64_t rows = call.x.rows, cols = call.x.cols;
   std::vector<double> out(static_cast<size_t>(rows * cols));
   std::vector<double> x(static_cast<size_t>(cols));
-  const double eps = call.eps ? *call.eps : call.op == Op::layer_norm ? kLayerNormEps : kRmsNormEps;
+  const double eps = call.op == Op::rms_norm || call.op == Op::layer_norm ? kernel_eps(call) : 0.0;
   auto column = [&](const VectorView& v, int64_t c, double absent) {
-    return v.data ? double(load_as_float(v.data, c, v.dtype)) : absent;
+    return v.data ? double(load_as_double(v.data, c, v.dtype)) : absent;
   };
   for (int64_t r = 0; r < rows; ++r) {
     bool has_nan = false;
     for (int64_t c = 0; c < cols; ++c) {
-      x[c] = load_as_float(call.x.data, r * call.x.row_stride + c, call.x.dtype);
+      x[c] = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype);
       has_nan |= std::isnan(x[c]);
     }
     double* y = &out[size_t(r * cols)];
@@ -131,15 +142,19 @@ OracleCheck check_against(const Call& call, const std::vector<double>& ref, cons
   // row's largest |ref| (softmax rows hold many tiny values); floor is the output's smallest
   // step (a few fp32 subnormal steps for fp32). The merge depth adds one unit roundoff per
   // rounding a reduction's partial goes through.
-  double rtol = 2e-5, atol = 1e-6, floor = 0x1p-147;
+  // A float64 call: the fp32 rule scaled to fp64's unit roundoff (kF64Scale).
+  const bool f64 = call.y.dtype == DType::f64;
+  const double unit = f64 ? kUnit * kF64Scale : kUnit, subnormal_steps = f64 ? 0x1p-1072 : 0x1p-147;
+  double rtol = 2e-5, atol = 1e-6, floor = subnormal_steps;
   if (call.y.dtype == DType::f16) rtol = 1.5e-3, atol = 1e-4, floor = 6e-8;
   if (call.y.dtype == DType::bf16) rtol = 8e-3, atol = 1e-4, floor = 1e-38;
+  if (f64) rtol *= kF64Scale, atol *= kF64Scale;
   const double depth = merge_depth(plan, call.x.cols);
-  rtol += (depth + 8) * kUnit;
+  rtol += (depth + 8) * unit;
   const double limit = overflow_threshold(call.y.dtype);
-  const double eps = call.op == Op::layer_norm ? (call.eps ? *call.eps : kLayerNormEps) : 0.0;
+  const double eps = call.op == Op::layer_norm ? kernel_eps(call) : 0.0;
   auto weight = [&](int64_t c) {
-    return call.weight.data ? std::abs(double(load_as_float(call.weight.data, c, call.weight.dtype))) : 1.0;
+    return call.weight.data ? std::abs(double(load_as_double(call.weight.data, c, call.weight.dtype))) : 1.0;
   };
   OracleCheck check;
   const int64_t rows = call.x.rows, cols = call.x.cols;
@@ -147,25 +162,25 @@ OracleCheck check_against(const Call& call, const std::vector<double>& ref, cons
     double row_max = 0;
     for (int64_t c = 0; c < cols; ++c)
       if (std::isfinite(ref[r * cols + c])) row_max = std::max(row_max, std::min(std::abs(ref[r * cols + c]), limit));
-    // LayerNorm centres by an fp32 mean: its rounding through `depth` merges, amplified by
+    // LayerNorm centres by a computed mean: its rounding through `depth` merges, amplified by
     // 1 / sqrt(var + eps) (ill-conditioned rows far from zero).
     NormRow norm;
     double mean_error = 0;
     if (call.op == Op::layer_norm) {
       norm = layer_norm_row(call, r, eps);
-      mean_error = kUnit * (depth * std::abs(norm.mean) + 4 * std::log2(depth + 2) * norm.amax);
+      mean_error = unit * (depth * std::abs(norm.mean) + 4 * std::log2(depth + 2) * norm.amax);
     }
     for (int64_t c = 0; c < cols; ++c) {
       const double want = ref[r * cols + c];
-      const double got = load_as_float(call.y.data, r * call.y.row_stride + c, call.y.dtype);
+      const double got = load_as_double(call.y.data, r * call.y.row_stride + c, call.y.dtype);
       // Results beyond the output dtype's range round to +-inf: compare after clamping both.
       const double want_c = std::clamp(want, -limit, limit), got_c = std::clamp(got, -limit, limit);
       double tol = rtol * std::abs(want_c) + atol * row_max + floor;
-      // The norms' fp32 normalised value x_hat may itself be subnormal (tiny rows, large eps):
-      // its few roundings at the subnormal step, times the weight.
-      if (call.op == Op::rms_norm || call.op == Op::layer_norm) tol += 0x1p-147 * weight(c);
+      // The norms' normalised value x_hat may itself be subnormal (tiny rows, large eps): its
+      // few roundings at the subnormal step, times the weight.
+      if (call.op == Op::rms_norm || call.op == Op::layer_norm) tol += subnormal_steps * weight(c);
       if (mean_error > 0) {
-        const double x = load_as_float(call.x.data, r * call.x.row_stride + c, call.x.dtype);
+        const double x = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype);
         tol += mean_error * norm.inv * (2 + std::abs((x - norm.mean) * norm.inv)) * weight(c);
       }
       const double err = std::abs(got_c - want_c);
