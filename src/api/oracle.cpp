@@ -3,6 +3,7 @@
 // output is checked by (docs/source/numerics.md).
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <sstream>
 
@@ -31,22 +32,40 @@ struct NormRow {
   double mean = 0, inv = 0, amax = 0;
 };
 
-NormRow layer_norm_row(const Call& call, int64_t r, double eps) {
+// The norms' sums are taken in Acc: double, or long double for float64 inputs, whose squares
+// (and sums near the largest double) would overflow or underflow a double (x86's long double
+// has a 15-bit exponent).
+template <typename Acc>
+NormRow layer_norm_row_in(const Call& call, int64_t r, double eps) {
   const int64_t cols = call.x.cols;
   NormRow n;
+  Acc mean = 0;
   for (int64_t c = 0; c < cols; ++c) {
     double v = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype);
-    n.mean += v;
+    mean += v;
     n.amax = std::max(n.amax, std::abs(v));
   }
-  n.mean /= double(cols);
-  double var = 0;
+  mean /= Acc(cols);
+  Acc var = 0;
   for (int64_t c = 0; c < cols; ++c) {
-    double d = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype) - n.mean;
+    Acc d = Acc(load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype)) - mean;
     var += d * d;
   }
-  n.inv = 1.0 / std::sqrt(var / double(cols) + eps);
+  n.mean = double(mean);
+  n.inv = double(Acc(1) / std::sqrt(var / Acc(cols) + Acc(eps)));
   return n;
+}
+NormRow layer_norm_row(const Call& call, int64_t r, double eps) {
+  return call.x.dtype == DType::f64 ? layer_norm_row_in<long double>(call, r, eps) : layer_norm_row_in<double>(call, r, eps);
+}
+
+// y of one RMSNorm row (x: the row, w: the weight or nullptr-like absent), sums in Acc.
+template <typename Acc>
+void rms_norm_row(const std::vector<double>& x, double eps, const std::function<double(int64_t)>& weight, double* y) {
+  Acc ss = 0;
+  for (double v : x) ss += Acc(v) * Acc(v);
+  const Acc inv = Acc(1) / std::sqrt(ss / Acc(x.size()) + Acc(eps));
+  for (size_t c = 0; c < x.size(); ++c) y[c] = double(Acc(x[c]) * inv * Acc(weight(int64_t(c))));
 }
 
 // The magnitude from which a value rounds to infinity in `t` (half a unit above the largest).
@@ -90,13 +109,21 @@ std::vector<double> oracle(const Call& call) {
         break;
       }
       case Op::rms_norm: {
-        double ss = 0;
-        for (double v : x) ss += v * v;
-        double inv = 1.0 / std::sqrt(ss / double(cols) + eps);
-        for (int64_t c = 0; c < cols; ++c) y[c] = x[c] * inv * column(call.weight, c, 1.0);
+        const auto w = [&](int64_t c) { return column(call.weight, c, 1.0); };
+        if (call.x.dtype == DType::f64)
+          rms_norm_row<long double>(x, eps, w, y);
+        else
+          rms_norm_row<double>(x, eps, w, y);
         break;
       }
       case Op::layer_norm: {
+        const NormRow n = layer_norm_row(call, r, eps);
+        if (call.x.dtype == DType::f64) {  // (x - mean) * inv in long double: huge rows
+          const long double mean = n.mean, inv = n.inv;
+          for (int64_t c = 0; c < cols; ++c)
+            y[c] = double((x[c] - mean) * inv * column(call.weight, c, 1.0) + column(call.bias, c, 0.0));
+          break;
+        }
         double mean = 0;
         for (double v : x) mean += v;
         mean /= double(cols);
