@@ -516,6 +516,33 @@ struct Bound {
   tile::CallOptions options;
 };
 
+// tile::bind's one-precision rule (float64 with no other float dtype), said with the labels and
+// numpy's and torch's dtype names: a call's float operands are all float64, or none is.
+void check_one_precision(const std::string& op, const std::vector<tile::OperandDecl>& decls,
+                         const std::vector<std::string>& names, const tile::Args& args) {
+  static const char* long_names[] = {"float32", "float16", "bfloat16", "int32", "int64", "float64"};
+  int first_f64 = -1, first_other = -1;
+  std::vector<tile::DType> dtypes(decls.size(), tile::DType::i64);
+  for (size_t i = 0; i < decls.size(); ++i) {
+    auto it = args.values().find(decls[i].name);
+    if (it == args.values().end() || it->second.index() == 2) continue;
+    const tile::DType t = it->second.index() == 0 ? std::get<tile::TensorView>(it->second).dtype
+                                                  : std::get<tile::VectorView>(it->second).dtype;
+    if (!tile::is_float(t)) continue;
+    dtypes[i] = t;
+    int& first = t == tile::DType::f64 ? first_f64 : first_other;
+    if (first < 0) first = int(i);
+  }
+  if (first_f64 < 0 || first_other < 0) return;
+  const size_t early = size_t(std::min(first_f64, first_other)), late = size_t(std::max(first_f64, first_other));
+  const std::string like = names[early] + " (" + long_names[int(dtypes[early])] + ")";
+  tile::throw_argument_error(op, names[late],
+                             int(late) == first_other
+                                 ? "dtype float64 like " + like + ": a float64 call has every float operand in float64"
+                                 : "a float dtype other than float64 like " + like + ", or every float operand in float64",
+                             long_names[int(dtypes[late])]);
+}
+
 // Converts a call's operands by role, whichever way its arrays arrive (`arrays(slot, handle,
 // index)` reads one). The first row operand comes first (rows, columns and the device come
 // from it); then the others in declaration order, each checked before the next is read, so
@@ -626,6 +653,7 @@ Bound convert(const Program& prog, nb::handle operands, nb::handle labels, Array
       b.args.set(d.name, as_one_value(s, a));
     }
   }
+  check_one_precision(op, decls, names, b.args);
   if (plan) b.options.plan = tile::PlanRequest::from_json(*plan);
   b.options.backend = device.type == kDLCUDA ? tile::Backend::cuda : tile::Backend::cpu;
   b.options.device = device.id;

@@ -128,7 +128,8 @@ def _out_dtype(op, x, dtype):
         d = np.dtype(name if name else dtype)
     except TypeError:
         d = None
-    if d not in (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)):
+    # `is None` first: numpy compares None equal to float64 (np.dtype(None) is float64).
+    if d is None or d not in (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)):
         raise ValueError(f"{op}: argument 'dtype': expected float32, float64 or float16 for a numpy output, "
                          f"got {dtype!r}")
     return d
