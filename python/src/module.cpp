@@ -633,7 +633,9 @@ Bound convert(const Program& prog, nb::handle operands, nb::handle labels, Array
     if (!h) continue;  // absent: bind refuses it unless it is optional or has a default
     if (d.role == tile::Role::scalar_in) {
       double v = as_number(s, h);
-      if (prog.builtin && d.name == "eps") v = tile::checked_eps(*prog.builtin, v);  // the operators' message
+      // The operators' message; a float64 call reads eps as a double (bind checks its range).
+      if (prog.builtin && d.name == "eps" && !(rows_like.dtype == dlpack_dtype(tile::DType::f64)))
+        v = tile::checked_eps(*prog.builtin, v);
       b.args.set(d.name, v);
       continue;
     }

@@ -35,28 +35,49 @@ struct NormRow {
 // The norms' sums are taken in Acc: double, or long double for float64 inputs, whose squares
 // (and sums near the largest double) would overflow or underflow a double (x86's long double
 // has a 15-bit exponent).
+// `mean_out` and `inv_out`, where given, receive the unrounded statistics (a subnormal mean
+// rounded to double keeps only its few significant bits).
 template <typename Acc>
-NormRow layer_norm_row_in(const Call& call, int64_t r, double eps) {
+NormRow layer_norm_row_in(const Call& call, int64_t r, double eps, Acc* mean_out = nullptr, Acc* inv_out = nullptr) {
   const int64_t cols = call.x.cols;
   NormRow n;
   Acc mean = 0;
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
   for (int64_t c = 0; c < cols; ++c) {
     double v = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype);
     mean += v;
     n.amax = std::max(n.amax, std::abs(v));
+    lo = std::min(lo, v), hi = std::max(hi, v);
   }
+  // The mean lies in [min x, max x]; a rounded sum may not (long double holds n fp64 values'
+  // sum inexactly), and a constant row must have exactly its value as mean (var 0).
   mean /= Acc(cols);
+  if (lo <= hi) mean = std::clamp(mean, Acc(lo), Acc(hi));
   Acc var = 0;
   for (int64_t c = 0; c < cols; ++c) {
     Acc d = Acc(load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype)) - mean;
     var += d * d;
   }
+  const Acc inv = Acc(1) / std::sqrt(var / Acc(cols) + Acc(eps));
   n.mean = double(mean);
-  n.inv = double(Acc(1) / std::sqrt(var / Acc(cols) + Acc(eps)));
+  n.inv = double(inv);
+  if (mean_out) *mean_out = mean, *inv_out = inv;
   return n;
 }
 NormRow layer_norm_row(const Call& call, int64_t r, double eps) {
   return call.x.dtype == DType::f64 ? layer_norm_row_in<long double>(call, r, eps) : layer_norm_row_in<double>(call, r, eps);
+}
+
+// y of one softmax (log-softmax) row, in Acc: a float64 call's reference sums in long double,
+// or the sum's own rounding (sqrt(cols) units) would be as large as the kernel's.
+template <typename Acc>
+void softmax_row(const std::vector<double>& x, bool has_nan, bool log, double* y) {
+  Acc m = -std::numeric_limits<Acc>::infinity();
+  for (double v : x) m = std::max(m, Acc(v));
+  if (has_nan) m = std::numeric_limits<Acc>::quiet_NaN();
+  Acc s = 0;
+  for (double v : x) s += std::exp(Acc(v) - m);
+  for (size_t c = 0; c < x.size(); ++c) y[c] = double(log ? Acc(x[c]) - m - std::log(s) : std::exp(Acc(x[c]) - m) / s);
 }
 
 // y of one RMSNorm row (x: the row, w: the weight or nullptr-like absent), sums in Acc.
@@ -98,16 +119,12 @@ std::vector<double> oracle(const Call& call) {
     double* y = &out[size_t(r * cols)];
     switch (call.op) {
       case Op::softmax:
-      case Op::log_softmax: {
-        double m = -std::numeric_limits<double>::infinity();
-        for (double v : x) m = std::max(m, v);
-        if (has_nan) m = std::numeric_limits<double>::quiet_NaN();
-        double s = 0;
-        for (double v : x) s += std::exp(v - m);
-        for (int64_t c = 0; c < cols; ++c)
-          y[c] = call.op == Op::softmax ? std::exp(x[c] - m) / s : x[c] - m - std::log(s);
+      case Op::log_softmax:
+        if (call.x.dtype == DType::f64)
+          softmax_row<long double>(x, has_nan, call.op == Op::log_softmax, y);
+        else
+          softmax_row<double>(x, has_nan, call.op == Op::log_softmax, y);
         break;
-      }
       case Op::rms_norm: {
         const auto w = [&](int64_t c) { return column(call.weight, c, 1.0); };
         if (call.x.dtype == DType::f64)
@@ -117,9 +134,9 @@ std::vector<double> oracle(const Call& call) {
         break;
       }
       case Op::layer_norm: {
-        const NormRow n = layer_norm_row(call, r, eps);
-        if (call.x.dtype == DType::f64) {  // (x - mean) * inv in long double: huge rows
-          const long double mean = n.mean, inv = n.inv;
+        if (call.x.dtype == DType::f64) {  // in long double: huge and subnormal rows
+          long double mean = 0, inv = 0;
+          layer_norm_row_in<long double>(call, r, eps, &mean, &inv);
           for (int64_t c = 0; c < cols; ++c)
             y[c] = double((x[c] - mean) * inv * column(call.weight, c, 1.0) + column(call.bias, c, 0.0));
           break;
@@ -195,7 +212,8 @@ OracleCheck check_against(const Call& call, const std::vector<double>& ref, cons
     double mean_error = 0;
     if (call.op == Op::layer_norm) {
       norm = layer_norm_row(call, r, eps);
-      mean_error = unit * (depth * std::abs(norm.mean) + 4 * std::log2(depth + 2) * norm.amax);
+      // Scaled by the unit first: fp64 rows reach the largest doubles.
+      mean_error = unit * depth * std::abs(norm.mean) + unit * 4 * std::log2(depth + 2) * norm.amax;
     }
     for (int64_t c = 0; c < cols; ++c) {
       const double want = ref[r * cols + c];
@@ -208,7 +226,8 @@ OracleCheck check_against(const Call& call, const std::vector<double>& ref, cons
       if (call.op == Op::rms_norm || call.op == Op::layer_norm) tol += subnormal_steps * weight(c);
       if (mean_error > 0) {
         const double x = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype);
-        tol += mean_error * norm.inv * (2 + std::abs((x - norm.mean) * norm.inv)) * weight(c);
+        // x - mean in long double: it overflows a double at fp64's extremes.
+        tol += mean_error * norm.inv * (2 + std::abs(double((static_cast<long double>(x) - norm.mean) * norm.inv))) * weight(c);
       }
       const double err = std::abs(got_c - want_c);
       bool ok = std::isnan(want) ? std::isnan(got) : std::isinf(want) ? got == want : !std::isnan(got) && err <= tol;

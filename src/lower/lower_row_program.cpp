@@ -70,10 +70,12 @@ class Emitter {
   }
 
   // exp(a) is computed as exp2(a * log2(e)): one multiply and the hardware's base-2 exponential.
+  // In f64 there is no such hardware, and the product's rounding would cost |a| log2(e) units
+  // (up to ~1000 across f64's range): exp itself.
   ExprPtr unary_fn(UnaryFn fn, ExprPtr a) {
     switch (fn) {
       case UnaryFn::neg: return unary(UnOp::neg, a);
-      case UnaryFn::exp: return unary(UnOp::exp2, binary(BinOp::mul, a, fc(kLog2e)));
+      case UnaryFn::exp: return f64() ? unary(UnOp::exp, a) : unary(UnOp::exp2, binary(BinOp::mul, a, fc(kLog2e)));
       case UnaryFn::log: return unary(UnOp::log, a);
       case UnaryFn::sqrt: return unary(UnOp::sqrt, a);
       case UnaryFn::rsqrt: return unary(UnOp::rsqrt, a);
