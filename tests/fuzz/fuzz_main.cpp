@@ -781,6 +781,7 @@ int fuzz(const Options& o) {
       if (d.training) {  // per training operator, and the reruns that checked bitwise equality
         ++tally[train_kind_name(d.t.kind)], ++tally["plan from " + f.origin];
         if (d.t.repeat) ++tally["bitwise reruns"];
+        if (d.t.c.in == DType::f64) ++tally["float64 calls"];
         if (!fail.empty()) {
           ++failures;
           std::printf("FAIL seed %llu case %lld: %s\n  %s\n  replay: %s\n", (unsigned long long)o.seed, (long long)i,
@@ -802,6 +803,7 @@ int fuzz(const Options& o) {
       if (p.grid_limit > 0) ++tally["row-block loops"];
       if (p.ctas_per_program > 1) ++tally["cluster programs"];
       if (f.c.special_values) ++tally["special values"];
+      if (f.c.x == DType::f64) ++tally["float64 calls"];
       if (!fail.empty()) {
         ++failures;
         std::printf("FAIL seed %llu case %lld: %s\n  %s\n  replay: %s\n", (unsigned long long)o.seed, (long long)i,
