@@ -56,6 +56,7 @@ PlanInputs PlanInputs::for_rows(DType x, DType y, int64_t rows, int64_t cols, in
   in.rows = rows, in.cols = cols;
   in.row_operands = {{x, x_stride ? x_stride : cols, true}, {y, y_stride ? y_stride : cols, false}};
   if (columns) in.column_dtypes = {*columns};
+  in.real_bytes = x == DType::f64 ? 8 : 4;  // a float64 call computes in f64
   return in;
 }
 

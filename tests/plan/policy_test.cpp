@@ -77,7 +77,7 @@ TEST(Policy, VectorWidthStaysWithinTheTargetsAccess) {
 // 32-bit registers of the private budget.
 TEST(Policy, Float64RowsTakeTwoElementVectorsAndTwoScalarsACachedElement) {
   PlanInputs in = inputs(37, 1024, DType::f64);
-  in.real_bytes = 8;
+  EXPECT_EQ(in.real_bytes, 8);
   MappingPlan p = choose_plan(in, {});
   EXPECT_EQ(p.vector_elems, 2);
   EXPECT_LE(int64_t(p.stripes) * p.vector_elems * 2, p.private_budget);
@@ -88,7 +88,6 @@ TEST(Policy, Float64RowsTakeTwoElementVectorsAndTwoScalarsACachedElement) {
   cached.caching = InputCaching::registers, cached.workers_per_program = 32, cached.vector_elems = 2;
   cached.stripes = 16;  // 32 elements a worker: 64 scalars in f64, 32 in f32
   in = inputs(1, 1024, DType::f64);
-  in.real_bytes = 8;
   EXPECT_NO_THROW(validate_plan(choose_plan(in, cached), in, {}, "softmax"));
   cached.stripes = 17, cached.private_budget = 64;
   in.cols = 1088;
