@@ -244,6 +244,7 @@ inline std::vector<Case> f64_sweep() {
     variants[3].plan.tail = TailHandling::clamp, variants[3].plan.programs_per_group = 2;
     variants[4] = {37, 1536, {}};
     variants[4].plan.merge = MergeStrategy::staged, variants[4].plan.workers_per_program = 96;
+    variants[4].plan.tail = TailHandling::clamp;  // whole 2-double vectors, clamped: every lane loads
     variants[5] = {37, 1537, {}};
     variants[5].plan.grid_limit = 4, variants[5].plan.vector_elems = 1;
     variants[6] = {3, 2 * 2 * 64 * 2 - 13, {}};
