@@ -79,7 +79,7 @@ tile::DType parse_dtype(const std::string& option, const std::string& text) {
   try {
     return tile::parse_dtype(text);
   } catch (const tile::Error&) {
-    bad_option(option, "one of f32, f16, bf16", in_quotes(text));
+    bad_option(option, "one of f32, f64, f16, bf16", in_quotes(text));
   }
 }
 
@@ -217,7 +217,7 @@ struct RunArgs {
         ->type_name("NAME")
         ->capture_default_str();
     app.add_option("--shape", shape, "rows x cols, e.g. 37x1537")->type_name("RxC")->capture_default_str();
-    app.add_option("--dtype", dtype, "input dtype: f32 | f16 | bf16")->type_name("T")->capture_default_str();
+    app.add_option("--dtype", dtype, "input dtype: f32 | f64 | f16 | bf16")->type_name("T")->capture_default_str();
     out_dtype_opt = app.add_option("--out-dtype", out_dtype, "output dtype (default: the input dtype)")->type_name("T");
     weight_dtype_opt =
         app.add_option("--weight-dtype", weight_dtype, "weight and bias dtype of the norms (default: the input dtype)")
@@ -333,7 +333,7 @@ struct TuneArgs {
         ->type_name("NAME")
         ->capture_default_str();
     app.add_option("--shape", shape, "rows x cols")->type_name("RxC")->capture_default_str();
-    app.add_option("--dtype", dtype, "input, output and weight dtype: f32 | f16 | bf16")
+    app.add_option("--dtype", dtype, "input, output and weight dtype: f32 | f64 | f16 | bf16")
         ->type_name("T")
         ->capture_default_str();
     out_opt = app.add_option("--out", out, "also write every plan's time as JSON to FILE")->type_name("FILE");

@@ -1,6 +1,6 @@
 // Monoids: what a reduction folds, as data.
 //
-// A monoid has a state of one or more f32 parts, an identity, and two small expression graphs:
+// A monoid has a state of one or more float parts (f32, or f64 in a float64 call), an identity, and two small expression graphs:
 // `combine` merges two states (this side's and the other side's), and `chunk` gives the state
 // of a chunk of elements directly (a worker's cached slice, or one iteration of a re-read
 // loop), using sums and maxima over the chunk. The lowering instantiates `chunk` per worker and
@@ -20,12 +20,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace tile {
 
-// exponent(x): floor(log2 |x|) as an f32 integer for finite nonzero x, else 0. ldexp(a, b):
+// exponent(x): floor(log2 |x|) as an integer-valued float for finite nonzero x, else 0. ldexp(a, b):
 // a * 2^b, exact, for integer-valued b. Exact powers of two scale without division or rounding.
 enum class UnaryFn : uint8_t { neg, exp, log, sqrt, rsqrt, abs, tanh, logical_not, to_f32, exponent };
 enum class BinaryFn : uint8_t { add, sub, mul, div, max, min, lt, le, eq, ne, logical_and, logical_or, ldexp };
@@ -41,21 +42,23 @@ struct MonoidNode {
     mine,       // combine: part `index` of this side's state
     other,      // combine: part `index` of the other side's state
     element,    // chunk: monoid input `index` at one element of the chunk (varies per element)
-    count,      // chunk: the number of elements in the chunk, f32
+    count,      // chunk: the number of elements in the chunk, a float
     chunk_sum,  // chunk: sum over the chunk's elements of element node `a`
     chunk_max,  // chunk: maximum (NaN if any is NaN) over the chunk's elements of node `a`
-    constant,   // f32 `value`
+    constant,   // `value`, or `f64_value` where given in a float64 kernel (an exponent clamp)
     unary,
     binary,
     select,     // a ? b : c
   };
   Kind kind;
-  bool boolean = false;  // the value is b1 (a comparison or logical op), else f32
+  bool boolean = false;  // the value is b1 (a comparison or logical op), else a float
   bool element = false;  // chunk graphs: varies per element (reads `element`)
   int index = -1, a = -1, b = -1, c = -1;
   double value = 0.0;
   UnaryFn unary = UnaryFn::neg;
   BinaryFn binary = BinaryFn::add;
+  std::optional<double> f64_value;
+  double value_in(bool f64) const { return f64 && f64_value ? *f64_value : value; }
 };
 
 struct Monoid {
@@ -89,6 +92,9 @@ class MonoidBuilder {
   MonoidExpr chunk_sum(MonoidExpr element_expr);
   MonoidExpr chunk_max(MonoidExpr element_expr);
   MonoidExpr constant(double value);
+  // A constant whose value depends on the float precision: `f32` in an f32 kernel, `f64` in
+  // an f64 one (the limits of a format's exponent range).
+  MonoidExpr constant(double f32, double f64);
   MonoidExpr unary(UnaryFn fn, MonoidExpr a);
   MonoidExpr binary(BinaryFn fn, MonoidExpr a, MonoidExpr b);
   MonoidExpr select(MonoidExpr cond, MonoidExpr a, MonoidExpr b);
@@ -105,6 +111,14 @@ MonoidExpr operator*(MonoidExpr a, MonoidExpr b);
 MonoidExpr operator/(MonoidExpr a, MonoidExpr b);
 
 namespace monoid {
+// The exponents the scaled monoids clamp a scale 2^e to, per float precision: 2^-e stays a
+// normal number and a subnormal x scaled by it squares to a normal one (f32: [-126 + 23,
+// 127 - 2]; f64: [-1022 + 52, 1023 - 2]).
+struct ExponentRange {
+  double lo, hi;
+};
+inline constexpr ExponentRange kF32Exponents{-103, 125}, kF64Exponents{-970, 1021};
+
 Monoid sum();
 Monoid max();
 Monoid online_softmax();

@@ -41,6 +41,7 @@ struct PlanInputs {
   int merge_parts = 3;               // shared slots per warp the merges of one row take
   int rows_reduction_parts = 0;      // per-element accumulators of reductions over the rows
   bool reduces_rows = false;         // some reduction runs over the rows
+  int real_bytes = 4;                // a float register's bytes: 8 in a float64 call
   std::string rows_operand = "x";    // the operand errors about the row count name
 
   static PlanInputs for_rows(DType x, DType y, int64_t rows, int64_t cols, int64_t x_stride = 0,

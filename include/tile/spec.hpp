@@ -49,11 +49,14 @@ class DTypeSet {
   constexpr DTypeSet(std::initializer_list<DType> dtypes) {
     for (DType t : dtypes) bits_ |= uint8_t(1u << int(t));
   }
-  static constexpr DTypeSet floats() { return {DType::f32, DType::f16, DType::bf16}; }
+  static constexpr DTypeSet floats() { return {DType::f32, DType::f16, DType::bf16, DType::f64}; }
+  // A statistic (rstd, mean, lse, a loss) is kept at the call's float precision: f32, or f64
+  // in a float64 call.
+  static constexpr DTypeSet statistics() { return {DType::f32, DType::f64}; }
   static constexpr DTypeSet integers() { return {DType::i32, DType::i64}; }
   constexpr bool contains(DType t) const { return bits_ & (1u << int(t)); }
   constexpr bool empty() const { return bits_ == 0; }
-  std::string to_string() const;  // "f32, f16 or bf16"
+  std::string to_string() const;  // "f32, f64, f16 or bf16"
   bool operator==(const DTypeSet&) const = default;
 
  private:
@@ -61,7 +64,8 @@ class DTypeSet {
 };
 
 // The type of an expression's value. Memory dtypes exist only on operands: loads convert
-// floats to f32 and integers to i64.
+// floats to the kernel's float type and integers to i64. `f32` names that float type: fp32,
+// or fp64 in a float64 call (every float operand f64, include/tile/dtype.hpp).
 enum class ValueType : uint8_t { f32, i64, b1 };
 std::string_view value_type_name(ValueType t);
 
@@ -96,7 +100,7 @@ struct OperandDecl {
 struct RowNode {
   enum class Kind : uint8_t {
     load,       // operand `operand`; an absent optional operand reads as `value`
-    constant,   // `value`
+    constant,   // `value` (`f64_value` where given, in a float64 call)
     cols,       // the row length, f32
     col_index,  // the column of the element, i64
     unary,      // fn(a)
@@ -113,6 +117,8 @@ struct RowNode {
   int reduction = -1, part = 0;
   UnaryFn unary = UnaryFn::neg;
   BinaryFn binary = BinaryFn::add;
+  std::optional<double> f64_value;
+  double value_in(bool f64) const { return f64 && f64_value ? *f64_value : value; }
 };
 
 // reduce(axis, monoid, inputs): folds the inputs over the axis; one result node per part.
@@ -153,7 +159,7 @@ class RowProgram {
                   std::string doc = "", bool optional = false);
   // A per-row input may be given with stride 0: one value broadcast to every row.
   Operand row_scalar_in(std::string name, DTypeSet dtypes, std::string doc = "", bool optional = false);
-  Operand row_scalar_out(std::string name, DTypeSet dtypes = {DType::f32}, bool optional = true,
+  Operand row_scalar_out(std::string name, DTypeSet dtypes = DTypeSet::statistics(), bool optional = true,
                          std::string doc = "");
   Operand col_in(std::string name, DTypeSet dtypes = DTypeSet::floats(), bool optional = false,
                  std::string doc = "");
@@ -161,7 +167,7 @@ class RowProgram {
                   std::string doc = "");
   Operand scalar_in(std::string name, ValueType type = ValueType::f32,
                     std::optional<double> default_value = std::nullopt, std::string doc = "");
-  Operand scalar_out(std::string name, DTypeSet dtypes = {DType::f32}, bool optional = false,
+  Operand scalar_out(std::string name, DTypeSet dtypes = DTypeSet::statistics(), bool optional = false,
                      std::string doc = "");
   // The values a scalar input accepts (inclusive); a call outside them is an error.
   void scalar_range(Operand scalar, double lo, double hi);
@@ -170,6 +176,9 @@ class RowProgram {
   RowExpr load(Operand operand);                     // an optional operand must use load_or
   RowExpr load_or(Operand operand, double absent);  // `absent` when the caller leaves it out
   RowExpr constant(double value);                   // f32
+  // A constant whose value depends on the float precision (a limit of the format's exponent
+  // range): `f32` in an f32 kernel, `f64` in a float64 call.
+  RowExpr constant(double f32, double f64);
   RowExpr integer(int64_t value);                   // i64
   RowExpr cols();                                   // the row length, as f32
   RowExpr col_index();                              // the element's column, as i64

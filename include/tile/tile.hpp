@@ -82,7 +82,7 @@ struct CallOptions {
   // Scratch memory for the partials of reductions over the rows, of workspace_size bytes
   // (workspace_bytes() says how many a call needs; most need none and ignore it): device memory
   // of the call's context for the CUDA backend, host memory for the CPU backend, aligned to 4
-  // bytes, and used by no other call running at the same time; what it holds before the call
+  // bytes (8 for a float64 call), and used by no other call running at the same time; what it holds before the call
   // does not matter. nullptr: the library's own — on CUDA one buffer per (context,
   // stream), allocated by the first call that needs it, which cannot happen during a CUDA-graph
   // capture (docs/source/python.md, "CUDA graphs").
@@ -117,7 +117,7 @@ LaunchRecord run(const Call& call, const CallOptions& options = {});
 
 // The bytes of workspace (CallOptions::workspace) a call with these arguments and options needs:
 // 0 unless the program reduces over the rows (weight gradients, reduced losses), else one slot
-// of fp32 partials per program of the launch, so it depends on the shapes, the plan and the
+// of fp32 partials (fp64 in a float64 call) per program of the launch, so it depends on the shapes, the plan and the
 // device (its SM count). Binds and plans like run(); launches nothing and needs no GPU.
 int64_t workspace_bytes(const RowProgram& program, const Args& args, const CallOptions& options = {});
 int64_t workspace_bytes(const Call& call, const CallOptions& options = {});
@@ -173,7 +173,8 @@ struct OracleCheck {
 // |y - ref| <= rtol*|ref| + atol*max|ref in row| + floor after clamping both to the output
 // dtype's range, with rtol growing by one fp32 unit roundoff per step of the plan's
 // merge_depth and, for LayerNorm, an allowance for the fp32 rounding of the mean amplified by
-// 1 / sqrt(var + eps) (docs/source/numerics.md gives the rule). Without a plan, the plan the
+// 1 / sqrt(var + eps) (docs/source/numerics.md gives the rule; a float64 call is held to it
+// in units of fp64). Without a plan, the plan the
 // policy chooses for the call.
 OracleCheck check_against_oracle(const Call& call);
 OracleCheck check_against_oracle(const Call& call, const MappingPlan& plan);

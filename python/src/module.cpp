@@ -98,8 +98,8 @@ tile::RowExpr expr(const ExprRef& e) {
   return tile::RowExpr{const_cast<tile::RowProgram*>(e.first->program), e.second};
 }
 
-constexpr tile::DType kDTypes[] = {tile::DType::f32, tile::DType::f16, tile::DType::bf16, tile::DType::i32,
-                                   tile::DType::i64};
+constexpr tile::DType kDTypes[] = {tile::DType::f32, tile::DType::f64, tile::DType::f16, tile::DType::bf16,
+                                   tile::DType::i32, tile::DType::i64};
 
 tile::DTypeSet dtype_set(const std::vector<std::string>& names) {
   std::vector<tile::DType> v;
@@ -119,8 +119,10 @@ tile::DTypeSet dtype_set(const std::vector<std::string>& names) {
       return {v[0], v[1], v[2]};
     case 4:
       return {v[0], v[1], v[2], v[3]};
-    default:
+    case 5:
       return {v[0], v[1], v[2], v[3], v[4]};
+    default:
+      return {v[0], v[1], v[2], v[3], v[4], v[5]};
   }
 }
 
@@ -220,13 +222,15 @@ nb::dlpack::dtype dlpack_dtype(tile::DType t) {
       return nb::dtype<int32_t>();
     case tile::DType::i64:
       return nb::dtype<int64_t>();
+    case tile::DType::f64:
+      return nb::dtype<double>();
   }
   return {};
 }
 
-// numpy's and torch's names of the dtypes an operand accepts: "float32, float16 or bfloat16".
+// numpy's and torch's names of the dtypes an operand accepts: "float32, float64, float16 or bfloat16".
 std::string dtype_names(tile::DTypeSet set) {
-  static const char* names[] = {"float32", "float16", "bfloat16", "int32", "int64"};
+  static const char* names[] = {"float32", "float16", "bfloat16", "int32", "int64", "float64"};
   std::vector<std::string> in;
   for (tile::DType t : kDTypes)
     if (set.contains(t)) in.emplace_back(names[int(t)]);
@@ -497,7 +501,7 @@ struct RawArrays {
       malformed();
     }
     const int64_t code = as_int(PyTuple_GET_ITEM(h.ptr(), 3), s.arg);
-    if (code < 0 || code > int64_t(tile::DType::i64))
+    if (code < 0 || code > int64_t(tile::DType::f64))
       throw nb::type_error(("launch_raw: argument '" + s.arg + "': unknown dtype code " + std::to_string(code) +
                             " (see RAW_DTYPE_CODES)")
                                .c_str());
@@ -513,6 +517,33 @@ struct Bound {
   tile::Args args;
   tile::CallOptions options;
 };
+
+// tile::bind's one-precision rule (float64 with no other float dtype), said with the labels and
+// numpy's and torch's dtype names: a call's float operands are all float64, or none is.
+void check_one_precision(const std::string& op, const std::vector<tile::OperandDecl>& decls,
+                         const std::vector<std::string>& names, const tile::Args& args) {
+  static const char* long_names[] = {"float32", "float16", "bfloat16", "int32", "int64", "float64"};
+  int first_f64 = -1, first_other = -1;
+  std::vector<tile::DType> dtypes(decls.size(), tile::DType::i64);
+  for (size_t i = 0; i < decls.size(); ++i) {
+    auto it = args.values().find(decls[i].name);
+    if (it == args.values().end() || it->second.index() == 2) continue;
+    const tile::DType t = it->second.index() == 0 ? std::get<tile::TensorView>(it->second).dtype
+                                                  : std::get<tile::VectorView>(it->second).dtype;
+    if (!tile::is_float(t)) continue;
+    dtypes[i] = t;
+    int& first = t == tile::DType::f64 ? first_f64 : first_other;
+    if (first < 0) first = int(i);
+  }
+  if (first_f64 < 0 || first_other < 0) return;
+  const size_t early = size_t(std::min(first_f64, first_other)), late = size_t(std::max(first_f64, first_other));
+  const std::string like = names[early] + " (" + long_names[int(dtypes[early])] + ")";
+  tile::throw_argument_error(op, names[late],
+                             int(late) == first_other
+                                 ? "dtype float64 like " + like + ": a float64 call has every float operand in float64"
+                                 : "a float dtype other than float64 like " + like + ", or every float operand in float64",
+                             long_names[int(dtypes[late])]);
+}
 
 // Converts a call's operands by role, whichever way its arrays arrive (`arrays(slot, handle,
 // index)` reads one). The first row operand comes first (rows, columns and the device come
@@ -604,7 +635,9 @@ Bound convert(const Program& prog, nb::handle operands, nb::handle labels, Array
     if (!h) continue;  // absent: bind refuses it unless it is optional or has a default
     if (d.role == tile::Role::scalar_in) {
       double v = as_number(s, h);
-      if (prog.builtin && d.name == "eps") v = tile::checked_eps(*prog.builtin, v);  // the operators' message
+      // The operators' message; a float64 call reads eps as a double (bind checks its range).
+      if (prog.builtin && d.name == "eps" && !(rows_like.dtype == dlpack_dtype(tile::DType::f64)))
+        v = tile::checked_eps(*prog.builtin, v);
       b.args.set(d.name, v);
       continue;
     }
@@ -624,6 +657,7 @@ Bound convert(const Program& prog, nb::handle operands, nb::handle labels, Array
       b.args.set(d.name, as_one_value(s, a));
     }
   }
+  check_one_precision(op, decls, names, b.args);
   if (plan) b.options.plan = tile::PlanRequest::from_json(*plan);
   b.options.backend = device.type == kDLCUDA ? tile::Backend::cuda : tile::Backend::cpu;
   b.options.device = device.id;
@@ -1255,6 +1289,7 @@ NB_MODULE(_tile, m) {
   codes["bfloat16"] = int(tile::DType::bf16);
   codes["int32"] = int(tile::DType::i32);
   codes["int64"] = int(tile::DType::i64);
+  codes["float64"] = int(tile::DType::f64);
   m.attr("RAW_DTYPE_CODES") = codes;
   for (auto [name, what] : {std::pair{"plan", Introspect::plan}, std::pair{"ir", Introspect::ir},
                             std::pair{"source", Introspect::source}}) {

@@ -59,7 +59,7 @@ RMS_NORM_EPS = 1e-6
 LAYER_NORM_EPS = 1e-5
 
 _DTYPE_NAMES = {"float32": "float32", "f32": "float32", "float16": "float16", "f16": "float16",
-                "bfloat16": "bfloat16", "bf16": "bfloat16"}
+                "bfloat16": "bfloat16", "bf16": "bfloat16", "float64": "float64", "f64": "float64"}
 
 _torch = _call._torch
 _is_torch = _call._is_torch
@@ -112,24 +112,26 @@ def _out_dtype(op, x, dtype):
     name = dtype if isinstance(dtype, str) else None
     if name is not None:
         if name not in _DTYPE_NAMES:
-            raise ValueError(f"{op}: argument 'dtype': expected float32, float16 or bfloat16, got {name!r}")
+            raise ValueError(f"{op}: argument 'dtype': expected float32, float64, float16 or bfloat16, got {name!r}")
         name = _DTYPE_NAMES[name]
     if _is_torch(x):
         torch = _torch()
         d = getattr(torch, name) if name else dtype
-        if not isinstance(d, torch.dtype) or str(d).split(".")[-1] not in ("float32", "float16", "bfloat16"):
-            raise ValueError(f"{op}: argument 'dtype': expected float32, float16 or bfloat16, got {dtype!r}")
+        if not isinstance(d, torch.dtype) or str(d).split(".")[-1] not in ("float32", "float64", "float16", "bfloat16"):
+            raise ValueError(f"{op}: argument 'dtype': expected float32, float64, float16 or bfloat16, got {dtype!r}")
         return d
     if name == "bfloat16":
-        raise ValueError(f"{op}: argument 'dtype': expected float32 or float16 for a numpy output "
+        raise ValueError(f"{op}: argument 'dtype': expected float32, float64 or float16 for a numpy output "
                          "(numpy has no bfloat16), got 'bfloat16'")
     np = sys.modules["numpy"]
     try:
         d = np.dtype(name if name else dtype)
     except TypeError:
         d = None
-    if d not in (np.dtype(np.float32), np.dtype(np.float16)):
-        raise ValueError(f"{op}: argument 'dtype': expected float32 or float16 for a numpy output, got {dtype!r}")
+    # `is None` first: numpy compares None equal to float64 (np.dtype(None) is float64).
+    if d is None or d not in (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)):
+        raise ValueError(f"{op}: argument 'dtype': expected float32, float64 or float16 for a numpy output, "
+                         f"got {dtype!r}")
     return d
 
 
@@ -180,8 +182,8 @@ def _empty_result(op, x, out, weight, bias, dtype, record, stats=(), given=None)
     """A call on rows of no columns, which the library refuses (cols >= 1): what torch returns —
     an empty output, and per-row statistics of no values, NaN — after the checks the library
     would make of the arguments."""
-    if _call.tile_dtype_name(getattr(x, "dtype", None)) not in ("f32", "f16", "bf16"):
-        raise ValueError(f"{op}: argument 'x': expected dtype float32, float16 or bfloat16, got {x.dtype}")
+    if _call.tile_dtype_name(getattr(x, "dtype", None)) not in ("f32", "f64", "f16", "bf16"):
+        raise ValueError(f"{op}: argument 'x': expected dtype float32, float64, float16 or bfloat16, got {x.dtype}")
     for arg, a in (("weight", weight), ("bias", bias)):
         if a is not None and tuple(a.shape) != (0,):
             raise ValueError(f"{op}: argument '{arg}': expected shape (0,) with stride 1 (one element per column), "
@@ -192,7 +194,7 @@ def _empty_result(op, x, out, weight, bias, dtype, record, stats=(), given=None)
     if given is not None:
         extra = tuple(a for a in given.values() if a is not None)
     else:
-        extra = tuple(_call.allocate(op, name, x, "x", tuple(x.shape[:-1]), "f32") for name in stats)
+        extra = tuple(_call.allocate(op, name, x, "x", tuple(x.shape[:-1]), _call.stat_dtype(x)) for name in stats)
     for a in extra:
         a.fill_(float("nan")) if _is_torch(a) else a.fill(float("nan"))
     if record:                                  # a record of nothing launched
@@ -247,14 +249,15 @@ def _launch(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats=()
         out = _call.empty_like(x, memory_format=_call.contiguous)
         ops["y"] = (out.data_ptr(), shape, out.stride(), code, device)
     extra = ()
-    if stats:                                   # per-row float32 statistics, shaped like x's rows
+    if stats:                                   # per-row statistics (float32, float64 for float64 x), like x's rows
         rows = shape[:-1]
         empty_stats = _call.empty
-        f32 = _call.float32
+        stat = _call.float64 if x.dtype == _call.float64 else _call.float32
+        stat_code = _call.RAW_CODES[stat]
         dev = x.device
-        extra = tuple([empty_stats(rows, dtype=f32, device=dev) for _ in stats])
+        extra = tuple([empty_stats(rows, dtype=stat, device=dev) for _ in stats])
         for name, t in zip(stats, extra):
-            ops[name] = (t.data_ptr(), rows, t.stride(), 0, device)
+            ops[name] = (t.data_ptr(), rows, t.stride(), stat_code, device)
     if eps is not None:
         ops["eps"] = eps if type(eps) is float else _call.scalar(op, "eps", eps)
     if plan is not None:
@@ -288,7 +291,7 @@ def _launch_dlpack(op, x, out, weight, bias, eps, plan, stream, dtype, record, s
         ops["bias"] = bias
     if eps is not None:
         ops["eps"] = eps
-    extra = tuple(_call.allocate(op, name, x, "x", tuple(x.shape[:-1]), "f32") for name in stats)
+    extra = tuple(_call.allocate(op, name, x, "x", tuple(x.shape[:-1]), _call.stat_dtype(x)) for name in stats)
     ops.update(zip(stats, extra))
     rec = _call.launch_dlpack(_PROGRAMS[op], ops, x, plan, stream, record, _LABELS, op)
     return _result(op, out, extra, rec, record)
@@ -345,7 +348,8 @@ def log_softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
 
 def rms_norm(x, weight=None, eps=RMS_NORM_EPS, out=None, plan=None, stream=None, dtype=None, return_rstd=False):
     """``x * rsqrt(mean(x^2) + eps) [* weight]`` over the last dimension; with return_rstd, also
-    ``rsqrt(mean(x^2) + eps)`` per row (float32, shaped like x's rows): ``(out, rstd)``."""
+    ``rsqrt(mean(x^2) + eps)`` per row (float32, float64 for float64 x; shaped like x's rows):
+    ``(out, rstd)``."""
     if _routed is not None and _routed(x, weight):
         return _torch_api.rms_norm(x, weight, eps, out, plan, stream, dtype, return_rstd)
     return _launch("rms_norm", x, out, weight, None, eps, plan, stream, dtype, False,
@@ -355,7 +359,8 @@ def rms_norm(x, weight=None, eps=RMS_NORM_EPS, out=None, plan=None, stream=None,
 def layer_norm(x, weight=None, bias=None, eps=LAYER_NORM_EPS, out=None, plan=None, stream=None, dtype=None,
                return_stats=False):
     """``(x - mean) * rsqrt(var + eps) [* weight] [+ bias]`` over the last dimension; with
-    return_stats, also the mean and ``rsqrt(var + eps)`` per row (float32, shaped like x's rows):
+    return_stats, also the mean and ``rsqrt(var + eps)`` per row (float32, float64 for float64 x;
+    shaped like x's rows):
     ``(out, mean, rstd)``."""
     if _routed is not None and _routed(x, weight, bias):
         return _torch_api.layer_norm(x, weight, bias, eps, out, plan, stream, dtype, return_stats)

@@ -18,8 +18,9 @@ _OUTPUTS = ("row_out", "row_scalar_out", "col_out", "scalar_out")
 
 # Names of dtypes, numpy's, torch's and Tile's, by Tile's name.
 _TILE_DTYPE = {"float32": "f32", "f32": "f32", "float16": "f16", "f16": "f16", "bfloat16": "bf16", "bf16": "bf16",
-               "int32": "i32", "i32": "i32", "int64": "i64", "i64": "i64"}
-_LONG_NAME = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "i32": "int32", "i64": "int64"}
+               "int32": "i32", "i32": "i32", "int64": "i64", "i64": "i64", "float64": "f64", "f64": "f64"}
+_LONG_NAME = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "i32": "int32", "i64": "int64",
+              "f64": "float64"}
 
 
 def _torch():
@@ -46,6 +47,12 @@ def _names(dtypes):
     """'float32, float16 or bfloat16' for Tile's dtype names."""
     long = [_LONG_NAME[d] for d in dtypes]
     return long[0] if len(long) == 1 else ", ".join(long[:-1]) + " or " + long[-1]
+
+
+def stat_dtype(like):
+    """Tile's name of the dtype a call's statistics (rstd, mean, lse, losses) take: f64 in a
+    float64 call (`like`, its first row operand, is float64), else f32."""
+    return "f64" if tile_dtype_name(getattr(like, "dtype", None)) == "f64" else "f32"
 
 
 def tile_dtype_name(d):
@@ -98,7 +105,7 @@ def scalar(op, name, v):
     return float(v)
 
 
-def check_array(op, arg, a, accepted="f32 f16 bf16", output=False):
+def check_array(op, arg, a, accepted="f32 f64 f16 bf16", output=False):
     """What the extension cannot say well of an array: not an array at all, a numpy dtype DLPack
     cannot export (other byte orders, structured, object), a mask, a read-only output."""
     if not hasattr(a, "__dlpack__"):
@@ -191,6 +198,7 @@ current_stream = None
 empty_like = None
 empty = None
 float32 = None
+float64 = None
 contiguous = None
 grad_enabled = None
 # Called with torch after the fast path is on: the package's custom ops and routing.
@@ -198,7 +206,7 @@ torch_hooks = []
 
 
 def init_torch(torch):
-    global Tensor, RAW_CODES, current_device, current_stream, empty_like, empty, float32, contiguous, grad_enabled
+    global Tensor, RAW_CODES, current_device, current_stream, empty_like, empty, float32, float64, contiguous, grad_enabled
     RAW_CODES = {getattr(torch, name): code for name, code in _tile.RAW_DTYPE_CODES.items()}
     # Private but long-standing (torch.cuda.current_device and Inductor call them); the public
     # API where a build lacks them.
@@ -208,6 +216,7 @@ def init_torch(torch):
     empty_like = torch.empty_like
     empty = torch.empty
     float32 = torch.float32
+    float64 = torch.float64
     contiguous = torch.contiguous_format
     grad_enabled = torch.is_grad_enabled
     first = Tensor is _NoTorch
@@ -289,7 +298,7 @@ def introspect(fn, program, operands, plan, labels=None):
 
 def _output_dtype(op, decl, like, given):
     """Tile's name of an output's dtype: `given`, else the first row input's for row outputs
-    and f32 for the others, where the declaration allows them."""
+    and f32 (f64 in a float64 call) for the others, where the declaration allows them."""
     allowed = decl["dtypes"]
     if given is not None:
         name = tile_dtype_name(given)
@@ -301,7 +310,8 @@ def _output_dtype(op, decl, like, given):
         name = tile_dtype_name(getattr(like, "dtype", None))
         if name in allowed:
             return name
-    return "f32" if "f32" in allowed else allowed[0]
+    stat = stat_dtype(like)
+    return stat if stat in allowed else "f32" if "f32" in allowed else allowed[0]
 
 
 def output_shape(info, decl, like):

@@ -48,7 +48,7 @@ class Operand:
 
     @property
     def dtypes(self):
-        """Tile's names of the dtypes the operand accepts ('f32', 'f16', 'bf16', 'i32', 'i64')."""
+        """Tile's names of the dtypes the operand accepts ('f32', 'f64', 'f16', 'bf16', 'i32', 'i64')."""
         return tuple(self._decl["dtypes"])
 
     @property
@@ -228,6 +228,11 @@ class RowProgram:
 
     # ---- operands ----
 
+    # Default dtypes of float operands; a statistic (rstd, a loss) is float32, or float64 in a
+    # float64 call (every float operand float64).
+    _FLOATS = ("f32", "f16", "bf16", "f64")
+    _STATISTICS = ("f32", "f64")
+
     def _dtypes(self, name, dtypes, default):
         if dtypes is None:
             return list(default)
@@ -238,7 +243,8 @@ class RowProgram:
             t = _call.tile_dtype_name(d)
             if t is None:
                 raise ValueError(f"row program '{self.name}': operand '{name}': argument 'dtypes': expected float32, "
-                                 f"float16, bfloat16, int32 or int64 (or f32, f16, bf16, i32, i64), got {d!r}")
+                                 f"float64, float16, bfloat16, int32 or int64 (or f32, f64, f16, bf16, i32, i64), "
+                                 f"got {d!r}")
             out.append(t)
         return out
 
@@ -260,13 +266,13 @@ class RowProgram:
     def row_in(self, name, dtypes=None, doc="", optional=False):
         """(rows, cols) read; rows may be strided, each row contiguous. An optional one is read
         with load_or; rows and columns come from the first row operand that is not optional."""
-        return self._declare("row_in", name, self._dtypes(name, dtypes, ("f32", "f16", "bf16")), doc, bool(optional))
+        return self._declare("row_in", name, self._dtypes(name, dtypes, self._FLOATS), doc, bool(optional))
 
     def row_out(self, name, dtypes=None, may_alias=None, doc="", optional=False):
         """(rows, cols) written; may be exactly the row input `may_alias` (in place). An optional
         one given as None is not computed."""
         alias = -1 if may_alias is None else self._own(may_alias, f"row_out '{name}': may_alias")
-        return self._declare("row_out", name, self._dtypes(name, dtypes, ("f32", "f16", "bf16")), alias, doc,
+        return self._declare("row_out", name, self._dtypes(name, dtypes, self._FLOATS), alias, doc,
                              bool(optional))
 
     def row_scalar_in(self, name, dtypes, doc="", optional=False):
@@ -276,15 +282,15 @@ class RowProgram:
 
     def row_scalar_out(self, name, dtypes=None, optional=True, doc=""):
         """(rows,) written: one value per row (rstd, a per-row loss)."""
-        return self._declare("row_scalar_out", name, self._dtypes(name, dtypes, ("f32",)), bool(optional), doc)
+        return self._declare("row_scalar_out", name, self._dtypes(name, dtypes, self._STATISTICS), bool(optional), doc)
 
     def col_in(self, name, dtypes=None, optional=False, doc=""):
         """(cols,) read: one value per column (weight, bias)."""
-        return self._declare("col_in", name, self._dtypes(name, dtypes, ("f32", "f16", "bf16")), bool(optional), doc)
+        return self._declare("col_in", name, self._dtypes(name, dtypes, self._FLOATS), bool(optional), doc)
 
     def col_out(self, name, dtypes=None, optional=False, doc=""):
         """(cols,) written: reduced across the rows (dweight, dbias)."""
-        return self._declare("col_out", name, self._dtypes(name, dtypes, ("f32", "f16", "bf16")), bool(optional), doc)
+        return self._declare("col_out", name, self._dtypes(name, dtypes, self._FLOATS), bool(optional), doc)
 
     def scalar_in(self, name, type="f32", default=None, doc=""):
         """A number passed by value, as f32 or i64; `default` when the call gives none."""
@@ -294,7 +300,7 @@ class RowProgram:
 
     def scalar_out(self, name, dtypes=None, optional=False, doc=""):
         """(1,) written: reduced across the rows (a mean loss)."""
-        return self._declare("scalar_out", name, self._dtypes(name, dtypes, ("f32",)), bool(optional), doc)
+        return self._declare("scalar_out", name, self._dtypes(name, dtypes, self._STATISTICS), bool(optional), doc)
 
     def scalar_range(self, scalar, lo, hi):
         """The values a scalar input accepts (inclusive)."""

@@ -159,8 +159,13 @@ def _rows(x):
     return x.shape[:-1]
 
 
+def _stat_dtype(x):
+    """The dtype of a call's statistics (rstd, mean, lse, losses): float64 in a float64 call."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def _stats(x, n):
-    return tuple(x.new_empty(_rows(x), dtype=torch.float32) for _ in range(n))
+    return tuple(x.new_empty(_rows(x), dtype=_stat_dtype(x)) for _ in range(n))
 
 
 _RSTD = ("rstd",)
@@ -414,7 +419,7 @@ def _fused_add_rms_norm_impl(x: Tensor, residual: Tensor, weight: Optional[Tenso
                              eps: float) -> Tuple[Tensor, Tensor, Tensor]:
     fn = _training("fused_add_rms_norm", "tile.fused_add_rms_norm")
     y, residual_out, rstd = fn(x, residual, weight=weight, eps=eps, return_rstd=True)
-    return _fresh((y.to(x.dtype), residual_out.to(residual.dtype), rstd.to(torch.float32)), (x, residual, weight))
+    return _fresh((y.to(x.dtype), residual_out.to(residual.dtype), rstd.to(_stat_dtype(x))), (x, residual, weight))
 
 
 _fused_add_rms_norm = torch.library.custom_op("tile::fused_add_rms_norm", mutates_args=())(_fused_add_rms_norm_impl)
@@ -453,13 +458,13 @@ def _cross_entropy_impl(logits: Tensor, target: Tensor, ignore_index: int, reduc
     rows = logits.shape[:-1]
     if rows.numel() == 0:                        # no row: torch's mean is NaN, its sum 0
         loss = torch.full(() if reduction != "none" else rows, float("nan") if reduction == "mean" else 0.0,
-                          dtype=torch.float32, device=logits.device)
-        return loss, torch.empty(rows, dtype=torch.float32, device=logits.device)
+                          dtype=_stat_dtype(logits), device=logits.device)
+        return loss, torch.empty(rows, dtype=_stat_dtype(logits), device=logits.device)
     loss, lse = _training("cross_entropy", "tile.cross_entropy")(
         logits, target, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
         z_loss=z_loss, softcap=softcap, return_lse=True)
-    return _fresh((loss.to(torch.float32).reshape(rows if reduction == "none" else ()),
-                   lse.to(torch.float32).reshape(rows)), (logits, target))
+    return _fresh((loss.to(_stat_dtype(logits)).reshape(rows if reduction == "none" else ()),
+                   lse.to(_stat_dtype(logits)).reshape(rows)), (logits, target))
 
 
 _cross_entropy = torch.library.custom_op("tile::cross_entropy", mutates_args=())(_cross_entropy_impl)
@@ -500,8 +505,8 @@ def _(dy, dresidual_out, residual_out, weight, rstd, x_dtype):
 @_cross_entropy.register_fake
 def _(logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap):
     rows = logits.shape[:-1]
-    return (logits.new_empty(rows if reduction == "none" else (), dtype=torch.float32),
-            logits.new_empty(rows, dtype=torch.float32))
+    return (logits.new_empty(rows if reduction == "none" else (), dtype=_stat_dtype(logits)),
+            logits.new_empty(rows, dtype=_stat_dtype(logits)))
 
 
 @_cross_entropy_backward.register_fake
@@ -663,7 +668,7 @@ def rms_norm(x, weight, eps, out, plan, stream, dtype, return_rstd):
     with _stream("rms_norm", stream, x):
         if out is not None:
             refuse_grad("rms_norm", "a call with out=", x=x, weight=weight)
-            rstd = x.new_empty(_rows(x), dtype=torch.float32) if return_rstd else None
+            rstd = x.new_empty(_rows(x), dtype=_stat_dtype(x)) if return_rstd else None
             _rms_norm_out(x, weight, eps, out, rstd, _plan("rms_norm", plan))
             return (out, rstd) if return_rstd else out
         if eager_grad(x, weight):

@@ -177,19 +177,21 @@ def _variant(label_smoothing, softcap):
 
 
 def _scalar_out(op, name, like):
-    """A 0-d float32 array on `like`'s device (a reduced loss, a count)."""
-    return _call.allocate(op, name, like, "logits", (), "f32")
+    """A 0-d float32 array (float64 for float64 logits) on `like`'s device (a reduced loss, a count)."""
+    return _call.allocate(op, name, like, "logits", (), _call.stat_dtype(like))
 
 
 def _broadcast_rows(op, name, v, logits, per_row):
     """v as a per-row input: one value per row, or (per_row False) one value for every row, as a
-    stride-0 view (no copy, no host synchronisation). A number becomes a float32 array."""
+    stride-0 view (no copy, no host synchronisation). A number becomes a float32 array (float64
+    for float64 logits)."""
     rows = tuple(logits.shape[:-1])
     if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        long = _call._LONG_NAME[_call.stat_dtype(logits)]
         if _call._is_torch(logits):
-            v = _call._torch().full((), float(v), dtype=_call._torch().float32, device=logits.device)
+            v = _call._torch().full((), float(v), dtype=getattr(_call._torch(), long), device=logits.device)
         else:
-            v = sys.modules["numpy"].full((), v, dtype="float32")
+            v = sys.modules["numpy"].full((), v, dtype=long)
     if per_row:
         return v
     size = 1
@@ -204,7 +206,7 @@ def _broadcast_rows(op, name, v, logits, per_row):
 
 
 def _count(op, logits, target, scalars, variant, plan, stream):
-    """The number of rows whose target is not ignore_index, as a 0-d float32 array on the device:
+    """The number of rows whose target is not ignore_index, as a 0-d float array on the device:
     cross_entropy with no output but its count reads only the targets."""
     count = _scalar_out(op, "count", logits)
     _run("cross_entropy", dict(logits=logits, target=target, loss=None, lse=None, loss_sum=None, loss_mean=None,
@@ -217,7 +219,8 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smo
     """Cross-entropy of each row of logits (..., C) against its target class (int32 or int64,
     shaped like the rows) as torch.nn.functional.cross_entropy defines it, with label smoothing,
     a z-loss z_loss * lse^2 per row and a Gemma 2 softcap (logits -> softcap * tanh(logits /
-    softcap)) first. Rows whose target is ignore_index add 0. Returns the float32 loss: per row
+    softcap)) first. Rows whose target is ignore_index add 0. Returns the float32 loss (float64
+    for float64 logits): per row
     for reduction 'none', else a 0-d array (the sum, or the mean over the rows not ignored); with
     return_lse, (loss, lse), lse the log-sum-exp of each row."""
     op = "cross_entropy"
@@ -233,7 +236,7 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smo
 
 def _loss_operand(op, ops, reduction, logits):
     """The program's output for the reduction's loss: per row (allocated by the call, one float32
-    a row) or one value (a 0-d array)."""
+    a row, float64 for float64 logits) or one value (a 0-d array)."""
     key = {"none": "loss", "sum": "loss_sum", "mean": "loss_mean"}[reduction]
     if reduction == "none":
         del ops[key]

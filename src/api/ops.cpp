@@ -19,7 +19,7 @@ namespace {
 
 // A workspace the caller gives must hold what the call needs, where it needs one (the targets
 // then use it as given); a call that needs none leaves it untouched.
-void check_workspace(const std::string& op, const CallOptions& options, int64_t needed) {
+void check_workspace(const std::string& op, const CallOptions& options, int64_t needed, int elem_bytes) {
   if (!options.workspace) {
     if (options.workspace_size > 0)
       throw_argument_error(op, "workspace",
@@ -33,9 +33,11 @@ void check_workspace(const std::string& op, const CallOptions& options, int64_t 
     throw_argument_error(op, "workspace",
                          "at least " + std::to_string(needed) + " bytes (tile::workspace_bytes of this call)",
                          std::to_string(options.workspace_size) + " bytes");
-  if (const uintptr_t address = reinterpret_cast<uintptr_t>(options.workspace); address % 4 != 0)
-    throw_argument_error(op, "workspace", "a pointer aligned to 4 bytes (it holds fp32 partials)",
-                         "an address " + std::to_string(address % 4) + " bytes past a 4-byte boundary");
+  const std::string b = std::to_string(elem_bytes);
+  if (const uintptr_t address = reinterpret_cast<uintptr_t>(options.workspace); address % uintptr_t(elem_bytes) != 0)
+    throw_argument_error(op, "workspace",
+                         "a pointer aligned to " + b + " bytes (it holds " + (elem_bytes == 8 ? "fp64" : "fp32") + " partials)",
+                         "an address " + std::to_string(address % uintptr_t(elem_bytes)) + " bytes past a " + b + "-byte boundary");
 }
 
 // `replay`, where given, receives the call as the target's Replay (or null).
@@ -44,7 +46,8 @@ LaunchRecord launch(const RowProgram& program, const BoundCall& call, const Call
   const Target& target = target_for(options.backend);
   auto pk = prepared(program, call, options.plan, target, options);
   if (options.workspace || options.workspace_size > 0)
-    check_workspace(program.name(), options, workspace_elems(*pk, call) * 4);
+    check_workspace(program.name(), options, workspace_elems(*pk, call) * pk->lowered.workspace_elem_bytes(),
+                    pk->lowered.workspace_elem_bytes());
   LaunchRecord rec = target.launch(*pk, call, options);
   rec.ir_sha256 = pk->ir_sha256;
   if (replay) *replay = target.replay(std::move(pk), call, options);
@@ -65,13 +68,15 @@ LaunchRecord run(const Call& call, const CallOptions& options) { return launch(b
 
 int64_t workspace_bytes(const RowProgram& program, const Args& args, const CallOptions& options) {
   const BoundCall call = bind(program, args);
-  return workspace_elems(*prepared(program, call, options.plan, target_for(options.backend), options), call) * 4;
+  const auto pk = prepared(program, call, options.plan, target_for(options.backend), options);
+  return workspace_elems(*pk, call) * pk->lowered.workspace_elem_bytes();
 }
 
 int64_t workspace_bytes(const Call& call, const CallOptions& options) {
   const RowProgram& program = builtin_program(call.op);
   const BoundCall bound = bind(call);
-  return workspace_elems(*prepared(program, bound, options.plan, target_for(options.backend), options), bound) * 4;
+  const auto pk = prepared(program, bound, options.plan, target_for(options.backend), options);
+  return workspace_elems(*pk, bound) * pk->lowered.workspace_elem_bytes();
 }
 
 void softmax(const TensorView& x, const TensorView& y, const CallOptions& options) {

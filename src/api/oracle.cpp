@@ -3,6 +3,7 @@
 // output is checked by (docs/source/numerics.md).
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <sstream>
 
@@ -14,28 +15,78 @@ namespace tile {
 namespace {
 
 constexpr double kUnit = 0x1p-24;  // fp32's unit roundoff
+// A float64 call is held to the same number of units in the last place as an fp32 one: every
+// fp32 tolerance scaled by fp64's unit roundoff over fp32's (2^-29).
+constexpr double kF64Scale = 0x1p-29;
+
+// The eps a kernel computes with: the call's, or the operator's default; rounded to fp32 unless
+// the call is a float64 one (which reads eps as a double).
+double kernel_eps(const Call& call) {
+  const BoundCall bound = bind(call);
+  const double eps = bound.operand("eps").value;
+  return bound.f64 ? eps : double(float(eps));
+}
 
 // A LayerNorm row's float64 mean, 1 / sqrt(var + eps) and largest |x| (NaN when the row is).
 struct NormRow {
   double mean = 0, inv = 0, amax = 0;
 };
 
-NormRow layer_norm_row(const Call& call, int64_t r, double eps) {
+// The norms' sums are taken in Acc: double, or long double for float64 inputs, whose squares
+// (and sums near the largest double) would overflow or underflow a double (x86's long double
+// has a 15-bit exponent).
+// `mean_out` and `inv_out`, where given, receive the unrounded statistics (a subnormal mean
+// rounded to double keeps only its few significant bits).
+template <typename Acc>
+NormRow layer_norm_row_in(const Call& call, int64_t r, double eps, Acc* mean_out = nullptr, Acc* inv_out = nullptr) {
   const int64_t cols = call.x.cols;
   NormRow n;
+  Acc mean = 0;
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
   for (int64_t c = 0; c < cols; ++c) {
-    double v = load_as_float(call.x.data, r * call.x.row_stride + c, call.x.dtype);
-    n.mean += v;
+    double v = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype);
+    mean += v;
     n.amax = std::max(n.amax, std::abs(v));
+    lo = std::min(lo, v), hi = std::max(hi, v);
   }
-  n.mean /= double(cols);
-  double var = 0;
+  // The mean lies in [min x, max x]; a rounded sum may not (long double holds n fp64 values'
+  // sum inexactly), and a constant row must have exactly its value as mean (var 0).
+  mean /= Acc(cols);
+  if (lo <= hi) mean = std::clamp(mean, Acc(lo), Acc(hi));
+  Acc var = 0;
   for (int64_t c = 0; c < cols; ++c) {
-    double d = load_as_float(call.x.data, r * call.x.row_stride + c, call.x.dtype) - n.mean;
+    Acc d = Acc(load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype)) - mean;
     var += d * d;
   }
-  n.inv = 1.0 / std::sqrt(var / double(cols) + eps);
+  const Acc inv = Acc(1) / std::sqrt(var / Acc(cols) + Acc(eps));
+  n.mean = double(mean);
+  n.inv = double(inv);
+  if (mean_out) *mean_out = mean, *inv_out = inv;
   return n;
+}
+NormRow layer_norm_row(const Call& call, int64_t r, double eps) {
+  return call.x.dtype == DType::f64 ? layer_norm_row_in<long double>(call, r, eps) : layer_norm_row_in<double>(call, r, eps);
+}
+
+// y of one softmax (log-softmax) row, in Acc: a float64 call's reference sums in long double,
+// or the sum's own rounding (sqrt(cols) units) would be as large as the kernel's.
+template <typename Acc>
+void softmax_row(const std::vector<double>& x, bool has_nan, bool log, double* y) {
+  Acc m = -std::numeric_limits<Acc>::infinity();
+  for (double v : x) m = std::max(m, Acc(v));
+  if (has_nan) m = std::numeric_limits<Acc>::quiet_NaN();
+  Acc s = 0;
+  for (double v : x) s += std::exp(Acc(v) - m);
+  for (size_t c = 0; c < x.size(); ++c) y[c] = double(log ? Acc(x[c]) - m - std::log(s) : std::exp(Acc(x[c]) - m) / s);
+}
+
+// y of one RMSNorm row (x: the row, w: the weight or nullptr-like absent), sums in Acc.
+template <typename Acc>
+void rms_norm_row(const std::vector<double>& x, double eps, const std::function<double(int64_t)>& weight, double* y) {
+  Acc ss = 0;
+  for (double v : x) ss += Acc(v) * Acc(v);
+  const Acc inv = Acc(1) / std::sqrt(ss / Acc(x.size()) + Acc(eps));
+  for (size_t c = 0; c < x.size(); ++c) y[c] = double(Acc(x[c]) * inv * Acc(weight(int64_t(c))));
 }
 
 // The magnitude from which a value rounds to infinity in `t` (half a unit above the largest).
@@ -55,37 +106,41 @@ std::vector<double> oracle(const Call& call) {
   const int64_t rows = call.x.rows, cols = call.x.cols;
   std::vector<double> out(static_cast<size_t>(rows * cols));
   std::vector<double> x(static_cast<size_t>(cols));
-  const double eps = call.eps ? *call.eps : call.op == Op::layer_norm ? kLayerNormEps : kRmsNormEps;
+  const double eps = call.op == Op::rms_norm || call.op == Op::layer_norm ? kernel_eps(call) : 0.0;
   auto column = [&](const VectorView& v, int64_t c, double absent) {
-    return v.data ? double(load_as_float(v.data, c, v.dtype)) : absent;
+    return v.data ? double(load_as_double(v.data, c, v.dtype)) : absent;
   };
   for (int64_t r = 0; r < rows; ++r) {
     bool has_nan = false;
     for (int64_t c = 0; c < cols; ++c) {
-      x[c] = load_as_float(call.x.data, r * call.x.row_stride + c, call.x.dtype);
+      x[c] = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype);
       has_nan |= std::isnan(x[c]);
     }
     double* y = &out[size_t(r * cols)];
     switch (call.op) {
       case Op::softmax:
-      case Op::log_softmax: {
-        double m = -std::numeric_limits<double>::infinity();
-        for (double v : x) m = std::max(m, v);
-        if (has_nan) m = std::numeric_limits<double>::quiet_NaN();
-        double s = 0;
-        for (double v : x) s += std::exp(v - m);
-        for (int64_t c = 0; c < cols; ++c)
-          y[c] = call.op == Op::softmax ? std::exp(x[c] - m) / s : x[c] - m - std::log(s);
+      case Op::log_softmax:
+        if (call.x.dtype == DType::f64)
+          softmax_row<long double>(x, has_nan, call.op == Op::log_softmax, y);
+        else
+          softmax_row<double>(x, has_nan, call.op == Op::log_softmax, y);
         break;
-      }
       case Op::rms_norm: {
-        double ss = 0;
-        for (double v : x) ss += v * v;
-        double inv = 1.0 / std::sqrt(ss / double(cols) + eps);
-        for (int64_t c = 0; c < cols; ++c) y[c] = x[c] * inv * column(call.weight, c, 1.0);
+        const auto w = [&](int64_t c) { return column(call.weight, c, 1.0); };
+        if (call.x.dtype == DType::f64)
+          rms_norm_row<long double>(x, eps, w, y);
+        else
+          rms_norm_row<double>(x, eps, w, y);
         break;
       }
       case Op::layer_norm: {
+        if (call.x.dtype == DType::f64) {  // in long double: huge and subnormal rows
+          long double mean = 0, inv = 0;
+          layer_norm_row_in<long double>(call, r, eps, &mean, &inv);
+          for (int64_t c = 0; c < cols; ++c)
+            y[c] = double((x[c] - mean) * inv * column(call.weight, c, 1.0) + column(call.bias, c, 0.0));
+          break;
+        }
         double mean = 0;
         for (double v : x) mean += v;
         mean /= double(cols);
@@ -131,15 +186,19 @@ OracleCheck check_against(const Call& call, const std::vector<double>& ref, cons
   // row's largest |ref| (softmax rows hold many tiny values); floor is the output's smallest
   // step (a few fp32 subnormal steps for fp32). The merge depth adds one unit roundoff per
   // rounding a reduction's partial goes through.
-  double rtol = 2e-5, atol = 1e-6, floor = 0x1p-147;
+  // A float64 call: the fp32 rule scaled to fp64's unit roundoff (kF64Scale).
+  const bool f64 = call.y.dtype == DType::f64;
+  const double unit = f64 ? kUnit * kF64Scale : kUnit, subnormal_steps = f64 ? 0x1p-1072 : 0x1p-147;
+  double rtol = 2e-5, atol = 1e-6, floor = subnormal_steps;
   if (call.y.dtype == DType::f16) rtol = 1.5e-3, atol = 1e-4, floor = 6e-8;
   if (call.y.dtype == DType::bf16) rtol = 8e-3, atol = 1e-4, floor = 1e-38;
+  if (f64) rtol *= kF64Scale, atol *= kF64Scale;
   const double depth = merge_depth(plan, call.x.cols);
-  rtol += (depth + 8) * kUnit;
+  rtol += (depth + 8) * unit;
   const double limit = overflow_threshold(call.y.dtype);
-  const double eps = call.op == Op::layer_norm ? (call.eps ? *call.eps : kLayerNormEps) : 0.0;
+  const double eps = call.op == Op::layer_norm ? kernel_eps(call) : 0.0;
   auto weight = [&](int64_t c) {
-    return call.weight.data ? std::abs(double(load_as_float(call.weight.data, c, call.weight.dtype))) : 1.0;
+    return call.weight.data ? std::abs(double(load_as_double(call.weight.data, c, call.weight.dtype))) : 1.0;
   };
   OracleCheck check;
   const int64_t rows = call.x.rows, cols = call.x.cols;
@@ -147,26 +206,28 @@ OracleCheck check_against(const Call& call, const std::vector<double>& ref, cons
     double row_max = 0;
     for (int64_t c = 0; c < cols; ++c)
       if (std::isfinite(ref[r * cols + c])) row_max = std::max(row_max, std::min(std::abs(ref[r * cols + c]), limit));
-    // LayerNorm centres by an fp32 mean: its rounding through `depth` merges, amplified by
+    // LayerNorm centres by a computed mean: its rounding through `depth` merges, amplified by
     // 1 / sqrt(var + eps) (ill-conditioned rows far from zero).
     NormRow norm;
     double mean_error = 0;
     if (call.op == Op::layer_norm) {
       norm = layer_norm_row(call, r, eps);
-      mean_error = kUnit * (depth * std::abs(norm.mean) + 4 * std::log2(depth + 2) * norm.amax);
+      // Scaled by the unit first: fp64 rows reach the largest doubles.
+      mean_error = unit * depth * std::abs(norm.mean) + unit * 4 * std::log2(depth + 2) * norm.amax;
     }
     for (int64_t c = 0; c < cols; ++c) {
       const double want = ref[r * cols + c];
-      const double got = load_as_float(call.y.data, r * call.y.row_stride + c, call.y.dtype);
+      const double got = load_as_double(call.y.data, r * call.y.row_stride + c, call.y.dtype);
       // Results beyond the output dtype's range round to +-inf: compare after clamping both.
       const double want_c = std::clamp(want, -limit, limit), got_c = std::clamp(got, -limit, limit);
       double tol = rtol * std::abs(want_c) + atol * row_max + floor;
-      // The norms' fp32 normalised value x_hat may itself be subnormal (tiny rows, large eps):
-      // its few roundings at the subnormal step, times the weight.
-      if (call.op == Op::rms_norm || call.op == Op::layer_norm) tol += 0x1p-147 * weight(c);
+      // The norms' normalised value x_hat may itself be subnormal (tiny rows, large eps): its
+      // few roundings at the subnormal step, times the weight.
+      if (call.op == Op::rms_norm || call.op == Op::layer_norm) tol += subnormal_steps * weight(c);
       if (mean_error > 0) {
-        const double x = load_as_float(call.x.data, r * call.x.row_stride + c, call.x.dtype);
-        tol += mean_error * norm.inv * (2 + std::abs((x - norm.mean) * norm.inv)) * weight(c);
+        const double x = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype);
+        // x - mean in long double: it overflows a double at fp64's extremes.
+        tol += mean_error * norm.inv * (2 + std::abs(double((static_cast<long double>(x) - norm.mean) * norm.inv))) * weight(c);
       }
       const double err = std::abs(got_c - want_c);
       bool ok = std::isnan(want) ? std::isnan(got) : std::isinf(want) ? got == want : !std::isnan(got) && err <= tol;

@@ -51,7 +51,7 @@ bool dump_requested(const char* pass);
 std::shared_ptr<const PreparedKernel> prepare(const RowProgram& program, const BoundCall& call,
                                               const PlanRequest& request, const DeviceLimits& limits);
 
-// The fp32 elements of workspace a launch of `kernel` for `call` needs: one slot per program of
+// The elements (of workspace_dtype: f32, f64 in a float64 call) of workspace a launch of `kernel` for `call` needs: one slot per program of
 // the grid, each holding the partials of the reductions over the rows; 0 without such
 // reductions. Every target and workspace_bytes() size it by this.
 int64_t workspace_elems(const PreparedKernel& kernel, const BoundCall& call);

@@ -101,6 +101,12 @@ void KernelSignature::append_key(std::string& key) const {
   key += ';';
 }
 
+bool KernelSignature::f64() const {
+  for (size_t i = 0; i < dtypes.size(); ++i)
+    if (present[i] && dtypes[i] == DType::f64) return true;
+  return false;
+}
+
 KernelSignature BoundCall::signature() const {
   KernelSignature s;
   for (const BoundOperand& o : operands) {
@@ -138,6 +144,7 @@ PlanInputs BoundCall::plan_inputs() const {
   in.merge_parts = facts->merge_parts;
   in.reduces_rows = facts->reduces_rows;
   in.rows_reduction_parts = facts->rows_reduction_parts;
+  in.real_bytes = f64 ? 8 : 4;
   return in;
 }
 
@@ -236,10 +243,8 @@ BoundCall bind_values(const RowProgram& program, const Args::Value* const* value
       if (d.scalar_type == ValueType::i64) {
         if (b.value != std::trunc(b.value) || std::abs(b.value) > 9007199254740992.0)
           throw_argument_error(op, name, "an integer of magnitude at most 2^53", number(b.value));
-      } else {
-        check_f32_scalar(op, name, b.value);
       }
-      continue;
+      continue;  // a float scalar's precision is the call's: checked once every operand is bound
     }
     if (!v) {
       if (d.optional) continue;
@@ -317,6 +322,32 @@ BoundCall bind_values(const RowProgram& program, const Args::Value* const* value
                              (is_row(d.role) ? shape_text(call.rows, call.cols, b.stride) : std::to_string(b.extent) + " elements") +
                                  " at address " + std::to_string(reinterpret_cast<uintptr_t>(b.data)));
     }
+  }
+
+  // One float precision per call: f64 when any float operand is f64, and then every one is
+  // (a kernel's float registers have one type, include/tile/dtype.hpp).
+  int first_f64 = -1, first_other = -1;
+  for (size_t i = 0; i < decls.size(); ++i) {
+    const BoundOperand& b = call.operands[i];
+    if (!b.present || decls[i].role == Role::scalar_in || !is_float(b.dtype)) continue;
+    int& first_of = b.dtype == DType::f64 ? first_f64 : first_other;
+    if (first_of < 0) first_of = int(i);
+  }
+  if (first_f64 >= 0 && first_other >= 0) {
+    const size_t early = size_t(std::min(first_f64, first_other)), late = size_t(std::max(first_f64, first_other));
+    const std::string like = decls[early].name + " (" + std::string(dtype_name(call.operands[early].dtype)) + ")";
+    throw_argument_error(op, decls[late].name,
+                         int(late) == first_other
+                             ? "dtype f64 like " + like + ": a float64 call has every float operand in f64"
+                             : "a float dtype other than f64 like " + like + ", or every float operand in f64",
+                         std::string(dtype_name(call.operands[late].dtype)));
+  }
+  call.f64 = first_f64 >= 0;
+  for (size_t i = 0; i < decls.size(); ++i) {
+    BoundOperand& b = call.operands[i];
+    if (decls[i].role != Role::scalar_in || decls[i].scalar_type == ValueType::i64) continue;
+    if (call.f64) b.dtype = DType::f64;  // read as a double: any finite value is held exactly
+    else check_f32_scalar(op, decls[i].name, b.value);
   }
 
   for (size_t o = 0; o < decls.size(); ++o) {

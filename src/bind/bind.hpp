@@ -26,10 +26,12 @@ struct BoundOperand {
   double value = 0;    // scalar inputs
 };
 
-// What a kernel depends on besides its plan: which operands are present and their dtypes.
+// What a kernel depends on besides its plan: which operands are present and their dtypes
+// (a float scalar's is f64 in a float64 call).
 struct KernelSignature {
   std::vector<bool> present;
   std::vector<DType> dtypes;
+  bool f64() const;  // the kernel's float type is f64
   bool operator==(const KernelSignature&) const = default;
   void append_key(std::string& key) const;
 };
@@ -50,6 +52,7 @@ struct BoundCall {
   const ProgramFacts* facts = nullptr;
   std::vector<BoundOperand> operands;  // in declaration order
   int64_t rows = 0, cols = 0;
+  bool f64 = false;  // the float operands are f64: the kernel computes in f64 (float scalars too)
 
   KernelSignature signature() const;
   PlanInputs plan_inputs() const;

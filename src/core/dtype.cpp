@@ -11,17 +11,19 @@ std::string_view dtype_name(DType t) {
     case DType::bf16: return "bf16";
     case DType::i32: return "i32";
     case DType::i64: return "i64";
+    case DType::f64: return "f64";
   }
   return "?";
 }
 
 DType parse_dtype(std::string_view name) {
   if (name == "f32" || name == "float32" || name == "fp32") return DType::f32;
+  if (name == "f64" || name == "float64" || name == "fp64") return DType::f64;
   if (name == "f16" || name == "float16" || name == "fp16") return DType::f16;
   if (name == "bf16" || name == "bfloat16") return DType::bf16;
   if (name == "i32" || name == "int32") return DType::i32;
   if (name == "i64" || name == "int64") return DType::i64;
-  throw Error("dtype: expected one of f32, f16, bf16, i32, i64, got '" + std::string(name) + "'");
+  throw Error("dtype: expected one of f32, f64, f16, bf16, i32, i64, got '" + std::string(name) + "'");
 }
 
 float f16_bits_to_float(uint16_t h) {

@@ -10,6 +10,7 @@ const char* type_name(Type t) {
     case Type::i32: return "i32";
     case Type::i64: return "i64";
     case Type::b1: return "b1";
+    case Type::f64: return "f64";
   }
   return "?";
 }
@@ -51,6 +52,12 @@ ExprPtr f32_const(double v) {
   e.f = v;
   return make(e);
 }
+ExprPtr f64_const(double v) {
+  Expr e{Expr::Kind::constant, Type::f64};
+  e.f = v;
+  return make(e);
+}
+ExprPtr float_const(Type t, double v) { return t == Type::f64 ? f64_const(v) : f32_const(v); }
 ExprPtr i32_const(int64_t v) {
   Expr e{Expr::Kind::constant, Type::i32};
   e.i = v;

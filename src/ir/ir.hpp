@@ -23,9 +23,12 @@
 
 namespace tile::ir {
 
-// Register types. Memory dtypes (f32/f16/bf16) appear only on buffers; loads convert to f32.
-enum class Type : uint8_t { f32, i32, i64, b1 };
+// Register types. Memory dtypes (f16/bf16) appear only on buffers; loads of float buffers
+// convert to the kernel's float type (`Kernel::real`, f32 or f64), the only float register
+// type of the kernel. f64 comes last so the earlier values keep their numbers.
+enum class Type : uint8_t { f32, i32, i64, b1, f64 };
 const char* type_name(Type t);
+constexpr bool is_real(Type t) { return t == Type::f32 || t == Type::f64; }
 
 // Per-worker built-in values; their uniformity is fixed (see verifier.hpp).
 enum class Special : uint8_t {
@@ -40,8 +43,9 @@ enum class Special : uint8_t {
 };
 const char* special_name(Special s);
 
-// exponent: floor(log2 |a|) for finite nonzero a, else 0 (f32). ldexp: a * 2^b for an
-// integer-valued b (f32), exact, b clamped to [-1000, 1000]; NaN if b is NaN.
+// exponent: floor(log2 |a|) for finite nonzero a, else 0 (f32 or f64). ldexp: a * 2^b for an
+// integer-valued b of a's type, exact, b clamped to [-1000, 1000] (f32) or [-3000, 3000]
+// (f64); NaN if b is NaN.
 enum class UnOp : uint8_t { neg, exp, log, rsqrt, sqrt, not_, exp2, abs, tanh, exponent };
 enum class BinOp : uint8_t { add, sub, mul, div, rem, min, max, lt, le, eq, ne, and_, or_, ldexp };
 const char* unop_name(UnOp op);
@@ -52,15 +56,16 @@ using ExprPtr = std::shared_ptr<const Expr>;
 
 struct Expr {
   enum class Kind : uint8_t {
-    constant,     // f32/i32/i64/b1 literal: `f` for f32, `i` for the others
+    constant,     // f32/f64/i32/i64/b1 literal: `f` for f32 and f64, `i` for the others
     reg,          // register `id`
     special,      // Special(`id`)
     param,        // scalar kernel parameter `id`
-    unary,        // op(args[0]); not_ is b1 -> b1, neg and abs keep the type, the rest f32 -> f32
+    unary,        // op(args[0]); not_ is b1 -> b1, neg and abs keep the type, the rest are
+                  // float -> the same float type
     binary,       // args[0] op args[1]; both operands of `type` except comparisons (-> b1);
-                  // f32 min and max are NaN if either operand is NaN
+                  // float min and max are NaN if either operand is NaN
     select,       // args[0] (b1) ? args[1] : args[2]
-    cast,         // convert args[0] to `type` (f32 <-> i32/i64, i32 <-> i64)
+    cast,         // convert args[0] to `type` (float <-> i32/i64, i32 <-> i64, f32 <-> f64)
     row_aligned,  // b1: buffer `id` + element offset args[0] (i64) is aligned to `i` bytes
     unpack16,     // f32: the 16-bit value of DType(`id`) in half `i` (0 low, 1 high) of i32 args[0]
   };
@@ -76,6 +81,8 @@ struct Expr {
 
 // Expression builders. They do not type-check; the verifier does.
 ExprPtr f32_const(double v);
+ExprPtr f64_const(double v);
+ExprPtr float_const(Type t, double v);  // f32_const or f64_const
 ExprPtr i32_const(int64_t v);
 ExprPtr i64_const(int64_t v);
 ExprPtr b1_const(bool v);
@@ -94,7 +101,8 @@ struct Stmt {
     assign,        // regs[dst] = value
     load,          // regs[dsts[j]] = buffer[index + j] for j < width (see below)
     store,         // buffer[index + j] = regs[srcs[j]] for j < min(width, valid)
-                   // (registers are f32 for float buffers, i64 for integer buffers)
+                   // (registers are the kernel's float type for float buffers, i64 for
+                   // integer buffers)
     shfl_xor,      // regs[dst] = regs[src] of lane (lane ^ offset) within segments of `width`
     shared_store,  // shared[region][index] = value
     shared_load,   // regs[dst] = shared[region][index]
@@ -110,7 +118,7 @@ struct Stmt {
   Kind kind;
   int dst = -1;
   int src = -1;
-  std::vector<int> dsts;  // load destinations / store sources (f32 registers), one per lane
+  std::vector<int> dsts;  // load destinations / store sources (float registers), one per lane
   ExprPtr value, index, valid, aligned, cond, begin, end;
   ExprPtr cta;     // remote_shared_load: rank of the group read
   int buffer = -1;
@@ -146,8 +154,9 @@ struct Buffer {
   bool output;
   bool noalias = true;  // no other buffer of the launch can alias it (C++ __restrict__)
 };
-// The register type a load of `dtype` fills and a store of it reads.
-inline Type value_type(DType dtype) { return is_float(dtype) ? Type::f32 : Type::i64; }
+// The register type a load of `dtype` fills and a store of it reads, in a kernel whose float
+// type is `real`.
+inline Type value_type(DType dtype, Type real = Type::f32) { return is_float(dtype) ? real : Type::i64; }
 
 struct ScalarParam {
   std::string name;
@@ -161,7 +170,7 @@ struct Register {
                         // register of raw 16-bit pairs counts as two scalars)
 };
 
-// A shared-memory region of f32 slots, one copy per packed program:
+// A shared-memory region of slots of the kernel's float type, one copy per packed program:
 // program p's copy occupies [base + p * program_stride, base + p * program_stride + elems).
 struct SharedRegion {
   std::string name;
@@ -177,6 +186,9 @@ struct Kernel {
   int private_budget = 64;
   int resident_groups = 1;  // groups per SM the kernel is compiled to fit (launch bounds)
   int ctas_per_cluster = 1;  // groups launched together as one cluster (1: no clusters)
+  // The one float type of the kernel: every float register, parameter, shared slot and
+  // loaded or stored float value has it (f32, or f64 in a float64 call).
+  Type real = Type::f32;
   std::vector<Buffer> buffers;
   std::vector<ScalarParam> params;
   std::vector<Register> regs;
@@ -184,7 +196,8 @@ struct Kernel {
   std::vector<Stmt> body;
 
   int threads_per_group() const { return programs_per_group * workers_per_program; }
-  int shared_elems() const;  // f32 slots the group needs
+  int shared_elems() const;  // slots (of `real`) the group needs
+  int shared_bytes() const { return shared_elems() * (real == Type::f64 ? 8 : 4); }
   int add_reg(std::string name, Type type, bool cached = false);
   int param_index(const std::string& name) const;  // -1 when absent
 };

@@ -9,8 +9,9 @@ std::string IRPrinter::reg_name(int id) const { return "%" + k_.regs[id].name; }
 
 std::string IRPrinter::visit_constant(const Expr& e) {
   std::ostringstream os;
-  if (e.type == Type::f32) {
+  if (e.type == Type::f32 || e.type == Type::f64) {
     if (std::isinf(e.f)) return e.f > 0 ? "inf" : "-inf";
+    if (e.type == Type::f64) os.precision(17);  // every f64 constant prints as itself
     os << e.f;
   } else if (e.type == Type::b1) {
     os << (e.i ? "true" : "false");
@@ -132,7 +133,7 @@ void IRPrinter::print_kernel() {
        std::to_string(k_.private_budget) +
        (k_.ctas_per_cluster > 1 ? "; cluster of " + std::to_string(k_.ctas_per_cluster) + " groups" : ""));
   for (const SharedRegion& r : k_.shared)
-    line("  shared f32 " + r.name + "[" + std::to_string(r.elems) + "] per program at " +
+    line("  shared " + std::string(type_name(k_.real)) + " " + r.name + "[" + std::to_string(r.elems) + "] per program at " +
          std::to_string(r.base) + " + program * " + std::to_string(r.program_stride));
   line("{");
   visit_block(k_.body);

@@ -109,8 +109,22 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
   void error(const std::string& msg) { errors_.push_back(msg); }
 
   void check_decls() {
+    // The budget counts 32-bit scalars: an f64 register takes two, as does an i32 register of
+    // two raw 16-bit elements.
     int cached = 0;
-    for (const Register& r : k_.regs) cached += r.cached ? (r.type == Type::i32 ? 2 : 1) : 0;
+    for (const Register& r : k_.regs) cached += r.cached ? (r.type == Type::i32 || r.type == Type::f64 ? 2 : 1) : 0;
+    if (!is_real(k_.real)) error(std::string("kernel float type ") + type_name(k_.real) + " is not f32 or f64");
+    for (const Register& r : k_.regs)
+      if (is_real(r.type) && r.type != k_.real)
+        error("register " + r.name + " is " + type_name(r.type) + " in a kernel whose float type is " + type_name(k_.real));
+    // f64 buffers exactly in f64 kernels: a call has one float precision (bind.cpp).
+    for (const Buffer& b : k_.buffers)
+      if (is_float(b.dtype) && (b.dtype == DType::f64) != (k_.real == Type::f64))
+        error("buffer " + b.name + " is " + std::string(dtype_name(b.dtype)) + " in a kernel whose float type is " +
+              type_name(k_.real));
+    for (const ScalarParam& p : k_.params)
+      if (is_real(p.type) && p.type != k_.real)
+        error("parameter " + p.name + " is " + type_name(p.type) + " in a kernel whose float type is " + type_name(k_.real));
     if (cached > k_.private_budget)
       error("cached input registers (" + std::to_string(cached) + ") exceed the private budget of " +
             std::to_string(k_.private_budget) + " scalars");
@@ -161,8 +175,14 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     return u;
   }
 
+  // Every float value has the kernel's one float type.
+  void expect_real(const Expr& e) {
+    if (is_real(e.type) && e.type != k_.real)
+      type_error(e, std::string(type_name(e.type)) + " value in a kernel whose float type is " + type_name(k_.real));
+  }
   unsigned visit_constant(const Expr& e) {
     args_uniformity(e);
+    expect_real(e);
     return kUniform;
   }
   unsigned visit_reg(const Expr& e) {
@@ -190,7 +210,7 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
   unsigned visit_unary(const Expr& e) {
     unsigned u = args_uniformity(e);
     if (e.unop == UnOp::not_ ? e.args[0]->type != Type::b1
-                             : e.args[0]->type != Type::f32 && !((e.unop == UnOp::neg || e.unop == UnOp::abs) &&
+                             : e.args[0]->type != k_.real && !((e.unop == UnOp::neg || e.unop == UnOp::abs) &&
                                                                  e.args[0]->type != Type::b1))
       type_error(e, std::string(unop_name(e.unop)) + " of " + type_name(e.args[0]->type));
     if (e.type != e.args[0]->type) type_error(e, "unary result type differs from its operand");
@@ -204,7 +224,8 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     bool compare = e.binop == BinOp::lt || e.binop == BinOp::le || e.binop == BinOp::eq || e.binop == BinOp::ne;
     if (logical != (a == Type::b1) && !(compare && a == Type::b1 && (e.binop == BinOp::eq || e.binop == BinOp::ne)))
       type_error(e, std::string(binop_name(e.binop)) + " of " + type_name(a));
-    if (e.binop == BinOp::rem && a == Type::f32) type_error(e, "rem of f32");
+    if (e.binop == BinOp::rem && is_real(a)) type_error(e, std::string("rem of ") + type_name(a));
+    if (e.binop == BinOp::ldexp && a != k_.real) type_error(e, std::string("ldexp of ") + type_name(a));
     if (e.type != (compare ? Type::b1 : a)) type_error(e, "result type " + std::string(type_name(e.type)));
     return u;
   }
@@ -217,12 +238,16 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
   unsigned visit_cast(const Expr& e) {
     unsigned u = args_uniformity(e);
     if (e.type == Type::b1 || e.args[0]->type == Type::b1) type_error(e, "cast to or from b1");
+    expect_real(e);
+    expect_real(*e.args[0]);
     return u;
   }
   unsigned visit_unpack16(const Expr& e) {
     unsigned u = args_uniformity(e);
     if (e.args[0]->type != Type::i32) type_error(e, "unpack16 of " + std::string(type_name(e.args[0]->type)));
-    if (DType(e.id) == DType::f32 || e.i < 0 || e.i > 1) type_error(e, "unpack16 needs a 16-bit dtype and half 0 or 1");
+    if ((DType(e.id) != DType::f16 && DType(e.id) != DType::bf16) || e.i < 0 || e.i > 1)
+      type_error(e, "unpack16 needs a 16-bit dtype and half 0 or 1");
+    expect_real(e);
     return u;
   }
   unsigned visit_row_aligned(const Expr& e) {
@@ -294,8 +319,8 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     if (check_ && s.whole && !(s.aligned->kind == Expr::Kind::constant && s.aligned->i))
       error("whole-vector access whose alignment condition is not the constant true");
     const Type reg_type = s.raw ? Type::i32
-                          : s.buffer >= 0 && s.buffer < int(k_.buffers.size()) ? value_type(k_.buffers[s.buffer].dtype)
-                                                                               : Type::f32;
+                          : s.buffer >= 0 && s.buffer < int(k_.buffers.size()) ? value_type(k_.buffers[s.buffer].dtype, k_.real)
+                                                                               : k_.real;
     for (int r : s.dsts) {
       expect_reg(r, reg_type, is_load ? "load destination" : "store source");
       if (is_load) define(r, u);
@@ -306,25 +331,25 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
       error("shfl_xor of " + reg_name(s.src) + " under control flow that is not uniform across the warp");
     if (check_ && (s.offset < 1 || s.offset >= s.width || s.width > 32 || (s.width & (s.width - 1))))
       error("shfl_xor offset " + std::to_string(s.offset) + " outside its width " + std::to_string(s.width));
-    expect_reg(s.src, Type::f32, "shfl_xor source");
-    expect_reg(s.dst, Type::f32, "shfl_xor destination");
+    expect_reg(s.src, k_.real, "shfl_xor source");
+    expect_reg(s.dst, k_.real, "shfl_xor destination");
     define(s.dst, 0);
   }
   void visit_shared_store(const Stmt& s, unsigned) {
     visit(*s.index);
     visit(*s.value);
-    expect_type(*s.value, Type::f32, "shared value");
+    expect_type(*s.value, k_.real, "shared value");
     shared_index(s);
   }
   void visit_shared_load(const Stmt& s, unsigned control) {
     unsigned u = visit(*s.index) & control;
-    expect_reg(s.dst, Type::f32, "shared load destination");
+    expect_reg(s.dst, k_.real, "shared load destination");
     shared_index(s);
     define(s.dst, u);
   }
   void visit_remote_shared_load(const Stmt& s, unsigned control) {
     unsigned u = visit(*s.index) & visit(*s.cta) & control;
-    expect_reg(s.dst, Type::f32, "remote shared load destination");
+    expect_reg(s.dst, k_.real, "remote shared load destination");
     shared_index(s);
     if (check_) {
       if (k_.ctas_per_cluster < 2)

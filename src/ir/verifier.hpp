@@ -1,6 +1,7 @@
 // verify: the rules every kernel must satisfy before a backend runs it.
 //
 // - types: operands, registers, parameters, indices and conditions have the types ir.hpp gives;
+//   every float value, register, parameter and shared slot has the kernel's float type (`real`);
 // - a group barrier sits on control flow uniform across the whole group, so guard programs
 //   (rows past the last) still arrive; a program barrier on control flow uniform across its
 //   program; a shfl_xor on control flow uniform across its warp;
@@ -10,7 +11,7 @@
 //   inside its region; a remote read's rank provably lies in [0, ctas_per_cluster);
 // - a remote read follows a cluster barrier on every path, and a cluster barrier follows the
 //   last remote read on every path before the kernel ends;
-// - registers holding cached input fit the private budget.
+// - registers holding cached input fit the private budget (32-bit scalars: an f64 counts two).
 // Uniformity is a fixed point over register assignments, found by walking the kernel with an
 // IRVisitor (src/ir/visitor.hpp) until no register changes. Tested by tests/ir/verifier_test.cpp.
 #pragma once

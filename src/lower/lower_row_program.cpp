@@ -20,17 +20,18 @@ namespace {
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 constexpr double kLog2e = 1.4426950408889634;
 
-Type ir_type(ValueType t) {
+// A value type of the row program in a kernel whose float type is `real`.
+Type ir_type(ValueType t, Type real) {
   switch (t) {
-    case ValueType::f32: return Type::f32;
+    case ValueType::f32: return real;
     case ValueType::i64: return Type::i64;
     case ValueType::b1: return Type::b1;
   }
-  return Type::f32;
+  return real;
 }
 
 bool is_const(const ExprPtr& e, double v) {
-  return e->kind == Expr::Kind::constant && e->type == Type::f32 && e->f == v && !std::signbit(e->f) == !std::signbit(v);
+  return e->kind == Expr::Kind::constant && is_real(e->type) && e->f == v && !std::signbit(e->f) == !std::signbit(v);
 }
 
 // Shared by the row kernel and the finish kernel: registers, constants and the element-wise
@@ -38,6 +39,15 @@ bool is_const(const ExprPtr& e, double v) {
 class Emitter {
  public:
   explicit Emitter(Kernel& k) : k_(k) {}
+
+  // The kernel's float type (f32, or f64 in a float64 call) and its constants.
+  Type real() const { return k_.real; }
+  bool f64() const { return k_.real == Type::f64; }
+  ExprPtr fc(double v) const { return float_const(k_.real, v); }
+  // A row program's constant node: a float in the kernel's type (its f64 value in f64), or an i64.
+  ExprPtr constant(const RowNode& n) const {
+    return n.type == ValueType::f32 ? fc(n.value_in(f64())) : i64_const(int64_t(n.value));
+  }
 
   ExprPtr r(int id) const { return reg(id, k_.regs[id].type); }
   int temp(const std::string& name, Type t) { return k_.add_reg(name + std::to_string(k_.regs.size()), t); }
@@ -60,10 +70,12 @@ class Emitter {
   }
 
   // exp(a) is computed as exp2(a * log2(e)): one multiply and the hardware's base-2 exponential.
+  // In f64 there is no such hardware, and the product's rounding would cost |a| log2(e) units
+  // (up to ~1000 across f64's range): exp itself.
   ExprPtr unary_fn(UnaryFn fn, ExprPtr a) {
     switch (fn) {
       case UnaryFn::neg: return unary(UnOp::neg, a);
-      case UnaryFn::exp: return unary(UnOp::exp2, binary(BinOp::mul, a, f32_const(kLog2e)));
+      case UnaryFn::exp: return f64() ? unary(UnOp::exp, a) : unary(UnOp::exp2, binary(BinOp::mul, a, fc(kLog2e)));
       case UnaryFn::log: return unary(UnOp::log, a);
       case UnaryFn::sqrt: return unary(UnOp::sqrt, a);
       case UnaryFn::rsqrt: return unary(UnOp::rsqrt, a);
@@ -71,7 +83,7 @@ class Emitter {
       case UnaryFn::tanh: return unary(UnOp::tanh, a);
       case UnaryFn::exponent: return unary(UnOp::exponent, a);
       case UnaryFn::logical_not: return unary(UnOp::not_, a);
-      case UnaryFn::to_f32: return a->type == Type::f32 ? a : cast(Type::f32, a);
+      case UnaryFn::to_f32: return a->type == real() ? a : cast(real(), a);
     }
     return a;
   }
@@ -122,7 +134,7 @@ class Emitter {
       switch (n.kind) {
         case MonoidNode::Kind::mine: v = mine[n.index]; break;
         case MonoidNode::Kind::other: v = other[n.index]; break;
-        case MonoidNode::Kind::constant: v = f32_const(n.value); break;
+        case MonoidNode::Kind::constant: v = fc(n.value_in(f64())); break;
         case MonoidNode::Kind::unary: v = keep(out, unary_fn(n.unary, eval(n.a))); break;
         case MonoidNode::Kind::binary: v = keep(out, binary_fn(n.binary, eval(n.a), eval(n.b))); break;
         case MonoidNode::Kind::select: v = keep(out, select(eval(n.a), eval(n.b), eval(n.c))); break;
@@ -146,7 +158,7 @@ struct ChunkElement {
 };
 struct ChunkGroup {
   ExprPtr all_valid;  // b1: every element valid, or none; null: per-element tests
-  ExprPtr count;      // f32: valid elements in the group
+  ExprPtr count;      // float: valid elements in the group
   std::vector<ChunkElement> elems;
 };
 
@@ -183,7 +195,7 @@ class ChunkEvaluator {
   ExprPtr eval_at(const MonoidNode& n, int g, int e) {
     switch (n.kind) {
       case MonoidNode::Kind::element: return groups_[g].elems[e].inputs[n.index];
-      case MonoidNode::Kind::constant: return f32_const(n.value);
+      case MonoidNode::Kind::constant: return em_.fc(n.value_in(em_.f64()));
       case MonoidNode::Kind::unary: return em_.keep(out_, em_.unary_fn(n.unary, elem(n.a, g, e)));
       case MonoidNode::Kind::binary: return em_.keep(out_, em_.binary_fn(n.binary, elem(n.a, g, e), elem(n.b, g, e)));
       case MonoidNode::Kind::select: return em_.keep(out_, select(elem(n.a, g, e), elem(n.b, g, e), elem(n.c, g, e)));
@@ -196,7 +208,7 @@ class ChunkEvaluator {
       case MonoidNode::Kind::chunk_max: {
         const bool sum = n.kind == MonoidNode::Kind::chunk_sum;
         const BinOp op = sum ? BinOp::add : BinOp::max;
-        const ExprPtr identity = f32_const(sum ? 0.0 : kNegInf);
+        const ExprPtr identity = em_.fc(sum ? 0.0 : kNegInf);
         std::vector<ExprPtr> terms;
         for (size_t g2 = 0; g2 < groups_.size(); ++g2) {
           const ChunkGroup& grp = groups_[g2];
@@ -280,6 +292,8 @@ class RowLowering {
 
   ExprPtr r(int id) const { return em_.r(id); }
   ExprPtr i64(int64_t v) { return i64_const(v); }
+  ExprPtr fc(double v) const { return em_.fc(v); }
+  Type real() const { return k_.real; }
   int assign_new(std::vector<Stmt>& out, const std::string& name, ExprPtr v) { return em_.assign_new(out, name, v); }
   bool present(int operand) const { return sig_.present[operand]; }
   DType dtype(int operand) const { return sig_.dtypes[operand]; }
@@ -368,6 +382,7 @@ LoweredProgram RowLowering::run() {
   k_.workers_per_program = W;
   k_.private_budget = plan_.private_budget;
   k_.resident_groups = plan_.resident_groups;
+  k_.real = sig_.f64() ? Type::f64 : Type::f32;
   analyse();
   TILE_CHECK(C == 1 || rows_reductions_.empty(), "a cluster plan for a program reducing over the rows");
   declare_arguments();
@@ -392,13 +407,13 @@ LoweredProgram RowLowering::run() {
           for (int j = 0; j < plan_.vector_elems; ++j) {
             std::vector<int> parts;
             for (size_t q = 0; q < rr.monoid.parts.size(); ++q)
-              parts.push_back(assign_new(body, "racc", f32_const(rr.monoid.identity[q])));
+              parts.push_back(assign_new(body, "racc", fc(rr.monoid.identity[q])));
             for (int id : parts) k_.regs[id].cached = true;  // counted against the private budget
             acc.push_back(parts);
           }
       } else if (!elem) {
         for (size_t q = 0; q < rr.monoid.parts.size(); ++q)
-          row_acc_[red].push_back(assign_new(body, "racc", f32_const(rr.monoid.identity[q])));
+          row_acc_[red].push_back(assign_new(body, "racc", fc(rr.monoid.identity[q])));
       }
     }
     int it = em_.temp("block_it", Type::i64);
@@ -494,7 +509,7 @@ void RowLowering::declare_arguments() {
   }
   if (!rows_reductions_.empty()) {
     ws_buffer_ = int(k_.buffers.size());
-    k_.buffers.push_back({"tile_workspace", DType::f32, true});
+    k_.buffers.push_back({"tile_workspace", workspace_dtype(k_.real), true});
     lowered_.main.buffers.push_back(-1);
   }
   auto add_param = [&](const std::string& name, Type t, ParamSource src) {
@@ -512,7 +527,7 @@ void RowLowering::declare_arguments() {
   for (size_t i = 0; i < prog_.operands().size(); ++i)
     if (decl(int(i)).role == Role::scalar_in)
       scalar_of_[int(i)] =
-          add_param(decl(int(i)).name, ir_type(decl(int(i)).scalar_type), {ParamSource::Kind::scalar, int(i)});
+          add_param(decl(int(i)).name, ir_type(decl(int(i)).scalar_type, real()), {ParamSource::Kind::scalar, int(i)});
 }
 
 ExprPtr RowLowering::stripe_col(ExprPtr stripe) {
@@ -559,7 +574,7 @@ void RowLowering::begin_row(std::vector<Stmt>& b, ExprPtr block) {
   // Per-row inputs: one load per program row (every worker reads the same address).
   for (auto& [operand, buffer] : buffer_of_) {
     if (decl(operand).role != Role::row_scalar_in) continue;
-    const Type t = value_type(dtype(operand));
+    const Type t = value_type(dtype(operand), real());
     int v = em_.temp(decl(operand).name, t);
     ExprPtr index = binary(BinOp::mul, load_row, param(stride_of_[operand], Type::i64));
     ExprPtr valid = plan_.tail == TailHandling::clamp ? i64(1) : select(r(row_valid_), i64(1), i64(0));
@@ -602,7 +617,7 @@ void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<i
     const bool raw = cache && plan_.cache_format == CacheFormat::packed && dtype_size(dt) == 2;
     std::vector<int> regs;
     for (int j = 0; j < plan_.vector_elems; j += raw ? 2 : 1)
-      regs.push_back(k_.add_reg(decl(operand).name + std::to_string(k_.regs.size()), raw ? Type::i32 : value_type(dt), cache));
+      regs.push_back(k_.add_reg(decl(operand).name + std::to_string(k_.regs.size()), raw ? Type::i32 : value_type(dt, real()), cache));
     if (raw) {
       out.push_back(whole(load_raw(regs, buffer, index, valid, r(aligned_[operand]), clamp)));
       slot.words[operand] = regs;
@@ -619,11 +634,11 @@ ExprPtr RowLowering::row_value(std::vector<Stmt>& out, int node) {
   TILE_CHECK(!n.shape.cols, "row_value of a node varying along the columns");
   ExprPtr value;
   switch (n.kind) {
-    case RowNode::Kind::constant: return n.type == ValueType::f32 ? f32_const(n.value) : i64(int64_t(n.value));
-    case RowNode::Kind::cols: value = cast(Type::f32, param(p_cols_, Type::i64)); break;
+    case RowNode::Kind::constant: return em_.constant(n);
+    case RowNode::Kind::cols: value = cast(real(), param(p_cols_, Type::i64)); break;
     case RowNode::Kind::load:
-      if (decl(n.operand).role == Role::scalar_in) return param(scalar_of_.at(n.operand), ir_type(n.type));
-      if (!present(n.operand)) return row_values_[node] = n.type == ValueType::f32 ? f32_const(n.value) : i64(int64_t(n.value));
+      if (decl(n.operand).role == Role::scalar_in) return param(scalar_of_.at(n.operand), ir_type(n.type, real()));
+      if (!present(n.operand)) return row_values_[node] = em_.constant(n);
       TILE_CHECK(false, "per-row input '", decl(n.operand).name, "' was not loaded");
       break;
     case RowNode::Kind::unary: value = em_.unary_fn(n.unary, row_value(out, n.a)); break;
@@ -662,7 +677,7 @@ const std::vector<ExprPtr>& RowLowering::element(std::vector<Stmt>& out, Slot& s
     case RowNode::Kind::load: {
       const Role role = decl(n.operand).role;
       if (!present(n.operand)) {
-        vals.assign(V, n.type == ValueType::f32 ? f32_const(n.value) : i64(int64_t(n.value)));
+        vals.assign(V, em_.constant(n));
       } else if (role == Role::row_in) {
         if (auto w = slot.words.find(n.operand); w != slot.words.end()) {
           for (int j = 0; j < V; ++j)
@@ -674,7 +689,7 @@ const std::vector<ExprPtr>& RowLowering::element(std::vector<Stmt>& out, Slot& s
         auto& loaded = slot.column[n.operand];
         if (loaded.empty()) {
           const DType dt = dtype(n.operand);
-          for (int j = 0; j < V; ++j) loaded.push_back(em_.temp(decl(n.operand).name, value_type(dt)));
+          for (int j = 0; j < V; ++j) loaded.push_back(em_.temp(decl(n.operand).name, value_type(dt, real())));
           out.push_back(whole(load(loaded, buffer_of_.at(n.operand), slot.col,
                                    binary(BinOp::sub, r(load_cols_), slot.col), r(aligned_.at(n.operand)),
                                    plan_.tail == TailHandling::clamp, 0.0f)));
@@ -716,9 +731,9 @@ std::vector<ChunkGroup> RowLowering::slot_groups(std::vector<Stmt>& out, std::ve
     for (int in : inputs) values.push_back(element(out, *slot, in));
     if (whole_) {
       g.all_valid = slot->live;
-      g.count = em_.keep(out, select(slot->live, f32_const(V), f32_const(0.0)), "k");
+      g.count = em_.keep(out, select(slot->live, fc(V), fc(0.0)), "k");
     } else {
-      g.count = em_.keep(out, cast(Type::f32, slot->in_row_count), "k");
+      g.count = em_.keep(out, cast(real(), slot->in_row_count), "k");
     }
     for (int j = 0; j < V; ++j) {
       ChunkElement e;
@@ -759,7 +774,7 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
   } else {
     for (int red : reductions) {
       std::vector<int> regs;
-      for (double id : prog_.reductions()[red].monoid.identity) regs.push_back(assign_new(out, "acc", f32_const(id)));
+      for (double id : prog_.reductions()[red].monoid.identity) regs.push_back(assign_new(out, "acc", fc(id)));
       states.push_back(regs);
     }
     for (Stmt& s : reread_loop(inputs, [&](std::vector<Stmt>& body, std::vector<Slot*>& slots) {
@@ -792,7 +807,7 @@ std::vector<std::vector<int>> RowLowering::staged_states(std::vector<Stmt>& out,
   static const Monoid sum = monoid::sum(), max = monoid::max();
   std::vector<Slot*> slots;
   for (Slot& s : cached_) slots.push_back(&s);
-  const ExprPtr row_count = em_.keep(out, cast(Type::f32, r(load_cols_)), "k");
+  const ExprPtr row_count = em_.keep(out, cast(real(), r(load_cols_)), "k");
   std::vector<std::unique_ptr<ChunkEvaluator>> evals;
   std::vector<std::map<int, int>> stages;
   int last = -1;
@@ -844,7 +859,7 @@ std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt
         const Monoid& m = *monoids[i];
         std::vector<ExprPtr> self, other;
         for (int reg_id : mine[i]) {
-          int t = em_.temp("t", Type::f32);
+          int t = em_.temp("t", real());
           out.push_back(shfl_xor(t, reg_id, offset, width));
           self.push_back(r(reg_id));
           other.push_back(r(t));
@@ -877,9 +892,9 @@ std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt
   for (size_t i = 0; i < states.size(); ++i) {
     const Monoid& m = *monoids[i];
     for (size_t q = 0; q < states[i].size(); ++q) {
-      int partial = em_.temp("partial", Type::f32);
+      int partial = em_.temp("partial", real());
       out.push_back(shared_load(partial, regions[i][q], slot));
-      totals[i].push_back(assign_new(out, "total", select(mine, r(partial), f32_const(m.identity[q]))));
+      totals[i].push_back(assign_new(out, "total", select(mine, r(partial), fc(m.identity[q]))));
     }
   }
   butterfly(totals, 32);
@@ -919,17 +934,17 @@ std::vector<std::vector<int>> RowLowering::merge_across_cluster(std::vector<Stmt
   std::vector<std::vector<int>> mine(states.size());
   for (size_t i = 0; i < states.size(); ++i)
     for (size_t q = 0; q < regions[i].size(); ++q) {
-      int v = em_.temp("remote", Type::f32);
+      int v = em_.temp("remote", real());
       out.push_back(remote_shared_load(v, regions[i][q], i32_const(0), rank));
       mine[i].push_back(B == C ? v
                                : assign_new(out, "part", select(binary(BinOp::lt, position, i32_const(C)), r(v),
-                                                               f32_const(monoids[i]->identity[q]))));
+                                                               fc(monoids[i]->identity[q]))));
     }
   for (int offset = B / 2; offset >= 1; offset /= 2)
     for (size_t i = 0; i < monoids.size(); ++i) {
       std::vector<ExprPtr> self, other;
       for (int reg_id : mine[i]) {
-        int t = em_.temp("t", Type::f32);
+        int t = em_.temp("t", real());
         out.push_back(shfl_xor(t, reg_id, offset, B));
         self.push_back(r(reg_id));
         other.push_back(r(t));
@@ -1001,7 +1016,7 @@ void RowLowering::accumulate_rows(std::vector<Stmt>& out, Slot& slot) {
       // A chunk of one element: valid when the row is real and the element in it.
       ExprPtr valid = em_.keep(out, binary(BinOp::and_, r(row_valid_), in_row(slot, j)), "ok");
       ChunkGroup g;
-      g.count = em_.keep(out, select(valid, f32_const(1.0), f32_const(0.0)), "k");
+      g.count = em_.keep(out, select(valid, fc(1.0), fc(0.0)), "k");
       ChunkElement e;
       for (auto& v : inputs) e.inputs.push_back(v[j]);
       e.valid = valid;
@@ -1025,7 +1040,7 @@ void RowLowering::accumulate_rows(std::vector<Stmt>& out, Slot& slot) {
                                  binary(BinOp::add, slot.col, i64(j)));
           ExprPtr in_cols = binary(BinOp::lt, binary(BinOp::add, slot.col, i64(j)), param(p_cols_, Type::i64));
           ExprPtr valid_count = select(binary(BinOp::and_, in_cols, unary(UnOp::not_, r(first_row_))), i64(1), i64(0));
-          int v = em_.temp("w", Type::f32);
+          int v = em_.temp("w", real());
           out.push_back(load({v}, ws_buffer_, index, valid_count, b1_const(false), false, float(m.identity[q])));
           mine.push_back(r(v));
           loaded.push_back(v);
@@ -1065,8 +1080,9 @@ void RowLowering::flush_rows(std::vector<Stmt>& out) {
       continue;
     }
     if (plan_.caching != InputCaching::registers) continue;  // already in the workspace
-    // f32 partials in accesses of at most 16 bytes (the widest vector access).
-    const int width = std::min(V, 4);
+    // Partials in accesses of at most 16 bytes (the widest vector access).
+    const int bytes = dtype_size(workspace_dtype(real()));
+    const int width = std::min(V, 16 / bytes);
     for (int s = 0; s < plan_.stripes; ++s) {
       for (int j0 = 0; j0 < V; j0 += width) {
         ExprPtr col = em_.keep(out, binary(BinOp::add, stripe_col(i64(s)), i64(j0)), "col");
@@ -1078,7 +1094,7 @@ void RowLowering::flush_rows(std::vector<Stmt>& out) {
                                         binary(BinOp::mul, i64_const(ws_offset_[red] + int(q)), param(p_cols_, Type::i64))),
                                  col);
           out.push_back(store(regs, ws_buffer_, index, binary(BinOp::sub, param(p_cols_, Type::i64), col),
-                              row_aligned(ws_buffer_, index, width * 4)));
+                              row_aligned(ws_buffer_, index, width * bytes)));
         }
       }
     }
@@ -1119,7 +1135,7 @@ std::vector<Stmt> RowLowering::row_body() {
     ChunkElement e;
     for (int in : rr.inputs) e.inputs.push_back(row_value(body, in));
     e.valid = r(row_valid_);
-    g.count = em_.keep(body, select(r(row_valid_), f32_const(1.0), f32_const(0.0)), "k");
+    g.count = em_.keep(body, select(r(row_valid_), fc(1.0), fc(0.0)), "k");
     g.elems.push_back(e);
     std::vector<ExprPtr> contribution = chunk_state(em_, body, rr.monoid, {g});
     std::vector<ExprPtr> mine;
@@ -1169,8 +1185,9 @@ LoweredKernel RowLowering::lower_finish() {
   k.programs_per_group = 1;
   k.workers_per_program = plan_.finish_workers;
   k.private_budget = 1;
+  k.real = k_.real;
   std::map<int, int> buffers, scalars;
-  k.buffers.push_back({"tile_workspace", DType::f32, false});
+  k.buffers.push_back({"tile_workspace", workspace_dtype(k.real), false});
   fk.buffers.push_back(-1);
   for (size_t i = 0; i < prog_.operands().size(); ++i) {
     const Role role = decl(int(i)).role;
@@ -1186,7 +1203,7 @@ LoweredKernel RowLowering::lower_finish() {
   for (size_t i = 0; i < prog_.operands().size(); ++i)
     if (decl(int(i)).role == Role::scalar_in) {
       scalars[int(i)] = int(k.params.size());
-      k.params.push_back({decl(int(i)).name, ir_type(decl(int(i)).scalar_type)});
+      k.params.push_back({decl(int(i)).name, ir_type(decl(int(i)).scalar_type, k.real)});
       fk.params.push_back({ParamSource::Kind::scalar, int(i)});
     }
   ExprPtr cols = param(0, Type::i64), slots = param(1, Type::i64);
@@ -1203,16 +1220,16 @@ LoweredKernel RowLowering::lower_finish() {
       const RowNode& n = prog_.nodes()[id];
       ExprPtr v;
       switch (n.kind) {
-        case RowNode::Kind::constant: v = n.type == ValueType::f32 ? f32_const(n.value) : i64_const(int64_t(n.value)); break;
-        case RowNode::Kind::cols: v = cast(Type::f32, cols); break;
+        case RowNode::Kind::constant: v = em.constant(n); break;
+        case RowNode::Kind::cols: v = cast(k.real, cols); break;
         case RowNode::Kind::col_index: v = em.r(c); break;
         case RowNode::Kind::load:
           if (decl(n.operand).role == Role::scalar_in) {
-            v = param(scalars.at(n.operand), ir_type(n.type));
+            v = param(scalars.at(n.operand), ir_type(n.type, k.real));
           } else if (!present(n.operand)) {
-            v = n.type == ValueType::f32 ? f32_const(n.value) : i64_const(int64_t(n.value));
+            v = em.constant(n);
           } else {
-            int reg_id = em.temp(decl(n.operand).name, value_type(dtype(n.operand)));
+            int reg_id = em.temp(decl(n.operand).name, value_type(dtype(n.operand), k.real));
             out.push_back(load({reg_id}, buffers.at(n.operand), em.r(c), i64_const(1), b1_const(false), false, 0.0f));
             v = em.r(reg_id);
           }
@@ -1224,7 +1241,7 @@ LoweredKernel RowLowering::lower_finish() {
           const RowReduction& rr = prog_.reductions()[n.reduction];
           const Monoid& m = rr.monoid;
           std::vector<int> state;
-          for (double idv : m.identity) state.push_back(em.assign_new(out, "st", f32_const(idv)));
+          for (double idv : m.identity) state.push_back(em.assign_new(out, "st", em.fc(idv)));
           int s = em.temp("slot", Type::i64);
           std::vector<Stmt> loop;
           std::vector<ExprPtr> other, mine;
@@ -1232,7 +1249,7 @@ LoweredKernel RowLowering::lower_finish() {
             ExprPtr at = per_column ? binary(BinOp::add, binary(BinOp::mul, i64_const(ws_offset_[n.reduction] + int(q)), cols), em.r(c))
                                     : binary(BinOp::add, binary(BinOp::mul, i64_const(lowered_.col_parts), cols),
                                              i64_const(ws_offset_[n.reduction] + int(q)));
-            int w = em.temp("w", Type::f32);
+            int w = em.temp("w", k.real);
             loop.push_back(load({w}, 0, binary(BinOp::add, binary(BinOp::mul, em.r(s), slot_stride), at), i64_const(1),
                                 b1_const(false), false, 0.0f));
             other.push_back(em.r(w));

@@ -45,9 +45,14 @@ struct LoweredKernel {
 struct LoweredProgram {
   LoweredKernel main;
   std::optional<LoweredKernel> finish;  // the second phase of reductions over the rows
-  // Workspace (f32) per slot (one slot per program of the grid): col_parts * cols + fixed_parts.
+  // Workspace elements (of workspace_dtype) per slot (one slot per program of the grid):
+  // col_parts * cols + fixed_parts.
   int col_parts = 0, fixed_parts = 0;
+  int workspace_elem_bytes() const { return main.kernel.real == ir::Type::f64 ? 8 : 4; }
 };
+
+// The workspace holds partial states in the kernel's float type.
+inline DType workspace_dtype(ir::Type real) { return real == ir::Type::f64 ? DType::f64 : DType::f32; }
 
 // Groups of the finish kernel for `cols` columns: one worker per column.
 inline int64_t finish_groups(const LoweredKernel& finish, int64_t cols) {

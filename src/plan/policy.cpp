@@ -56,6 +56,7 @@ PlanInputs PlanInputs::for_rows(DType x, DType y, int64_t rows, int64_t cols, in
   in.rows = rows, in.cols = cols;
   in.row_operands = {{x, x_stride ? x_stride : cols, true}, {y, y_stride ? y_stride : cols, false}};
   if (columns) in.column_dtypes = {*columns};
+  in.real_bytes = x == DType::f64 ? 8 : 4;  // a float64 call computes in f64
   return in;
 }
 
@@ -121,8 +122,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // Bytes of every row input in one column: a register cache holds each input's slice.
   const int64_t xes = in.input_bytes_per_col();
   // Registers a cached column position costs a worker: one per row input, plus accumulators
-  // of reductions over the rows.
-  const int64_t per_elem = in.row_inputs() + in.rows_reduction_parts;
+  // of reductions over the rows (two each in f64: the budget counts 32-bit registers).
+  const int64_t per_elem = (in.row_inputs() + in.rows_reduction_parts) * (in.real_bytes / 4);
   // A row too long for one group's registers is split over the groups of a cluster where the
   // target has clusters and the request asks for register caching: the smallest power-of-two
   // cluster whose groups of 512 (else 1024) workers each cache at most kClusterSliceScalars
@@ -281,11 +282,12 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
                           " >= cols = " + str(in.cols),
            str(p.stripes) + " x " + (C > 1 ? str(C) + " x " : std::string()) + str(W) + " x " + str(V) + " = " +
                str(covered));
-    const int64_t per_elem = in.row_inputs() + in.rows_reduction_parts;
+    const int64_t per_elem = (in.row_inputs() + in.rows_reduction_parts) * (in.real_bytes / 4);
     if (int64_t(p.stripes) * V * per_elem > p.private_budget)
       fail("caching", "a cached row slice within private_budget = " + str(p.private_budget) +
                           " scalars (or caching \"reread\")",
-           "stripes x vector_elems x " + str(per_elem) + " (row inputs and row-reduction accumulators) = " +
+           "stripes x vector_elems x " + str(per_elem) + " (row inputs and row-reduction accumulators" +
+               (in.real_bytes == 8 ? ", two scalars each in f64" : "") + ") = " +
                str(int64_t(p.stripes) * V * per_elem) + " scalars per worker");
   }
   bool inputs_16bit = in.row_inputs() > 0;
@@ -314,7 +316,7 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
                           " elements and cols a multiple of it for \"require\"",
          "base alignment " + str(in.base_alignment) + " bytes, row strides " + strides(in) + ", cols " + str(in.cols));
   // One slot per warp and part, and per part for the cluster's merge.
-  if (int64_t(std::max(1, in.merge_parts)) * (P * std::max(1, W / 32) + (C > 1 ? 1 : 0)) * 4 > limits.max_shared_bytes)
+  if (int64_t(std::max(1, in.merge_parts)) * (P * std::max(1, W / 32) + (C > 1 ? 1 : 0)) * in.real_bytes > limits.max_shared_bytes)
     fail("programs_per_group", "shared memory within " + str(limits.max_shared_bytes) + " bytes", str(P));
   if (int64_t(p.resident_groups) * P * W > limits.max_threads_per_sm)
     fail("resident_groups", "resident_groups x threads per group <= " + str(limits.max_threads_per_sm) +

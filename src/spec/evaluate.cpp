@@ -32,7 +32,8 @@ double apply(UnaryFn fn, double a) {
   return kNaN;
 }
 
-double apply(BinaryFn fn, double a, double b) {
+// f64: the program computes in a float64 call (ldexp's exponent clamp is then the f64 one).
+double apply(BinaryFn fn, double a, double b, bool f64) {
   switch (fn) {
     case BinaryFn::add: return a + b;
     case BinaryFn::sub: return a - b;
@@ -46,13 +47,16 @@ double apply(BinaryFn fn, double a, double b) {
     case BinaryFn::ne: return a != b;
     case BinaryFn::logical_and: return a != 0 && b != 0;
     case BinaryFn::logical_or: return a != 0 || b != 0;
-    case BinaryFn::ldexp: return std::isnan(b) ? b : std::ldexp(a, int(std::clamp(b, -1000.0, 1000.0)));
+    case BinaryFn::ldexp: {
+      const double limit = f64 ? 3000.0 : 1000.0;
+      return std::isnan(b) ? b : std::ldexp(a, int(std::clamp(b, -limit, limit)));
+    }
   }
   return kNaN;
 }
 
 // A monoid's chunk graph over elements[input][e], all valid.
-std::vector<double> chunk(const Monoid& m, const std::vector<std::vector<double>>& elements) {
+std::vector<double> chunk(const Monoid& m, const std::vector<std::vector<double>>& elements, bool f64) {
   const size_t n = elements.empty() ? 0 : elements[0].size();
   std::vector<std::vector<double>> elem(m.nodes.size());  // element-level values
   std::vector<double> value(m.nodes.size(), kNaN);
@@ -69,7 +73,7 @@ std::vector<double> chunk(const Monoid& m, const std::vector<std::vector<double>
         switch (x.kind) {
           case MonoidNode::Kind::element: elem[id][e] = elements[x.index][e]; break;
           case MonoidNode::Kind::unary: elem[id][e] = apply(x.unary, at(x.a, e)); break;
-          case MonoidNode::Kind::binary: elem[id][e] = apply(x.binary, at(x.a, e), at(x.b, e)); break;
+          case MonoidNode::Kind::binary: elem[id][e] = apply(x.binary, at(x.a, e), at(x.b, e), f64); break;
           case MonoidNode::Kind::select: elem[id][e] = at(x.a, e) != 0 ? at(x.b, e) : at(x.c, e); break;
           default: TILE_CHECK(false, "element-level node of kind ", int(x.kind));
         }
@@ -77,7 +81,7 @@ std::vector<double> chunk(const Monoid& m, const std::vector<std::vector<double>
     } else {
       switch (x.kind) {
         case MonoidNode::Kind::count: value[id] = double(n); break;
-        case MonoidNode::Kind::constant: value[id] = x.value; break;
+        case MonoidNode::Kind::constant: value[id] = x.value_in(f64); break;
         case MonoidNode::Kind::chunk_sum: {
           double s = 0;
           for (size_t e = 0; e < n; ++e) s += at(x.a, e);
@@ -86,12 +90,12 @@ std::vector<double> chunk(const Monoid& m, const std::vector<std::vector<double>
         }
         case MonoidNode::Kind::chunk_max: {
           double s = -std::numeric_limits<double>::infinity();
-          for (size_t e = 0; e < n; ++e) s = apply(BinaryFn::max, s, at(x.a, e));
+          for (size_t e = 0; e < n; ++e) s = apply(BinaryFn::max, s, at(x.a, e), f64);
           value[id] = s;
           break;
         }
         case MonoidNode::Kind::unary: value[id] = apply(x.unary, value[x.a]); break;
-        case MonoidNode::Kind::binary: value[id] = apply(x.binary, value[x.a], value[x.b]); break;
+        case MonoidNode::Kind::binary: value[id] = apply(x.binary, value[x.a], value[x.b], f64); break;
         case MonoidNode::Kind::select: value[id] = value[x.a] != 0 ? value[x.b] : value[x.c]; break;
         default: TILE_CHECK(false, "state node in a chunk graph");
       }
@@ -162,7 +166,7 @@ class Evaluator {
         std::vector<std::vector<double>> inputs(rr.inputs.size());
         for (size_t k = 0; k < rr.inputs.size(); ++k)
           for (int64_t r = 0; r < rows; ++r) inputs[k].push_back(rows_inputs[red][k].empty() ? 0.0 : rows_inputs[red][k][size_t(r * width + c)]);
-        rows_results_[red][size_t(c)] = chunk(rr.monoid, inputs);
+        rows_results_[red][size_t(c)] = chunk(rr.monoid, inputs, call_.f64);
       }
     }
     row_ = -1;
@@ -200,12 +204,15 @@ class Evaluator {
           if (role == Role::row_in) e = row_ * b.stride + c;
           else if (role == Role::row_scalar_in) e = row_ * b.stride;
           else if (role == Role::col_in) e = c;
-          if (role == Role::scalar_in) result[c] = n.type == ValueType::f32 ? double(float(b.value)) : b.value;
-          else result[c] = is_float(b.dtype) ? double(load_as_float(b.data, e, b.dtype)) : double(load_as_int(b.data, e, b.dtype));
+          // A kernel reads float scalars as fp32, or as doubles in a float64 call.
+          if (role == Role::scalar_in) result[c] = n.type == ValueType::f32 && !call_.f64 ? double(float(b.value)) : b.value;
+          else result[c] = is_float(b.dtype) ? double(load_as_double(b.data, e, b.dtype)) : double(load_as_int(b.data, e, b.dtype));
         }
         break;
       }
-      case RowNode::Kind::constant: result[0] = n.type == ValueType::f32 ? double(float(n.value)) : n.value; break;
+      case RowNode::Kind::constant:
+        result[0] = n.type != ValueType::f32 ? n.value : call_.f64 ? n.value_in(true) : double(float(n.value));
+        break;
       case RowNode::Kind::cols: result[0] = double(cols); break;
       case RowNode::Kind::col_index:
         for (int64_t c = 0; c < width; ++c) result[c] = double(c);
@@ -217,7 +224,7 @@ class Evaluator {
       }
       case RowNode::Kind::binary: {
         const std::vector<double> a = eval(n.a), b = eval(n.b);
-        for (int64_t c = 0; c < width; ++c) result[c] = apply(n.binary, at(a, c), at(b, c));
+        for (int64_t c = 0; c < width; ++c) result[c] = apply(n.binary, at(a, c), at(b, c), call_.f64);
         break;
       }
       case RowNode::Kind::select: {
@@ -232,7 +239,7 @@ class Evaluator {
         } else {
           std::vector<std::vector<double>> inputs;
           for (int in : rr.inputs) inputs.push_back(eval(in));
-          result[0] = chunk(rr.monoid, inputs)[n.part];
+          result[0] = chunk(rr.monoid, inputs, call_.f64)[n.part];
         }
         break;
       }
@@ -288,6 +295,7 @@ OracleCheck check_against_reference(const RowProgram& program, const Args& args,
     double rtol = 2e-5, atol = 1e-6, floor = 0;
     if (b.dtype == DType::f16) rtol = 1.5e-3, atol = 1e-4, floor = 6e-8;
     if (b.dtype == DType::bf16) rtol = 8e-3, atol = 1e-4, floor = 1e-38;
+    if (b.dtype == DType::f64) rtol = 2e-5 * 0x1p-29, atol = 1e-6 * 0x1p-29;  // the same ulps as fp32's
     if (role == Role::col_out || role == Role::scalar_out) atol *= 4 * std::sqrt(double(std::max<int64_t>(call.rows, 1)));
     const bool integer = !is_float(b.dtype);
     for (size_t k = 0; k < out.values.size(); ++k) {
@@ -295,7 +303,7 @@ OracleCheck check_against_reference(const RowProgram& program, const Args& args,
       if (role == Role::row_out) e = int64_t(k) / call.cols * b.stride + int64_t(k) % call.cols;
       if (role == Role::row_scalar_out) e = int64_t(k) * b.stride;
       const double want = out.values[k];
-      const double got = integer ? double(load_as_int(b.data, e, b.dtype)) : double(load_as_float(b.data, e, b.dtype));
+      const double got = integer ? double(load_as_int(b.data, e, b.dtype)) : double(load_as_double(b.data, e, b.dtype));
       const double tol = integer ? 0.0 : rtol * std::abs(want) + atol * out.scale[k] + floor;
       const double err = std::abs(got - want);
       const bool ok = std::isnan(want) ? std::isnan(got) : (std::isinf(want) ? got == want : err <= tol);

@@ -53,6 +53,11 @@ MonoidExpr MonoidBuilder::constant(double value) {
   n.value = value;
   return {this, add(n)};
 }
+MonoidExpr MonoidBuilder::constant(double f32, double f64) {
+  MonoidNode n{MonoidNode::Kind::constant};
+  n.value = f32, n.f64_value = f64;
+  return {this, add(n)};
+}
 MonoidExpr MonoidBuilder::unary(UnaryFn fn, MonoidExpr a) {
   MonoidNode n{MonoidNode::Kind::unary};
   n.unary = fn, n.a = a.id;
@@ -138,6 +143,11 @@ void Monoid::check() const {
 namespace monoid {
 
 namespace {
+MonoidExpr min_exponent(MonoidBuilder& b) { return b.constant(kF32Exponents.lo, kF64Exponents.lo); }
+MonoidExpr max_exponent(MonoidBuilder& b) { return b.constant(kF32Exponents.hi, kF64Exponents.hi); }
+}  // namespace
+
+namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 }
 
@@ -196,7 +206,8 @@ Monoid mean_m2() {
   return b.build({total, mean, m2}, {k, chunk_mean, chunk_m2});
 }
 
-// (e, s): Σ x^2 = s 4^e with 2^e <= max |x| < 2^(e+1) (e clamped to [-103, 125]), so every
+// (e, s): Σ x^2 = s 4^e with 2^e <= max |x| < 2^(e+1) (e clamped to [-103, 125] in f32,
+// [-970, 1021] in f64: kF32Exponents, kF64Exponents), so every
 // (x 2^-e)^2 < 64 and nothing overflows or underflows for finite x. Scales are exact powers of two (ldexp): merging parts
 // costs no division and no rounding of the scale. A part with s = 0 (only zeros, or nothing)
 // does not set the merged scale; +inf makes s infinite (x^2 would be), so RMSNorm keeps
@@ -216,16 +227,16 @@ Monoid scaled_sum_squares() {
   MonoidExpr amax = b.binary(BinaryFn::max, zero, b.chunk_max(b.unary(UnaryFn::abs, b.element())));
   // e clamped to [-103, 125] keeps 2^-e a normal float, so one exact multiply per element
   // scales it (an ldexp per element cost RMSNorm half its bandwidth on the H200); the scaled
-  // squares stay below 64 and above fp32's smallest normal for every nonzero finite x.
-  MonoidExpr e = b.binary(BinaryFn::min, b.binary(BinaryFn::max, b.unary(UnaryFn::exponent, amax), b.constant(-103)),
-                          b.constant(125));
+  // squares stay below 64 and above the smallest normal for every nonzero finite x.
+  MonoidExpr e = b.binary(BinaryFn::min, b.binary(BinaryFn::max, b.unary(UnaryFn::exponent, amax), min_exponent(b)),
+                          max_exponent(b));
   MonoidExpr scaled = b.element() * b.binary(BinaryFn::ldexp, b.constant(1.0), zero - e);
   MonoidExpr chunk_s = b.chunk_sum(scaled * scaled);
   return b.build({merged, sum}, {e, chunk_s});
 }
 
 // (n, e, mean, m2): the count, and the mean and sum of squared deviations of x 2^-e, with e the
-// exponent of the part's largest |x| clamped to [-103, 125] (so 2^-e is a normal float and one
+// exponent of the part's largest |x| clamped to kF32Exponents or kF64Exponents (so 2^-e is a normal float and one
 // multiply scales an element exactly); merged by Chan et al.'s formulas at the larger exponent,
 // the other side rescaled by ldexp (exact). Nothing overflows or underflows for finite x. A
 // chunk's mean is clamped into [min x, max x] 2^-e, so a constant chunk has its exact mean and
@@ -260,8 +271,8 @@ Monoid scaled_mean_m2() {
   MonoidExpr k = b.count();
   MonoidExpr hi = b.chunk_max(b.element()), lo = b.unary(UnaryFn::neg, b.chunk_max(b.unary(UnaryFn::neg, b.element())));
   MonoidExpr amax = b.binary(BinaryFn::max, zero, b.binary(BinaryFn::max, hi, b.unary(UnaryFn::neg, lo)));
-  MonoidExpr e = b.binary(BinaryFn::min, b.binary(BinaryFn::max, b.unary(UnaryFn::exponent, amax), b.constant(-103)),
-                          b.constant(125));
+  MonoidExpr e = b.binary(BinaryFn::min, b.binary(BinaryFn::max, b.unary(UnaryFn::exponent, amax), min_exponent(b)),
+                          max_exponent(b));
   MonoidExpr inv = b.binary(BinaryFn::ldexp, one, zero - e);
   MonoidExpr sum_hi = b.chunk_sum(b.element() * b.constant(0x1p-64)), sum_lo = b.chunk_sum(b.element() * b.constant(0x1p64));
   // sum_hi 2^-e stays normal where it is used (largest |x| above 2^-30), sum_lo 2^-e below 2^65 n.

@@ -24,8 +24,9 @@ Op parse_op(const std::string& name) {
 }
 
 Normaliser scaled_normaliser(RowProgram& p, RowExpr e, RowExpr mean_square, RowExpr eps) {
-  RowExpr ec = min(max(e, p.constant(-103)), p.constant(125));
-  RowExpr eps_scaled = max(ldexp(eps, -2.0 * e), min(eps, p.constant(0x1p-126)));
+  RowExpr ec = min(max(e, p.constant(monoid::kF32Exponents.lo, monoid::kF64Exponents.lo)),
+                   p.constant(monoid::kF32Exponents.hi, monoid::kF64Exponents.hi));
+  RowExpr eps_scaled = max(ldexp(eps, -2.0 * e), min(eps, p.constant(0x1p-126, 0x1p-1022)));
   RowExpr dominated = le(p.constant(1e30), eps_scaled);
   RowExpr plain = rsqrt(eps + ldexp(mean_square, 2.0 * e));
   RowExpr scaled = rsqrt(mean_square + eps_scaled);
@@ -49,7 +50,7 @@ RowProgram softmax_program(bool log) {
 }
 
 // RMSNorm on a sum of squares kept at an exponent (scaled_sum_squares): right for every finite
-// input whose result fp32 holds, from subnormal rows to rows at fp32's largest values
+// input whose result the float type holds, from subnormal rows to rows at its largest values
 // (docs/source/numerics.md).
 RowProgram rms_norm_program() {
   RowProgram p("rms_norm");
@@ -58,11 +59,11 @@ RowProgram rms_norm_program() {
   Operand w = p.col_in("weight", DTypeSet::floats(), /*optional=*/true, "per-column scale");
   Operand eps = p.scalar_in("eps", ValueType::f32, 1e-6, "added to the mean square");
   p.scalar_range(eps, 0.0, 1e300);
-  Operand rstd = p.row_scalar_out("rstd", {DType::f32}, /*optional=*/true, "1 / sqrt(mean square + eps) per row");
+  Operand rstd = p.row_scalar_out("rstd", DTypeSet::statistics(), /*optional=*/true, "1 / sqrt(mean square + eps) per row");
   RowExpr v = p.load(x);
   auto [k, s] = p.reduce2(Axis::cols, monoid::scaled_sum_squares(), v);
   Normaliser n = scaled_normaliser(p, k, s / p.cols(), p.load(eps));
-  p.store(rstd, n.rstd);  // +inf where 1 / rms exceeds fp32 (a tiny row and eps = 0)
+  p.store(rstd, n.rstd);  // +inf where 1 / rms exceeds the float type (a tiny row and eps = 0)
   p.store(y, v * n.a * n.b * p.load_or(w, 1.0));
   return p;
 }
@@ -78,11 +79,11 @@ RowProgram layer_norm_program() {
   Operand b = p.col_in("bias", DTypeSet::floats(), /*optional=*/true, "per-column shift");
   Operand eps = p.scalar_in("eps", ValueType::f32, 1e-5, "added to the variance");
   p.scalar_range(eps, 0.0, 1e300);
-  Operand mean_out = p.row_scalar_out("mean", {DType::f32}, /*optional=*/true, "mean per row");
-  Operand rstd_out = p.row_scalar_out("rstd", {DType::f32}, /*optional=*/true, "1 / sqrt(variance + eps) per row");
+  Operand mean_out = p.row_scalar_out("mean", DTypeSet::statistics(), /*optional=*/true, "mean per row");
+  Operand rstd_out = p.row_scalar_out("rstd", DTypeSet::statistics(), /*optional=*/true, "1 / sqrt(variance + eps) per row");
   RowExpr v = p.load(x);
   std::vector<RowExpr> stats = p.reduce(Axis::cols, monoid::scaled_mean_m2(), {v});
-  RowExpr e = stats[1], mean = stats[2];  // e is already within [-103, 125]
+  RowExpr e = stats[1], mean = stats[2];  // e is already within the clamp range
   Normaliser n = scaled_normaliser(p, e, stats[3] / p.cols(), p.load(eps));
   p.store(mean_out, ldexp(mean, e));
   p.store(rstd_out, n.rstd);

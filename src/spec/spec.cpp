@@ -31,7 +31,7 @@ bool is_output(Role role) {
 
 std::string DTypeSet::to_string() const {
   std::vector<std::string> names;
-  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::i32, DType::i64})
+  for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64})
     if (contains(t)) names.emplace_back(dtype_name(t));
   std::string out;
   for (size_t i = 0; i < names.size(); ++i)
@@ -93,7 +93,7 @@ Operand RowProgram::declare(OperandDecl decl) {
   if (decl.role != Role::scalar_in) {
     const bool floats = !(decl.dtypes.contains(DType::i32) || decl.dtypes.contains(DType::i64));
     const bool ints = !(decl.dtypes.contains(DType::f32) || decl.dtypes.contains(DType::f16) ||
-                        decl.dtypes.contains(DType::bf16));
+                        decl.dtypes.contains(DType::bf16) || decl.dtypes.contains(DType::f64));
     if (decl.dtypes.empty() || (!floats && !ints))
       fail("operand '" + decl.name + "': expected float dtypes or integer dtypes, got " + decl.dtypes.to_string());
   }
@@ -134,7 +134,7 @@ Operand RowProgram::col_out(std::string name, DTypeSet dtypes, bool optional, st
 }
 Operand RowProgram::scalar_in(std::string name, ValueType type, std::optional<double> default_value, std::string doc) {
   if (type == ValueType::b1) fail("scalar '" + name + "': expected type f32 or i64, got b1");
-  DTypeSet dtypes = type == ValueType::f32 ? DTypeSet{DType::f32} : DTypeSet{DType::i64};
+  DTypeSet dtypes = type == ValueType::f32 ? DTypeSet::statistics() : DTypeSet{DType::i64};
   OperandDecl d = make_decl(std::move(name), Role::scalar_in, dtypes, false, -1, std::move(doc));
   d.scalar_type = type;
   d.default_value = default_value;
@@ -218,6 +218,12 @@ RowExpr RowProgram::load_or(Operand operand, double absent) {
 RowExpr RowProgram::constant(double value) {
   RowNode n{RowNode::Kind::constant};
   n.value = value;
+  return {this, add(n)};
+}
+
+RowExpr RowProgram::constant(double f32, double f64) {
+  RowNode n{RowNode::Kind::constant};
+  n.value = f32, n.f64_value = f64;
   return {this, add(n)};
 }
 
@@ -405,7 +411,10 @@ std::string RowProgram::to_string() const {
         os << "load " << operands_[n.operand].name;
         if (operands_[n.operand].optional) os << " or " << n.value;
         break;
-      case RowNode::Kind::constant: os << "const " << n.value; break;
+      case RowNode::Kind::constant:
+        os << "const " << n.value;
+        if (n.f64_value) os << " (f64: " << *n.f64_value << ")";
+        break;
       case RowNode::Kind::cols: os << "cols"; break;
       case RowNode::Kind::col_index: os << "col_index"; break;
       case RowNode::Kind::unary: os << unary_fn_name(n.unary) << " %" << n.a; break;

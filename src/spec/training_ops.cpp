@@ -40,7 +40,7 @@ RowProgram rms_norm_backward_program() {
   Operand dy = p.row_in("dy", DTypeSet::floats(), "gradient of y");
   Operand x = p.row_in("x", DTypeSet::floats(), "input rows of the forward pass");
   Operand w = p.col_in("weight", DTypeSet::floats(), /*optional=*/true, "per-column scale");
-  Operand rstd = p.row_scalar_in("rstd", {DType::f32}, "1 / sqrt(mean square + eps) per row, as rms_norm saved it");
+  Operand rstd = p.row_scalar_in("rstd", DTypeSet::statistics(), "1 / sqrt(mean square + eps) per row, as rms_norm saved it");
   Operand dx = p.row_out("dx", DTypeSet::floats(), dy, "gradient of x (may be dy itself)");
   Operand dw = p.col_out("dweight", DTypeSet::floats(), /*optional=*/true, "gradient of weight, summed over the rows");
   RowExpr r = p.load(rstd), g0 = p.load(dy);
@@ -58,8 +58,8 @@ RowProgram layer_norm_backward_program() {
   Operand dy = p.row_in("dy", DTypeSet::floats(), "gradient of y");
   Operand x = p.row_in("x", DTypeSet::floats(), "input rows of the forward pass");
   Operand w = p.col_in("weight", DTypeSet::floats(), /*optional=*/true, "per-column scale");
-  Operand mean = p.row_scalar_in("mean", {DType::f32}, "mean per row, as layer_norm saved it");
-  Operand rstd = p.row_scalar_in("rstd", {DType::f32}, "1 / sqrt(variance + eps) per row, as layer_norm saved it");
+  Operand mean = p.row_scalar_in("mean", DTypeSet::statistics(), "mean per row, as layer_norm saved it");
+  Operand rstd = p.row_scalar_in("rstd", DTypeSet::statistics(), "1 / sqrt(variance + eps) per row, as layer_norm saved it");
   Operand dx = p.row_out("dx", DTypeSet::floats(), dy, "gradient of x (may be dy itself)");
   Operand dw = p.col_out("dweight", DTypeSet::floats(), /*optional=*/true, "gradient of weight, summed over the rows");
   Operand db = p.col_out("dbias", DTypeSet::floats(), /*optional=*/true, "gradient of bias, summed over the rows");
@@ -84,7 +84,7 @@ RowProgram fused_add_rms_norm_program() {
   p.scalar_range(eps, 0.0, 1e300);
   Operand y = p.row_out("y", DTypeSet::floats(), x, "normalized rows (may be x itself)");
   Operand res_out = p.row_out("residual_out", DTypeSet::floats(), res, "x + residual (may be residual itself)");
-  Operand rstd = p.row_scalar_out("rstd", {DType::f32}, /*optional=*/true, "1 / sqrt(mean square + eps) per row");
+  Operand rstd = p.row_scalar_out("rstd", DTypeSet::statistics(), /*optional=*/true, "1 / sqrt(mean square + eps) per row");
   RowExpr h = p.load(x) + p.load(res);
   auto [k, s] = p.reduce2(Axis::cols, monoid::scaled_sum_squares(), h);
   Normaliser n = scaled_normaliser(p, k, s / p.cols(), p.load(eps));
@@ -102,7 +102,7 @@ RowProgram fused_add_rms_norm_backward_program() {
       p.row_in("dresidual_out", DTypeSet::floats(), "gradient of residual_out (absent: 0)", /*optional=*/true);
   Operand h = p.row_in("residual_out", DTypeSet::floats(), "x + residual, as fused_add_rms_norm saved it");
   Operand w = p.col_in("weight", DTypeSet::floats(), /*optional=*/true, "per-column scale");
-  Operand rstd = p.row_scalar_in("rstd", {DType::f32}, "1 / sqrt(mean square + eps) per row, as saved");
+  Operand rstd = p.row_scalar_in("rstd", DTypeSet::statistics(), "1 / sqrt(mean square + eps) per row, as saved");
   Operand dx = p.row_out("dx", DTypeSet::floats(), dy, "gradient of x (may be dy itself)");
   Operand dr =
       p.row_out("dresidual", DTypeSet::floats(), dres,
@@ -131,11 +131,11 @@ RowProgram cross_entropy_program_of(CrossEntropyPass pass, bool smoothing, bool 
   Operand logits = p.row_in("logits", DTypeSet::floats(), "logits, one row per sample");
   Operand target = p.row_scalar_in("target", DTypeSet::integers(), "class of each row, or ignore_index");
   Operand lse_in, dloss, count;
-  if (!forward) lse_in = p.row_scalar_in("lse", {DType::f32}, "log-sum-exp per row, as cross_entropy saved it");
+  if (!forward) lse_in = p.row_scalar_in("lse", DTypeSet::statistics(), "log-sum-exp per row, as cross_entropy saved it");
   if (gradient) {
     dloss = p.row_scalar_in("dloss", DTypeSet::floats(),
                             "gradient of each row's loss (stride 0: one value for every row; absent: 1)", true);
-    count = p.row_scalar_in("count", {DType::f32},
+    count = p.row_scalar_in("count", DTypeSet::statistics(),
                             "rows whose target is not ignore_index, for reduction mean (stride 0; absent: 1)", true);
   }
   Operand ignore = p.scalar_in("ignore_index", ValueType::i64, -100.0, "the target of rows that add nothing");
@@ -152,13 +152,13 @@ RowProgram cross_entropy_program_of(CrossEntropyPass pass, bool smoothing, bool 
   }
   Operand loss, lse_out, loss_sum, loss_mean, count_out, dlogits;
   if (forward) {
-    loss = p.row_scalar_out("loss", {DType::f32}, true, "loss of each row (0 where the target is ignore_index)");
-    lse_out = p.row_scalar_out("lse", {DType::f32}, true, "log-sum-exp of each row's logits");
-    loss_sum = p.scalar_out("loss_sum", {DType::f32}, true, "sum of the rows' losses");
-    loss_mean = p.scalar_out("loss_mean", {DType::f32}, true, "loss_sum / the rows whose target is not ignore_index");
+    loss = p.row_scalar_out("loss", DTypeSet::statistics(), true, "loss of each row (0 where the target is ignore_index)");
+    lse_out = p.row_scalar_out("lse", DTypeSet::statistics(), true, "log-sum-exp of each row's logits");
+    loss_sum = p.scalar_out("loss_sum", DTypeSet::statistics(), true, "sum of the rows' losses");
+    loss_mean = p.scalar_out("loss_mean", DTypeSet::statistics(), true, "loss_sum / the rows whose target is not ignore_index");
   }
   if (pass == CrossEntropyPass::forward)
-    count_out = p.scalar_out("count", {DType::f32}, true, "the rows whose target is not ignore_index");
+    count_out = p.scalar_out("count", DTypeSet::statistics(), true, "the rows whose target is not ignore_index");
   if (gradient)
     dlogits = p.row_out("dlogits", DTypeSet::floats(), logits, "gradient of the logits (may be logits itself)");
 

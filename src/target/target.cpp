@@ -40,6 +40,7 @@ ArgumentValues argument_values(const LoweredKernel& kernel, const BoundCall& cal
       case ParamSource::Kind::slots: v.i = slots; break;
       case ParamSource::Kind::scalar:
         v.f = float(call.operands[p.operand].value);
+        v.d = call.operands[p.operand].value;
         v.i = int64_t(call.operands[p.operand].value);
         break;
     }

@@ -70,13 +70,15 @@ const Target& cuda_target();  // the stub in a build without CUDA
 const Target& target_for(Backend backend);
 
 // The kernel arguments of one lowered kernel, as values: buffers' base pointers (the
-// workspace given separately) and scalar parameters (integers in `i`, floats in `f`).
+// workspace given separately) and scalar parameters (integers in `i`, floats in `f`, or in
+// `d` for a kernel whose float type is f64).
 struct ArgumentValues {
   std::vector<void*> buffers;
   std::vector<int64_t> extents;  // elements each buffer may touch
   struct Scalar {
     int64_t i = 0;
     float f = 0;
+    double d = 0;
   };
   std::vector<Scalar> params;
 };

@@ -70,7 +70,7 @@ void HostMatrix::fill_random(std::mt19937_64& rng, double scale) {
     for (int64_t c = 0; c < cols_; ++c) {
       double v = dist(rng);
       if (v == 0.0) v = scale * 0.5;  // never zeros
-      store_from_float(data(), r * stride_ + c, dtype_, float(v));
+      store_from_double(data(), r * stride_ + c, dtype_, v);
     }
 }
 
@@ -91,7 +91,7 @@ bool HostMatrix::outside_untouched() const {
 
 void HostVector::fill_random(std::mt19937_64& rng, double mean, double scale) {
   std::normal_distribution<double> dist(mean, scale);
-  for (int64_t i = 0; i < size; ++i) store_from_float(data(), i, dtype, float(dist(rng)));
+  for (int64_t i = 0; i < size; ++i) store_from_double(data(), i, dtype, dist(rng));
 }
 
 const char* pattern_name(RowPattern pattern) {
@@ -104,6 +104,7 @@ double dtype_max(DType t) {
     case DType::f32: return std::numeric_limits<float>::max();
     case DType::f16: return 65504.0;
     case DType::bf16: return 0x1.fep127;
+    case DType::f64: return std::numeric_limits<double>::max();
     default: return 0;
   }
 }
@@ -113,6 +114,7 @@ double dtype_min_subnormal(DType t) {
     case DType::f32: return 0x1p-149;
     case DType::f16: return 0x1p-24;
     case DType::bf16: return 0x1p-133;
+    case DType::f64: return 0x1p-1074;
     default: return 0;
   }
 }
@@ -120,13 +122,13 @@ double dtype_min_subnormal(DType t) {
 namespace {
 double uniform(std::mt19937_64& rng, double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); }
 double sign(std::mt19937_64& rng) { return rng() % 2 ? 1.0 : -1.0; }
-// A float that stores as a finite value of `t` (values past its max would round to inf).
-float finite_in(DType t, double v) {
+// A value that stores as a finite value of `t` (values past its max would round to inf).
+double finite_in(DType t, double v) {
   const double m = dtype_max(t);
-  return float(std::clamp(v, -m, m));
+  return t == DType::f64 ? std::clamp(v, -m, m) : double(float(std::clamp(v, -m, m)));
 }
 // Sets `specials` random elements to one of `values`.
-void set_specials(std::mt19937_64& rng, int64_t n, int specials, const std::function<void(int64_t, float)>& set,
+void set_specials(std::mt19937_64& rng, int64_t n, int specials, const std::function<void(int64_t, double)>& set,
                   const std::vector<float>& values) {
   for (int k = 0; k < specials && n > 0; ++k) set(int64_t(rng() % uint64_t(n)), values[rng() % values.size()]);
 }
@@ -135,7 +137,7 @@ const float kInf = std::numeric_limits<float>::infinity(), kNaN = std::numeric_l
 
 void HostMatrix::fill_row(std::mt19937_64& rng, int64_t r, RowPattern pattern, int specials) {
   const double lo = std::log2(dtype_min_subnormal(dtype_)), hi = std::log2(dtype_max(dtype_));
-  auto set = [&](int64_t c, float v) { store_from_float(data(), r * stride_ + c, dtype_, v); };
+  auto set = [&](int64_t c, double v) { store_from_double(data(), r * stride_ + c, dtype_, v); };
   switch (pattern) {
     case RowPattern::normal: {
       std::normal_distribution<double> dist(0.0, std::pow(10.0, uniform(rng, -2, 2)));
@@ -151,7 +153,7 @@ void HostMatrix::fill_row(std::mt19937_64& rng, int64_t r, RowPattern pattern, i
       break;
     case RowPattern::constant: {
       const double choices[] = {0.0, dtype_min_subnormal(dtype_), 1.0, dtype_max(dtype_), std::exp2(uniform(rng, lo, hi))};
-      const float v = finite_in(dtype_, sign(rng) * choices[rng() % 5]);
+      const double v = finite_in(dtype_, sign(rng) * choices[rng() % 5]);
       for (int64_t c = 0; c < cols_; ++c) set(c, v);
       break;
     }
@@ -163,7 +165,7 @@ void HostMatrix::fill_row(std::mt19937_64& rng, int64_t r, RowPattern pattern, i
     }
     case RowPattern::tiny:  // the lowest quarter of the dtype's exponent range, at most 2^30 wide
       for (int64_t c = 0; c < cols_; ++c)
-        set(c, float(sign(rng) * std::exp2(uniform(rng, lo, lo + std::min(30.0, (hi - lo) / 4)))));
+        set(c, (sign(rng) * std::exp2(uniform(rng, lo, lo + std::min(30.0, (hi - lo) / 4)))));
       break;
     case RowPattern::all_neg_inf:
       for (int64_t c = 0; c < cols_; ++c) set(c, -std::numeric_limits<float>::infinity());
@@ -175,7 +177,7 @@ void HostMatrix::fill_row(std::mt19937_64& rng, int64_t r, RowPattern pattern, i
 
 void HostVector::fill_with_specials(std::mt19937_64& rng, double mean, double scale, int specials, bool infinities) {
   std::normal_distribution<double> dist(mean, scale);
-  auto set = [&](int64_t i, float v) { store_from_float(data(), i, dtype, v); };
+  auto set = [&](int64_t i, double v) { store_from_double(data(), i, dtype, v); };
   for (int64_t i = 0; i < size; ++i) set(i, finite_in(dtype, dist(rng)));
   set_specials(rng, size, specials, set, infinities ? std::vector<float>{kNaN, 0.0f, kInf, -kInf} : std::vector<float>{kNaN, 0.0f});
 }

@@ -15,7 +15,7 @@ namespace tile::testing {
 enum class RowPattern : uint8_t {
   normal,       // N(0, s), s = 10^U(-2, 2)
   magnitudes,   // each element +-2^U over the dtype's whole range, some exactly +-max
-  huge,         // each element within 2^-8 of +-max: sums and squares overflow fp32
+  huge,         // each element within 2^-8 of +-max: sums and squares overflow the dtype
   constant,     // one value, from 0 and the smallest subnormal to +-max
   offset,       // c + N(0, |c| 10^U(-6, -2)): ill-conditioned for LayerNorm
   tiny,         // subnormal and barely normal magnitudes
@@ -46,7 +46,7 @@ class HostMatrix {
   void fill_random(std::mt19937_64& rng, double scale = 1.0);  // N(0, scale), never all zeros
   // Row r drawn from `pattern`, then `specials` random elements set to NaN, +inf or -inf.
   void fill_row(std::mt19937_64& rng, int64_t r, RowPattern pattern, int specials);
-  float at(int64_t r, int64_t c) { return load_as_float(data(), r * stride_ + c, dtype_); }
+  double at(int64_t r, int64_t c) { return load_as_double(data(), r * stride_ + c, dtype_); }
   void poison();                                               // every byte 0xff (NaN in each dtype)
   // True when no byte outside the rows' [0, cols) elements differs from the poison.
   bool outside_untouched() const;

@@ -12,6 +12,11 @@ TEST(CpuSweep, EveryOperatorDtypeAndShape) {
   for (const Case& c : core_sweep()) expect_case_passes(c, Backend::cpu);
 }
 
+TEST(CpuSweep, Float64CallsComputeInFloat64) {
+  // Held to fp32's rule scaled to fp64's unit roundoff: an f32-precision step anywhere fails.
+  for (const Case& c : f64_sweep()) expect_case_passes(c, Backend::cpu);
+}
+
 TEST(CpuSweep, PackingConfigurations) {
   for (const Case& c : packing_sweep()) {
     SCOPED_TRACE(c.name());

@@ -72,6 +72,52 @@ TEST_F(CudaSweep, ExponentAndLdexpMatchTheExecutorBitForBit) {
   EXPECT_EQ(cpu_scaled[xs.size() * 12 + 6], 0x1p126f); // ldexp(1, 126)
 }
 
+TEST_F(CudaSweep, Float64CallsComputeInFloat64) {
+  for (const Case& c : f64_sweep()) expect_case_passes(c, Backend::cuda);
+}
+
+// The f64 helpers (tile_exponent, tile_ldexp of double) against the executor, bit for bit, over
+// fp64's subnormals, normals, extremes and exponents past the range of normal powers of two.
+TEST_F(CudaSweep, Float64ExponentAndLdexpMatchTheExecutorBitForBit) {
+  RowProgram p("exponent_ldexp_f64");
+  Operand x = p.row_in("x"), k = p.row_in("k");
+  Operand scaled = p.row_out("scaled"), e = p.row_out("e");
+  p.store(scaled, ldexp(p.load(x), p.load(k)));
+  p.store(e, exponent(p.load(x)));
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> xs = {0.0, -0.0, 0x1p-1074, -3e-310, 0x1.fffffffffffffp-1023, 0x1p-1022, 1.0, -1.5,
+                                  0.7, -1.2e200, 1.7976931348623157e308, inf, -inf, nan};
+  const std::vector<double> ks = {-3000, -2100, -1100, -1075, -1074, -1023, -1022, -64, 0,
+                                  1,     1023,  1024,  2000,  2100,  3000,  nan};
+  const int64_t cols = int64_t(xs.size() * ks.size());
+  std::vector<double> hx(cols), hk(cols);
+  for (int64_t i = 0; i < cols; ++i) hx[i] = xs[i % xs.size()], hk[i] = ks[i / xs.size()];
+  const size_t bytes = size_t(cols) * 8;
+  std::vector<double> cpu_scaled(cols), cpu_e(cols), gpu_scaled(cols, 7.0), gpu_e(cols, 7.0);
+  Args cpu_args;
+  cpu_args.set("x", matrix(hx.data(), DType::f64, 1, cols)).set("k", matrix(hk.data(), DType::f64, 1, cols));
+  cpu_args.set("scaled", matrix(cpu_scaled.data(), DType::f64, 1, cols)).set("e", matrix(cpu_e.data(), DType::f64, 1, cols));
+  run(p, cpu_args, {{}, nullptr, Backend::cpu});
+  cuda::ensure_context(0);
+  cuda::DeviceBuffer dx(bytes), dk(bytes), ds(bytes), de(bytes);
+  dx.copy_from_host(hx.data(), bytes), dk.copy_from_host(hk.data(), bytes);
+  ds.copy_from_host(gpu_scaled.data(), bytes), de.copy_from_host(gpu_e.data(), bytes);  // poisoned
+  Args gpu_args;
+  gpu_args.set("x", matrix(dx.get(), DType::f64, 1, cols)).set("k", matrix(dk.get(), DType::f64, 1, cols));
+  gpu_args.set("scaled", matrix(ds.get(), DType::f64, 1, cols)).set("e", matrix(de.get(), DType::f64, 1, cols));
+  run(p, gpu_args, {{}, nullptr, Backend::cuda});
+  TILE_CU_CHECK(cuda::driver().cuCtxSynchronize());
+  ds.copy_to_host(gpu_scaled.data(), bytes), de.copy_to_host(gpu_e.data(), bytes);
+  auto same = [](double a, double b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 8) == 0; };
+  for (int64_t i = 0; i < cols; ++i) {
+    EXPECT_TRUE(same(gpu_scaled[i], cpu_scaled[i])) << "ldexp(" << hx[i] << ", " << hk[i] << "): GPU " << gpu_scaled[i]
+                                                    << ", CPU " << cpu_scaled[i];
+    EXPECT_TRUE(same(gpu_e[i], cpu_e[i])) << "exponent(" << hx[i] << "): GPU " << gpu_e[i] << ", CPU " << cpu_e[i];
+  }
+  EXPECT_EQ(cpu_e[2], -1074.0);                         // the smallest subnormal
+  EXPECT_EQ(cpu_scaled[xs.size() * 10 + 6], 0x1p1023);  // ldexp(1, 1023)
+}
+
 TEST_F(CudaSweep, PackingConfigurations) {
   for (const Case& c : packing_sweep()) {
     SCOPED_TRACE(c.name());

@@ -1,5 +1,5 @@
-// NVRTC compiles every kernel of the CPU sweep, of the sanitizer's plan families and of the
-// cluster sweep for sm_90 (no GPU needed), and every group and cluster barrier in the generated
+// NVRTC compiles every kernel of the CPU sweep, of the sanitizer's plan families, of the
+// cluster sweep and of the float64 sweep for sm_90 (no GPU needed), and every group and cluster barrier in the generated
 // source is reached unconditionally.
 #include <algorithm>
 #include <cstdlib>
@@ -45,6 +45,8 @@ std::vector<std::string> sweep_sources() {
   for (const Case& c : packing_sweep()) cases.push_back(c);
   for (const FamilyCase& f : plan_family_cases()) cases.push_back(f.c);  // the sanitizer set
   for (const Case& c : cluster_sweep()) cases.push_back(c);
+  for (const Case& c : f64_sweep())  // double registers, double2 accesses; fewer shapes of one plan class
+    if (c.rows != 0 && c.cols != 2 && c.cols != 1023) cases.push_back(c);
   for (BarrierScope scope : {BarrierScope::group, BarrierScope::program})
     for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
       Case c;
@@ -102,17 +104,19 @@ TEST(GeneratedSource, NvrtcCompilesEveryKernelOfTheSweepForSm90) {
   std::filesystem::path dir = std::filesystem::temp_directory_path() / "tile-nvrtc-sweep-test";
   setenv("TILE_CACHE_DIR", dir.c_str(), 1);
   setenv("TILE_DISABLE_DISK_CACHE", "1", 1);
-  int compiled = 0, clusters = 0;
+  int compiled = 0, clusters = 0, f64 = 0;
   for (const std::string& src : sweep_sources()) {
     auto result = cuda::compile_cubin(src, "sm_90");
     ASSERT_EQ(result->cubin.compare(0, 4, "\x7f" "ELF"), 0);
     ++compiled;
     clusters += src.find("tile_remote_shared_load(&") != std::string::npos;
+    f64 += src.find("__shared__ double") != std::string::npos || src.find("double2 tile_w") != std::string::npos;
   }
   std::printf("NVRTC %s compiled %d kernels (%d cluster kernels) for sm_90\n", cuda::nvrtc_version().c_str(), compiled,
               clusters);
   EXPECT_GT(compiled, 50);
   EXPECT_GE(clusters, 30);  // the cluster families and the cluster sweep
+  EXPECT_GE(f64, 20);       // float64 calls
 }
 
 }  // namespace

@@ -21,6 +21,10 @@ TEST_F(TrainingCuda, SeededSweep) {
   for (const TrainCase& c : train_sweep(262144)) expect_train_case_passes(c, Backend::cuda);
 }
 
+TEST_F(TrainingCuda, Float64Calls) {
+  for (const TrainCase& c : train_sweep_f64(262144)) expect_train_case_passes(c, Backend::cuda);
+}
+
 TEST_F(TrainingCuda, EveryOperatorOnEveryLoweringPath) {
   uint64_t seed = 19000;
   std::vector<PlanRequest> plans(1);  // the policy's plan, then every other lowering path

@@ -1,5 +1,5 @@
 // NVRTC compiles the training operators' kernels (main and second phase) for sm_90 without a
-// GPU: every program, with every optional operand given and none, in fp32 and bf16, under
+// GPU: every program, with every optional operand given and none, in fp32, bf16 and fp64, under
 // plans that take the lowering's paths.
 #include <gtest/gtest.h>
 
@@ -58,7 +58,7 @@ TEST(TrainingSource, NvrtcCompilesEveryProgramForSm90) {
   plans.push_back(named);
   std::set<std::string> sources;
   for (const RowProgram* p : programs)
-    for (DType t : {DType::f32, DType::bf16})
+    for (DType t : {DType::f32, DType::bf16, DType::f64})
       for (bool optional : {false, true})
         for (const PlanRequest& plan : plans) {
           Operands ops(*p, 37, 1500, t, optional);

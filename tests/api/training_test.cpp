@@ -50,7 +50,7 @@ TEST(TrainingApi, ArgumentErrorsNameTheOperatorAndTheOperand) {
   EXPECT_ERROR(softmax_backward(t.m(t.a), matrix(t.b.data(), DType::f32, 4, 15), t.m(t.c), kCpu),
                "softmax_backward: argument 'dy': expected shape (4, 16) like y, got (4, 15)");
   EXPECT_ERROR(log_softmax_backward(t.m(t.a), t.m(t.b), matrix(t.c.data(), DType::i32, 4, 16), kCpu),
-               "log_softmax_backward: argument 'dx': expected dtype f32, f16 or bf16, got i32");
+               "log_softmax_backward: argument 'dx': expected dtype f32, f64, f16 or bf16, got i32");
   EXPECT_ERROR(
       rms_norm_backward(t.m(t.a), t.m(t.b), t.col(t.w), VectorView{t.s1.data(), DType::f32, 3}, t.m(t.c), {}, kCpu),
       "rms_norm_backward: argument 'rstd': expected 4 elements (one per row), got 3");
@@ -58,7 +58,7 @@ TEST(TrainingApi, ArgumentErrorsNameTheOperatorAndTheOperand) {
                "rms_norm_backward: argument 'rstd': expected a vector (per-row input), got nothing");
   EXPECT_ERROR(
       rms_norm_backward(t.m(t.a), t.m(t.b), t.col(t.w), VectorView{t.s1.data(), DType::bf16, 4}, t.m(t.c), {}, kCpu),
-      "rms_norm_backward: argument 'rstd': expected dtype f32, got bf16");
+      "rms_norm_backward: argument 'rstd': expected dtype f32 or f64, got bf16");
   EXPECT_ERROR(layer_norm_backward(t.m(t.a), t.m(t.b), t.col(t.w), t.row(t.s1), t.row(t.s2), t.m(t.c),
                                    VectorView{t.dw.data(), DType::f32, 15}, {}, kCpu),
                "layer_norm_backward: argument 'dweight': expected 16 elements (one per column), got 15");

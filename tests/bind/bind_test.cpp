@@ -84,6 +84,45 @@ TEST(Bind, OperandsAreCheckedByRole) {
             "xent: argument 'logits': expected a matrix (TensorView), got a vector (VectorView)");
 }
 
+TEST(Bind, AFloat64CallHasEveryFloatOperandInFloat64) {
+  RowProgram p("norm");
+  Operand x = p.row_in("x"), y = p.row_out("y"), w = p.col_in("w", DTypeSet::floats(), true);
+  Operand rstd = p.row_scalar_out("rstd"), eps = p.scalar_in("eps", ValueType::f32, 1e-6);
+  RowExpr v = p.load(x);
+  RowExpr r = rsqrt(p.reduce1(Axis::cols, monoid::sum(), v * v) / p.cols() + p.load(eps));
+  p.store(y, v * r * p.load_or(w, 1.0));
+  p.store(rstd, r);
+  std::vector<double> x64(4 * 8), y64(4 * 8), w64(8), r64(4);
+  std::vector<float> x32(4 * 8), y32(4 * 8), w32(8), r32(4);
+  Args a;
+  a.set("x", matrix(x64.data(), DType::f64, 4, 8)).set("y", matrix(y64.data(), DType::f64, 4, 8));
+  a.set("w", VectorView{w64.data(), DType::f64, 8}).set("rstd", VectorView{r64.data(), DType::f64, 4});
+  a.set("eps", 1e-300);  // no fp32 would hold it: a float64 call reads scalars as doubles
+  const BoundCall call = bind(p, a);
+  EXPECT_TRUE(call.f64);
+  EXPECT_TRUE(call.signature().f64());
+  EXPECT_EQ(call.operand("eps").dtype, DType::f64);
+  EXPECT_EQ(call.plan_inputs().real_bytes, 8);
+  EXPECT_EQ(error_of(p, Args(a).set("w", VectorView{w32.data(), DType::f32, 8})),
+            "norm: argument 'w': expected dtype f64 like x (f64): a float64 call has every float operand in f64, got f32");
+  EXPECT_EQ(error_of(p, Args(a).set("rstd", VectorView{r32.data(), DType::f32, 4})),
+            "norm: argument 'rstd': expected dtype f64 like x (f64): a float64 call has every float operand in f64, got f32");
+  Args b;
+  b.set("x", matrix(x32.data(), DType::bf16, 4, 8)).set("y", matrix(y64.data(), DType::f64, 4, 8));
+  EXPECT_EQ(error_of(p, b),
+            "norm: argument 'y': expected a float dtype other than f64 like x (bf16), or every float operand in f64, "
+            "got f64");
+  // An fp32 call keeps its fp32 scalars and refuses f64 statistics.
+  Args c;
+  c.set("x", matrix(x32.data(), DType::f32, 4, 8)).set("y", matrix(y32.data(), DType::f32, 4, 8));
+  EXPECT_FALSE(bind(p, c).f64);
+  EXPECT_EQ(bind(p, c).operand("eps").dtype, DType::f32);
+  EXPECT_NE(error_of(p, Args(c).set("eps", 1e-300)).find("a value that float32 holds"), std::string::npos);
+  EXPECT_EQ(error_of(p, Args(c).set("rstd", VectorView{r64.data(), DType::f64, 4})),
+            "norm: argument 'rstd': expected a float dtype other than f64 like x (f32), or every float operand in f64, "
+            "got f64");
+}
+
 TEST(Bind, AliasingFollowsTheDeclarations) {
   Program prog;
   std::vector<float> x(6 * 10), loss(6);

@@ -34,6 +34,17 @@ namespace {
 constexpr uint64_t kDefaultSeed = 20261130;
 constexpr double kUnit = 0x1p-24;
 
+// The arithmetic's unit roundoff and an output dtype's ulp, subnormal step and smallest normal:
+// a float64 call computes in fp64, the others in fp32.
+struct Precision {
+  double unit, out_ulp, out_step, normal;
+};
+Precision precision_of(DType out) {
+  if (out == DType::f64) return {0x1p-53, 0x1p-52, 0x1p-1074, 0x1p-1022};
+  return {kUnit, out == DType::f16 ? 0x1p-10 : out == DType::bf16 ? 0x1p-7 : 0x1p-23,
+          out == DType::f16 ? 0x1p-24 : out == DType::bf16 ? 0x1p-133 : 0x1p-149, 0x1p-126};
+}
+
 // SplitMix64: the generator of case I of seed S is seeded with mix(S, I), independent of every
 // other case.
 uint64_t mix(uint64_t a, uint64_t b) {
@@ -181,6 +192,10 @@ std::optional<MappingPlan> draw_plan(const PlanInputs& in, Rng& rng, std::vector
   return choose_plan(in, {}, kLimits);
 }
 
+// One case in ten is a float64 call (every float operand f64), decided by a stream of its own
+// so the other draws stay as they were.
+bool float64_call(uint64_t seed, uint64_t index) { return Rng(mix(seed ^ 0x663634ull, index)).chance(0.1); }
+
 FuzzCase draw_case(uint64_t seed, uint64_t index, double budget) {
   Rng rng(mix(seed, index));
   FuzzCase f;
@@ -188,6 +203,7 @@ FuzzCase draw_case(uint64_t seed, uint64_t index, double budget) {
   c.op = Op(rng.below(4));
   const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
   c.x = dtypes[rng.below(3)], c.y = dtypes[rng.below(3)], c.w = dtypes[rng.below(3)];
+  if (float64_call(seed, index)) c.x = c.y = c.w = DType::f64;
   c.weight = rng.chance(0.7), c.bias = rng.chance(0.6);
   // Columns 1 ... 40,000: many short rows (sub-warp programs, tails), long rows fewer.
   const int kind = rng.below(10);
@@ -258,6 +274,7 @@ std::pair<const RowProgram*, Args> train_call(const TrainFuzz& t, bool count_pas
     if (!base.count(name)) base[name] = next++;
     return reinterpret_cast<void*>((uintptr_t(base[name]) << 30) + uintptr_t(offset * dtype_size(d)));
   };
+  const DType stat = c.in == DType::f64 ? DType::f64 : DType::f32;  // statistics of a float64 call: f64
   auto mat = [&](const std::string& name, DType d) { return TensorView{at(name, c.offset, d), d, R, C, S}; };
   auto vec = [&](const std::string& name, DType d, int64_t n, int64_t stride = 1) {
     return VectorView{at(name, 0, d), d, n, stride};
@@ -270,8 +287,8 @@ std::pair<const RowProgram*, Args> train_call(const TrainFuzz& t, bool count_pas
     a.set("x", mat("x", c.in)).set("y", mat("y", c.out)).set("eps", ln ? 1e-5 : 1e-6);
     if (c.weight) a.set("weight", vec("weight", c.w, C));
     if (ln && c.second) a.set("bias", vec("bias", c.w, C));
-    if (ln && t.mean_out) a.set("mean", vec("mean", DType::f32, R));
-    if (t.rstd_out) a.set("rstd", vec("rstd", DType::f32, R));
+    if (ln && t.mean_out) a.set("mean", vec("mean", stat, R));
+    if (t.rstd_out) a.set("rstd", vec("rstd", stat, R));
     program = &builtin_program(ln ? Op::layer_norm : Op::rms_norm);
     return {program, a};
   }
@@ -284,8 +301,8 @@ std::pair<const RowProgram*, Args> train_call(const TrainFuzz& t, bool count_pas
     case TrainOp::layer_norm_backward: {
       const bool ln = c.op == TrainOp::layer_norm_backward;
       a.set("dy", mat("dy", c.in)).set("x", mat("x", c.in)).set("dx", mat(io("dx", "dy"), c.in_place ? c.in : c.out));
-      a.set("rstd", vec("rstd", DType::f32, R));
-      if (ln) a.set("mean", vec("mean", DType::f32, R));
+      a.set("rstd", vec("rstd", stat, R));
+      if (ln) a.set("mean", vec("mean", stat, R));
       if (c.weight) a.set("weight", vec("weight", c.w, C)).set("dweight", vec("dweight", c.w, C));
       if (ln && c.second) a.set("dbias", vec("dbias", c.w, C));
       break;
@@ -293,12 +310,12 @@ std::pair<const RowProgram*, Args> train_call(const TrainFuzz& t, bool count_pas
     case TrainOp::fused_add_rms_norm:
       a.set("x", mat("x", c.in)).set("residual", mat("residual", c.res));
       a.set("y", mat(io("y", "x"), c.in_place ? c.in : c.out)).set("residual_out", mat(io("residual_out", "residual"), c.res));
-      a.set("eps", 1e-6).set("rstd", vec("rstd", DType::f32, R));
+      a.set("eps", 1e-6).set("rstd", vec("rstd", stat, R));
       if (c.weight) a.set("weight", vec("weight", c.w, C));
       break;
     case TrainOp::fused_add_rms_norm_backward:
       a.set("dy", mat("dy", c.in)).set("residual_out", mat("residual_out", c.res));
-      a.set("dx", mat(io("dx", "dy"), c.in_place ? c.in : c.out)).set("rstd", vec("rstd", DType::f32, R));
+      a.set("dx", mat(io("dx", "dy"), c.in_place ? c.in : c.out)).set("rstd", vec("rstd", stat, R));
       if (c.second) a.set("dresidual_out", mat("dresidual_out", c.res)).set("dresidual", mat(io("dresidual", "dresidual_out"), c.res));
       if (c.weight) a.set("weight", vec("weight", c.w, C)).set("dweight", vec("dweight", c.w, C));
       break;
@@ -315,20 +332,20 @@ std::pair<const RowProgram*, Args> train_call(const TrainFuzz& t, bool count_pas
                               : c.op == TrainOp::cross_entropy_fused ? CrossEntropyPass::fused
                                                                      : CrossEntropyPass::backward;
       if (count_pass) {
-        a.set("count", vec("count", DType::f32, 1));
+        a.set("count", vec("count", stat, 1));
         pass = CrossEntropyPass::forward;
       } else {
         if (c.op != TrainOp::cross_entropy_backward) {
           const char* loss = none ? "loss" : ce.reduction == Reduction::sum ? "loss_sum" : "loss_mean";
-          a.set(loss, vec("loss", DType::f32, none ? R : 1)).set("lse", vec("lse_out", DType::f32, R));
+          a.set(loss, vec("loss", stat, none ? R : 1)).set("lse", vec("lse_out", stat, R));
         } else {
-          a.set("lse", vec("lse", DType::f32, R));
+          a.set("lse", vec("lse", stat, R));
         }
         if (c.op != TrainOp::cross_entropy)
           a.set("dlogits", mat(io("dlogits", "logits"), c.in_place ? c.in : c.out));
         if (c.op != TrainOp::cross_entropy && c.second) a.set("dloss", vec("dloss", c.w, R, none ? 1 : 0));
-        if (c.op == TrainOp::cross_entropy) a.set("count", vec("count", DType::f32, 1));
-        else if (ce.reduction == Reduction::mean) a.set("count", vec("count", DType::f32, R, 0));
+        if (c.op == TrainOp::cross_entropy) a.set("count", vec("count", stat, 1));
+        else if (ce.reduction == Reduction::mean) a.set("count", vec("count", stat, R, 0));
       }
       program = &cross_entropy_program(pass, ce.label_smoothing != 0.0, ce.softcap.has_value());
       return {program, a};
@@ -349,7 +366,7 @@ TrainResult run_stats_case(const TrainFuzz& t, Backend backend) {
   using namespace detail;
   const TrainCase& c = t.c;
   const bool ln = t.kind == int(TrainKind::layer_norm_stats);
-  const double eps = ln ? 1e-5 : 1e-6;
+  const double eps = double(float(ln ? 1e-5 : 1e-6));  // as the entry points below pass it (fp32)
   std::mt19937_64 rng(c.seed);
   Env env(backend);
   const int64_t R = c.rows, C = c.cols;
@@ -366,8 +383,9 @@ TrainResult run_stats_case(const TrainFuzz& t, Backend backend) {
   if (c.weight) env.add("weight", random_vector(rng, c.w, C, 1, 0.5));
   if (ln && c.second) env.add("bias", random_vector(rng, c.w, C, 0, 1));
   env.add("y", output_matrix(c.out, c));
-  if (ln && t.mean_out) env.add("mean", Buf::vector(DType::f32, R));
-  if (t.rstd_out) env.add("rstd", Buf::vector(DType::f32, R));
+  const DType stat = c.in == DType::f64 ? DType::f64 : DType::f32;
+  if (ln && t.mean_out) env.add("mean", Buf::vector(stat, R));
+  if (t.rstd_out) env.add("rstd", Buf::vector(stat, R));
   Expectations want;
   Expected& y = want["y"];
   Expected mean, rstd;
@@ -425,6 +443,7 @@ TrainFuzz draw_train(uint64_t seed, uint64_t index, double budget, std::string& 
   const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
   c.in = dtypes[rng.below(3)], c.out = dtypes[rng.below(3)], c.w = dtypes[rng.below(3)], c.res = dtypes[rng.below(3)];
   if (rng.chance(0.3) && c.in != DType::f32) c.res = DType::f32;  // fp32 residual (or dresidual) with 16-bit x
+  if (float64_call(seed ^ 0x747261696e696e67ull, index)) c.in = c.out = c.w = c.res = DType::f64;
   c.target = rng.chance(0.5) ? DType::i32 : DType::i64;
   // Columns 1 ... 70,000 (vocabularies for cross-entropy), mostly short.
   const int kind = rng.below(10);
@@ -501,9 +520,9 @@ std::string compare_train_outputs(const TrainResult& gpu, const TrainResult& cpu
     const Buf& a = gpu.buffers.at(name);
     const bool across = reduced_over_rows(name) && !(name == "loss" && t.c.ce.reduction == Reduction::none);
     const double depth = merge_depth(plan, t.c.cols) + (across ? double(R) : 0.0);
-    const double rel = (16 + 2 * depth) * kUnit;
-    const double out_ulp = b.dtype == DType::f16 ? 0x1p-10 : b.dtype == DType::bf16 ? 0x1p-7 : 0x1p-23;
-    const double out_step = b.dtype == DType::f16 ? 0x1p-24 : b.dtype == DType::bf16 ? 0x1p-133 : 0x1p-149;
+    const Precision pr = precision_of(b.dtype);
+    const double rel = (16 + 2 * depth) * pr.unit;
+    const double out_ulp = pr.out_ulp, out_step = pr.out_step;
     const int64_t lines = b.is_matrix() ? b.rows : 1, width = b.is_matrix() ? b.cols : b.rows;
     for (int64_t r = 0; r < lines; ++r) {
       auto value = [&](const Buf& buf, int64_t k) { return buf.is_matrix() ? buf.at(r, k) : buf.at(k); };
@@ -519,9 +538,9 @@ std::string compare_train_outputs(const TrainResult& gpu, const TrainResult& cpu
         if (std::isnan(y) || std::isinf(y)) {
           ok = std::isnan(y) ? std::isnan(x) : x == y;
         } else {
-          tol = rel * (std::abs(y) + scale) + out_ulp * std::abs(y) + out_step + 0x1p-126;
+          tol = rel * (std::abs(y) + scale) + out_ulp * std::abs(y) + out_step + pr.normal;
           if (auto m = cpu.magnitudes.find(name); m != cpu.magnitudes.end() && size_t(r * width + k) < m->second.size())
-            tol += 2 * (256 + double(R)) * kUnit * m->second[size_t(r * width + k)];
+            tol += 2 * (256 + double(R)) * pr.unit * m->second[size_t(r * width + k)];
           ok = std::abs(x - y) <= tol;
         }
         if (!ok) {
@@ -609,20 +628,20 @@ struct Options {
 std::string compare_outputs(const Call& gpu, const Call& cpu, const MappingPlan& plan) {
   const int64_t rows = cpu.x.rows, cols = cpu.x.cols;
   const double depth = merge_depth(plan, cols);
-  const double rel = (16 + 2 * depth) * kUnit;
-  const double out_ulp = cpu.y.dtype == DType::f16 ? 0x1p-10 : cpu.y.dtype == DType::bf16 ? 0x1p-7 : 0x1p-23;
-  const double out_step = cpu.y.dtype == DType::f16 ? 0x1p-24 : cpu.y.dtype == DType::bf16 ? 0x1p-133 : 0x1p-149;
+  const Precision pr = precision_of(cpu.y.dtype);
+  const double rel = (16 + 2 * depth) * pr.unit;
+  const double out_ulp = pr.out_ulp, out_step = pr.out_step;
   double wmax = 1;
   if (cpu.weight.data) {
     wmax = 0;
-    for (int64_t c = 0; c < cols; ++c) wmax = std::max(wmax, std::abs(double(load_as_float(cpu.weight.data, c, cpu.weight.dtype))));
+    for (int64_t c = 0; c < cols; ++c) wmax = std::max(wmax, std::abs((load_as_double(cpu.weight.data, c, cpu.weight.dtype))));
   }
   for (int64_t r = 0; r < rows; ++r) {
     double row_max = 0, amax = 0, sum = 0, n = 0;
     for (int64_t c = 0; c < cols; ++c) {
-      double v = load_as_float(cpu.y.data, r * cpu.y.row_stride + c, cpu.y.dtype);
+      double v = load_as_double(cpu.y.data, r * cpu.y.row_stride + c, cpu.y.dtype);
       if (std::isfinite(v)) row_max = std::max(row_max, std::abs(v));
-      double x = load_as_float(cpu.x.data, r * cpu.x.row_stride + c, cpu.x.dtype);
+      double x = load_as_double(cpu.x.data, r * cpu.x.row_stride + c, cpu.x.dtype);
       if (std::isfinite(x)) amax = std::max(amax, std::abs(x)), sum += x, n += 1;
     }
     double conditioning = 0;  // LayerNorm: max |x| / std, times the largest |weight|
@@ -630,7 +649,7 @@ std::string compare_outputs(const Call& gpu, const Call& cpu, const MappingPlan&
       const double mean = sum / n;
       double var = 0;
       for (int64_t c = 0; c < cols; ++c) {
-        double x = load_as_float(cpu.x.data, r * cpu.x.row_stride + c, cpu.x.dtype);
+        double x = load_as_double(cpu.x.data, r * cpu.x.row_stride + c, cpu.x.dtype);
         if (std::isfinite(x)) var += (x - mean) * (x - mean);
       }
       const double eps = cpu.eps ? double(*cpu.eps) : double(kLayerNormEps);
@@ -638,14 +657,14 @@ std::string compare_outputs(const Call& gpu, const Call& cpu, const MappingPlan&
       if (!std::isfinite(conditioning)) conditioning = 0;
     }
     for (int64_t c = 0; c < cols; ++c) {
-      const double a = load_as_float(gpu.y.data, r * gpu.y.row_stride + c, gpu.y.dtype);
-      const double b = load_as_float(cpu.y.data, r * cpu.y.row_stride + c, cpu.y.dtype);
+      const double a = load_as_double(gpu.y.data, r * gpu.y.row_stride + c, gpu.y.dtype);
+      const double b = load_as_double(cpu.y.data, r * cpu.y.row_stride + c, cpu.y.dtype);
       bool ok;
       double tol = 0;
       if (std::isnan(b) || std::isinf(b)) {
         ok = std::isnan(b) ? std::isnan(a) : a == b;
       } else {
-        tol = rel * (std::abs(b) + row_max + conditioning) + out_ulp * std::abs(b) + out_step + 0x1p-126;
+        tol = rel * (std::abs(b) + row_max + conditioning) + out_ulp * std::abs(b) + out_step + pr.normal;
         ok = std::abs(a - b) <= tol;
       }
       if (!ok) {
@@ -681,10 +700,10 @@ std::string run_one(const FuzzCase& f, Backend backend, bool dump) {
       for (int64_t r = 0; r < d.call.x.rows; ++r) {
         std::printf("row %lld (%s):\n", (long long)r, d.patterns.empty() ? "normal" : pattern_name(d.patterns[size_t(r)]));
         for (int64_t c = 0; c < d.call.x.cols; ++c) {
-          std::printf("  [%lld] x %.9g  cpu %.9g", (long long)c, double(load_as_float(d.call.x.data, r * d.call.x.row_stride + c, d.call.x.dtype)),
-                      double(load_as_float(d.call.y.data, r * d.call.y.row_stride + c, d.call.y.dtype)));
-          if (gpu.data) std::printf("  gpu %.9g", double(load_as_float(gpu.data->call.y.data, r * gpu.data->call.y.row_stride + c, gpu.data->call.y.dtype)));
-          std::printf("  ref %.9g\n", ref[size_t(r * d.call.x.cols + c)]);
+          std::printf("  [%lld] x %.17g  cpu %.17g", (long long)c, (load_as_double(d.call.x.data, r * d.call.x.row_stride + c, d.call.x.dtype)),
+                      (load_as_double(d.call.y.data, r * d.call.y.row_stride + c, d.call.y.dtype)));
+          if (gpu.data) std::printf("  gpu %.9g", (load_as_double(gpu.data->call.y.data, r * gpu.data->call.y.row_stride + c, gpu.data->call.y.dtype)));
+          std::printf("  ref %.17g\n", ref[size_t(r * d.call.x.cols + c)]);
         }
       }
     }
@@ -762,6 +781,7 @@ int fuzz(const Options& o) {
       if (d.training) {  // per training operator, and the reruns that checked bitwise equality
         ++tally[train_kind_name(d.t.kind)], ++tally["plan from " + f.origin];
         if (d.t.repeat) ++tally["bitwise reruns"];
+        if (d.t.c.in == DType::f64) ++tally["float64 calls"];
         if (!fail.empty()) {
           ++failures;
           std::printf("FAIL seed %llu case %lld: %s\n  %s\n  replay: %s\n", (unsigned long long)o.seed, (long long)i,
@@ -783,6 +803,7 @@ int fuzz(const Options& o) {
       if (p.grid_limit > 0) ++tally["row-block loops"];
       if (p.ctas_per_program > 1) ++tally["cluster programs"];
       if (f.c.special_values) ++tally["special values"];
+      if (f.c.x == DType::f64) ++tally["float64 calls"];
       if (!fail.empty()) {
         ++failures;
         std::printf("FAIL seed %llu case %lld: %s\n  %s\n  replay: %s\n", (unsigned long long)o.seed, (long long)i,

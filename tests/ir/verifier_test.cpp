@@ -12,16 +12,19 @@ namespace {
 
 // Two programs of 64 workers; each sums its row of 64 floats with shuffles, shared memory and
 // one barrier, then worker 0 stores the sum. `guard` wraps the reduction in `if (row < rows)`.
-Kernel row_sum(Scope kind, bool guard_skips_barrier, bool divergent_barrier, int stride) {
+// `real`: the kernel's float type (f64: f64 buffers, registers and shared slots).
+Kernel row_sum(Scope kind, bool guard_skips_barrier, bool divergent_barrier, int stride, Type real = Type::f32) {
   Kernel k;
   k.name = "row_sum";
   k.programs_per_group = 2;
   k.workers_per_program = 64;
-  k.buffers = {{"x", DType::f32, false}, {"y", DType::f32, true}};
+  k.real = real;
+  const DType dt = real == Type::f64 ? DType::f64 : DType::f32;
+  k.buffers = {{"x", dt, false}, {"y", dt, true}};
   k.params = {{"rows", Type::i64}};
   k.shared = {{"partials", 0, 2, stride}};
-  int row = k.add_reg("row", Type::i64), v = k.add_reg("v", Type::f32), t = k.add_reg("t", Type::f32);
-  int total = k.add_reg("total", Type::f32);
+  int row = k.add_reg("row", Type::i64), v = k.add_reg("v", real), t = k.add_reg("t", real);
+  int total = k.add_reg("total", real);
   auto r = [&](int id) { return reg(id, k.regs[id].type); };
   std::vector<Stmt> work;
   work.push_back(load({v}, 0, binary(BinOp::add, binary(BinOp::mul, r(row), i64_const(64)), cast(Type::i64, special(Special::worker_in_program))),
@@ -134,6 +137,47 @@ TEST(VerifierProof, RejectsTypeMismatches) {
   std::vector<std::string> errors = verify(k);
   EXPECT_TRUE(mentions(errors, "add of i64 and f32"));
   EXPECT_TRUE(mentions(errors, "if condition"));
+}
+
+TEST(VerifierProof, AcceptsAFloat64KernelThatTheExecutorRunsInDouble) {
+  Kernel k = row_sum(Scope::group, false, false, 2, Type::f64);
+  ASSERT_TRUE(verify(k).empty()) << verify(k)[0];
+  // 1 + 2^-40 per element: fp32 would round each to 1.
+  std::vector<double> x(5 * 64, 1.0 + 0x1p-40), y(5, -1.0);
+  cpu::LaunchArgs args;
+  args.groups = 2;
+  args.buffers = {{x.data(), 0, int64_t(x.size())}, {y.data(), 0, int64_t(y.size())}};
+  args.params = {{0, 4}};
+  cpu::execute(k, args);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(y[r], 64.0 + 64 * 0x1p-40) << "row " << r;
+  EXPECT_EQ(y[4], -1.0);  // the guard program's row
+}
+
+TEST(VerifierProof, RejectsFloat32ValuesInAFloat64Kernel) {
+  Kernel k = row_sum(Scope::group, false, false, 2, Type::f64);
+  k.body.push_back(assign(1, binary(BinOp::add, reg(1, Type::f64), f32_const(1.0))));
+  k.add_reg("narrow", Type::f32);
+  k.params.push_back({"eps", Type::f32});
+  k.buffers.push_back({"w", DType::f32, false});
+  std::vector<std::string> errors = verify(k);
+  EXPECT_TRUE(mentions(errors, "add of f64 and f32"));
+  EXPECT_TRUE(mentions(errors, "f32 value in a kernel whose float type is f64"));
+  EXPECT_TRUE(mentions(errors, "register narrow is f32 in a kernel whose float type is f64"));
+  EXPECT_TRUE(mentions(errors, "parameter eps is f32 in a kernel whose float type is f64"));
+  EXPECT_TRUE(mentions(errors, "buffer w is f32 in a kernel whose float type is f64"));
+  // And the converse: an f64 buffer in an f32 kernel.
+  Kernel f = row_sum(Scope::group, false, false, 2);
+  f.buffers.push_back({"w", DType::f64, false});
+  EXPECT_TRUE(mentions(verify(f), "buffer w is f64 in a kernel whose float type is f32"));
+}
+
+TEST(VerifierProof, CountsACachedFloat64RegisterAsTwoScalars) {
+  Kernel k = row_sum(Scope::group, false, false, 2, Type::f64);
+  k.private_budget = 7;
+  for (int i = 0; i < 4; ++i) k.add_reg("cached" + std::to_string(i), Type::f64, true);
+  EXPECT_TRUE(mentions(verify(k), "cached input registers (8) exceed the private budget of 7"));
+  k.private_budget = 8;
+  EXPECT_TRUE(verify(k).empty());
 }
 
 TEST(VerifierProof, RejectsCachedValuesBeyondThePrivateBudget) {

@@ -73,6 +73,32 @@ TEST(Policy, VectorWidthStaysWithinTheTargetsAccess) {
   for (const MappingPlan& p : mapping_family(in, narrow)) EXPECT_LE(p.vector_elems * 4, 8) << p.to_json();
 }
 
+// Float64 rows: two 8-byte elements fill a 16-byte access, and a cached element costs two
+// 32-bit registers of the private budget.
+TEST(Policy, Float64RowsTakeTwoElementVectorsAndTwoScalarsACachedElement) {
+  PlanInputs in = inputs(37, 1024, DType::f64);
+  EXPECT_EQ(in.real_bytes, 8);
+  MappingPlan p = choose_plan(in, {});
+  EXPECT_EQ(p.vector_elems, 2);
+  EXPECT_LE(int64_t(p.stripes) * p.vector_elems * 2, p.private_budget);
+  PlanRequest wide;
+  wide.vector_elems = 4;
+  EXPECT_THROW(validate_plan(choose_plan(in, wide), in, {}, "softmax"), Error);
+  PlanRequest cached;
+  cached.caching = InputCaching::registers, cached.workers_per_program = 32, cached.vector_elems = 2;
+  cached.stripes = 16;  // 32 elements a worker: 64 scalars in f64, 32 in f32
+  in = inputs(1, 1024, DType::f64);
+  EXPECT_NO_THROW(validate_plan(choose_plan(in, cached), in, {}, "softmax"));
+  cached.stripes = 17, cached.private_budget = 64;
+  in.cols = 1088;
+  try {
+    validate_plan(choose_plan(in, cached), in, {}, "softmax");
+    ADD_FAILURE() << "68 scalars passed a budget of 64";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("two scalars each in f64) = 68 scalars per worker"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Policy, RequestedFieldsAreKeptExactly) {
   PlanRequest r;
   r.programs_per_group = 2, r.workers_per_program = 256, r.vector_elems = 4;

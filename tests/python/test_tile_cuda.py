@@ -182,7 +182,7 @@ def test_mixed_devices_are_rejected():
         tile.rms_norm(x, weight=torch.ones(64))
     with pytest.raises(ValueError, match=r"argument 'x': expected a contiguous last dimension"):
         tile.softmax(x.t())
-    with pytest.raises(ValueError, match=r"argument 'x': expected dtype float32, float16 or bfloat16, got int32"):
+    with pytest.raises(ValueError, match=r"argument 'x': expected dtype float32, float64, float16 or bfloat16, got int32"):
         tile.softmax(torch.ones(4, 8, dtype=torch.int32, device="cuda"))
 
 
@@ -305,13 +305,14 @@ def test_fast_path_errors_match_the_dlpack_path():
         ("rms_norm", x, None, torch.ones(63, device="cuda"), None, None, None, None,
          r"rms_norm: argument 'weight': expected shape \(64,\) with stride 1"),
         ("layer_norm", x, None, torch.ones(64, device="cuda"), torch.ones(64, device="cuda", dtype=torch.int32),
-         None, None, None, r"layer_norm: argument 'bias': expected dtype float32, float16 or bfloat16, got int32"),
+         None, None, None, r"layer_norm: argument 'bias': expected dtype float32, float64, float16 or bfloat16, got int32"),
         ("softmax", torch.ones(4, 8, dtype=torch.int32, device="cuda"), None, None, None, None, None, None,
-         r"softmax: argument 'x': expected dtype float32, float16 or bfloat16, got int32"),
+         r"softmax: argument 'x': expected dtype float32, float64, float16 or bfloat16, got int32"),
         ("softmax", x, torch.empty(4, 64, device="cuda", dtype=torch.float64), None, None, None, None, None,
-         r"softmax: argument 'out': expected dtype float32, float16 or bfloat16, got float64"),
+         r"softmax: argument 'out': expected a float dtype other than float64 like x \(float32\), or every float "
+         r"operand in float64, got float64"),
         ("softmax", x, None, None, None, None, None, torch.float64,
-         r"softmax: argument 'dtype': expected float32, float16 or bfloat16, got torch.float64"),
+         r"softmax: argument 'out': expected a float dtype other than float64 like x \(float32\)"),
         ("softmax", x, torch.empty(4, 64), None, None, None, None, None,
          r"softmax: argument 'out': expected an array on cuda:\d like x, got one on cpu"),
         ("rms_norm", x, None, torch.ones(64), None, None, None, None,

@@ -56,14 +56,17 @@ def test_wrong_weight_shape():
 
 
 def test_unsupported_dtype():
-    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected dtype float32, float16 or bfloat16, "
+    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected dtype float32, float64, float16 or bfloat16, "
                                          r"got int32"):
         tile.softmax(np.ones((4, 8), np.int32))
-    with pytest.raises(ValueError, match=r"argument 'out': expected dtype float32, float16 or bfloat16, got float64"):
+    # float64 is a dtype of its own calls: every float operand float64, or none.
+    with pytest.raises(ValueError, match=r"softmax: argument 'out': expected a float dtype other than float64 like x "
+                                         r"\(float32\), or every float operand in float64, got float64"):
         tile.softmax(x32(), out=np.empty((4, 64), np.float64))
-    with pytest.raises(ValueError, match=r"argument 'weight': expected dtype .* got float64"):
+    with pytest.raises(ValueError, match=r"argument 'weight': expected a float dtype other than float64 like x .* "
+                                         r"got float64"):
         tile.rms_norm(x32(), weight=np.ones(64))
-    with pytest.raises(ValueError, match=r"argument 'dtype': expected float32 or float16 for a numpy output"):
+    with pytest.raises(ValueError, match=r"argument 'dtype': expected float32, float64 or float16 for a numpy output"):
         tile.softmax(x32(), dtype="bfloat16")
 
 
@@ -177,19 +180,19 @@ def test_big_endian_and_other_unexportable_dtypes():
     for arg, kwargs in [("x", {}), ("out", {"out": np.empty((4, 64), ">f4")}),
                         ("weight", {"weight": np.ones(64, ">f4")})]:
         x = x32().astype(">f4") if arg == "x" else x32()
-        with pytest.raises(ValueError, match=rf"rms_norm: argument '{arg}': expected dtype float32, float16 or bfloat16 "
+        with pytest.raises(ValueError, match=rf"rms_norm: argument '{arg}': expected dtype float32, float64, float16 or bfloat16 "
                                              rf"in native \(little-endian\) byte order, got '>f4' \(big-endian; "):
             tile.rms_norm(x, **kwargs)
-    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected dtype float32, float16 or bfloat16 "
+    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected dtype float32, float64, float16 or bfloat16 "
                                          r"in native .*got '>f2'"):
         tile.plan("softmax", x32().astype(">f2"))
-    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected dtype float32, float16 or bfloat16, "
+    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected dtype float32, float64, float16 or bfloat16, "
                                          r"got \[\('a', '<f4'\)\]"):
         tile.softmax(np.zeros((2, 3), dtype=[("a", "<f4")]))
-    with pytest.raises(ValueError, match=r"argument 'x': expected dtype float32, float16 or bfloat16, got <U1"):
+    with pytest.raises(ValueError, match=r"argument 'x': expected dtype float32, float64, float16 or bfloat16, got <U1"):
         tile.softmax(np.array([["a"]]))
     for dtype, name in [(bool, "bool8"), (np.int64, "int64"), (np.complex64, "complex64")]:
-        with pytest.raises(ValueError, match=rf"softmax: argument 'x': expected dtype float32, float16 or bfloat16, "
+        with pytest.raises(ValueError, match=rf"softmax: argument 'x': expected dtype float32, float64, float16 or bfloat16, "
                                              rf"got {name}"):
             tile.softmax(np.ones((3, 4), dtype))
 
@@ -204,7 +207,7 @@ def test_scalars_masked_arrays_and_none():
     with pytest.raises(ValueError, match=r"rms_norm: argument 'weight': expected shape \(64,\).*got shape \(\)"):
         tile.rms_norm(x32(), weight=np.array(1.0, np.float32))
     # Rows of no columns return empty results (test_torch_empty.py), after the same checks.
-    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected dtype float32, float16 or bfloat16, "
+    with pytest.raises(ValueError, match=r"softmax: argument 'x': expected dtype float32, float64, float16 or bfloat16, "
                                          r"got int32"):
         tile.softmax(np.ones((3, 0), np.int32))
     with pytest.raises(ValueError, match=r"rms_norm: argument 'weight': expected shape \(0,\)"):
@@ -232,10 +235,11 @@ def test_bad_op():
 
 
 def test_bad_dtype_argument():
-    for dtype, given in [(np.float64, r"<class 'numpy.float64'>"), (np.int32, r"<class 'numpy.int32'>"),
-                         ("int8", r"'int8'"), (5, r"5")]:
+    for dtype, given in [(np.int32, r"<class 'numpy.int32'>"), ("int8", r"'int8'"), (5, r"5")]:
         with pytest.raises(ValueError, match=r"softmax: argument 'dtype': expected float32.*float16.*got " + given):
             tile.softmax(x32(), dtype=dtype)
+    with pytest.raises(ValueError, match=r"softmax: argument 'out': expected a float dtype other than float64 like x"):
+        tile.softmax(x32(), dtype=np.float64)   # a float64 output needs a float64 call
 
 
 def test_disjoint_interleaved_views_of_one_buffer_run():
@@ -329,7 +333,7 @@ def test_program_call_operands():
         p(x=x, mask=mask[:, :63])
     with pytest.raises(ValueError, match=r"masked_softmax: argument 'y': expected shape \(4, 64\) like x, got shape \(64,\)"):
         p(x=x, mask=mask, y=np.empty(64, np.float32))
-    with pytest.raises(ValueError, match=r"masked_softmax: argument 'mask': expected dtype float32, float16 or bfloat16, "
+    with pytest.raises(ValueError, match=r"masked_softmax: argument 'mask': expected dtype float32, float64, float16 or bfloat16, "
                                          r"got int32"):
         p(x=x, mask=np.zeros((4, 64), np.int32))
     with pytest.raises(ValueError, match=r"masked_softmax: argument 't': expected a value in \[0.001, 1000\], got 0"):
@@ -368,13 +372,13 @@ def test_program_outputs_dtypes_and_shapes():
         p(x=x, target=np.zeros((4, 1), np.int64), y=None)
     with pytest.raises(ValueError, match=r"stats: argument 'colsum': expected shape \(64,\) with stride 1"):
         p(x=x, target=t, y=None, colsum=np.empty(63, np.float32))
-    with pytest.raises(ValueError, match=r"stats: argument 'total': expected dtype float32, got float16"):
+    with pytest.raises(ValueError, match=r"stats: argument 'total': expected dtype float32 or float64, got float16"):
         p(x=x, target=t, y=None, total=np.empty(4, np.float16))
     with pytest.raises(ValueError, match=r"stats: argument 'total': expected a writable array"):
         ro = np.empty(4, np.float32)
         ro.flags.writeable = False
         p(x=x, target=t, y=None, total=ro)
-    with pytest.raises(ValueError, match=r"stats: argument 'dtypes': expected for 'total' a dtype float32, got 'f16'"):
+    with pytest.raises(ValueError, match=r"stats: argument 'dtypes': expected for 'total' a dtype float32 or float64, got 'f16'"):
         p(x=x, target=t, y=None, dtypes={"total": "f16"})
     with pytest.raises(ValueError, match=r"stats: argument 'dtypes': expected names of outputs \(total, y, colsum\), "
                                          r"got 'x'"):
@@ -418,8 +422,8 @@ def test_bad_program_construction_names_the_program():
          r"row program 'bad': reduce: argument 'axis': expected tile.Axis.cols or tile.Axis.rows, got 'diag'"),
         (lambda: p.row_in("plan"), ValueError, r"row program 'bad': operand name 'plan': expected a name that is not"),
         (lambda: p.row_in("x"), ValueError, r"row program 'bad': operand 'x' is declared twice"),
-        (lambda: p.row_in("z", dtypes="float64"), ValueError,
-         r"row program 'bad': operand 'z': argument 'dtypes': expected float32, .* got 'float64'"),
+        (lambda: p.row_in("z", dtypes="float8"), ValueError,
+         r"row program 'bad': operand 'z': argument 'dtypes': expected float32, float64, .* got 'float8'"),
         (lambda: p.row_scalar_in("t", ["f32", "i32"]), ValueError,
          r"row program 'bad': operand 't': expected float dtypes or integer dtypes, got f32 or i32"),
         (lambda: bool(p.load(x)), TypeError, r"row program 'bad': an expression has no truth value"),

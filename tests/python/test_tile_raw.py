@@ -117,7 +117,7 @@ def test_error_messages_name_the_operand():
                                          r"got shape \(4, 1\)"):
         _tile.launch_raw(program("rms_norm"), as_raw(ops))
     ops["rstd"] = np.empty(4, np.float16)
-    with pytest.raises(ValueError, match=r"rms_norm: argument 'rstd': expected dtype float32, got float16"):
+    with pytest.raises(ValueError, match=r"rms_norm: argument 'rstd': expected dtype float32 or float64, got float16"):
         _tile.launch(program("rms_norm"), ops)
     del ops["rstd"]
     ops["gamma"] = 1.0
@@ -204,5 +204,5 @@ def test_integer_operands_cross_both_ways():
 
 
 def test_dtype_codes():
-    assert _tile.RAW_DTYPE_CODES == {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3, "int64": 4}
+    assert _tile.RAW_DTYPE_CODES == {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3, "int64": 4, "float64": 5}
     assert tile.softmax(make((2, 8))).shape == (2, 8)  # numpy keeps the DLPack path

@@ -78,7 +78,7 @@ TEST(RowProgram, ExpressionsAreTypedAndShaped) {
   EXPECT_NO_THROW(p.validate());
   // The printed program names every operand and node.
   const std::string text = p.to_string();
-  for (const char* part : {"row input x", "per-column input w: f32, f16 or bf16 (optional)", "per-row input t: i32 or i64",
+  for (const char* part : {"row input x", "per-column input w: f32, f64, f16 or bf16 (optional)", "per-row input t: i32 or i64",
                            "col_index", "reduce_cols sum", "reduce_rows sum", "store dw"})
     EXPECT_NE(text.find(part), std::string::npos) << part << "\n" << text;
 }

@@ -35,6 +35,11 @@ TEST(TrainingOps, SeededSweepOnTheCpuBackend) {
   for (const TrainCase& c : cases) expect_train_case_passes(c, Backend::cpu);
 }
 
+TEST(TrainingOps, Float64CallsOnTheCpuBackend) {
+  const std::vector<TrainCase> cases = train_sweep_f64(4096);
+  EXPECT_GT(cases.size(), 150u);
+  for (const TrainCase& c : cases) expect_train_case_passes(c, Backend::cpu);
+}
 
 TEST(TrainingOps, EveryOperatorOnEveryLoweringPath) {
   uint64_t seed = 9000;

@@ -194,6 +194,71 @@ inline std::vector<Case> core_sweep() {
   return cases;
 }
 
+// Float64 calls (every float operand f64, float64 registers): every operator over short, odd and
+// long rows, strided and misaligned rows (8-byte elements: scalar paths), rows of every value
+// pattern across fp64's whole range (the f64 exponent clamps), and the plan classes whose code
+// depends on the element size: 2-double vectors, re-read loops, program barriers, packed
+// sub-warp programs, clamped tails, staged merges, row-block loops and a cluster split.
+inline std::vector<Case> f64_sweep() {
+  std::vector<Case> cases;
+  uint64_t seed = 14000;
+  const Op ops[] = {Op::softmax, Op::log_softmax, Op::rms_norm, Op::layer_norm};
+  auto f64_case = [&](Op op, int64_t rows, int64_t cols) {
+    Case c;
+    c.op = op, c.x = c.y = c.w = DType::f64, c.rows = rows, c.cols = cols, c.seed = seed++;
+    return c;
+  };
+  for (Op op : ops) {
+    for (int64_t cols : {1, 2, 3, 33, 1023, 1537, 4097})
+      for (int64_t rows : {0, 1, 37}) cases.push_back(f64_case(op, rows, cols));
+    Case c = f64_case(op, 37, 1000);
+    c.stride = 1031;
+    cases.push_back(c);
+    c = f64_case(op, 37, 1024);
+    c.offset = 1, c.y_offset = 3;
+    cases.push_back(c);
+    c = f64_case(op, 64, 1537);
+    c.special_values = true;
+    cases.push_back(c);
+    c = f64_case(op, 2, 70000);  // re-read by the policy
+    cases.push_back(c);
+    if (c.norm()) {
+      c = f64_case(op, 37, 1537);
+      c.weight = c.bias = false;
+      cases.push_back(c);
+    }
+    struct Variant {
+      int64_t rows, cols;
+      PlanRequest plan;
+    };
+    std::vector<Variant> variants(7);
+    variants[0] = {37, 4097, {}};
+    variants[0].plan.caching = InputCaching::reread, variants[0].plan.workers_per_program = 64;
+    variants[0].plan.stripe_unroll = 3;
+    variants[1] = {37, 4097, {}};
+    variants[1].plan.programs_per_group = 3, variants[1].plan.workers_per_program = 128;
+    variants[1].plan.barrier_scope = BarrierScope::program;
+    variants[2] = {37, 40, {}};
+    variants[2].plan.workers_per_program = 8, variants[2].plan.programs_per_group = 8;
+    variants[3] = {37, 1537, {}};
+    variants[3].plan.tail = TailHandling::clamp, variants[3].plan.programs_per_group = 2;
+    variants[4] = {37, 1536, {}};
+    variants[4].plan.merge = MergeStrategy::staged, variants[4].plan.workers_per_program = 96;
+    variants[4].plan.tail = TailHandling::clamp;  // whole 2-double vectors, clamped: every lane loads
+    variants[5] = {37, 1537, {}};
+    variants[5].plan.grid_limit = 4, variants[5].plan.vector_elems = 1;
+    variants[6] = {3, 2 * 2 * 64 * 2 - 13, {}};
+    variants[6].plan.ctas_per_program = 2, variants[6].plan.workers_per_program = 64;
+    variants[6].plan.caching = InputCaching::registers;
+    for (Variant& v : variants) {
+      c = f64_case(op, v.rows, v.cols);
+      c.plan = v.plan;
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
 // The packing configurations: {softmax, RMSNorm, LayerNorm} x four shapes x 1..3 programs.
 inline std::vector<Case> packing_sweep() {
   std::vector<Case> cases;

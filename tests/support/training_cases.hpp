@@ -60,12 +60,12 @@ struct Buf {
   void* host() { return bytes.data() + offset * dtype_size(dtype); }
   const void* host() const { return bytes.data() + offset * dtype_size(dtype); }
   double at(int64_t r, int64_t c = 0) const {
-    return is_float(dtype) ? double(load_as_float(host(), index(r, c), dtype))
+    return is_float(dtype) ? load_as_double(host(), index(r, c), dtype)
                            : double(load_as_int(host(), index(r, c), dtype));
   }
   void set(int64_t r, int64_t c, double v) {
     if (is_float(dtype))
-      store_from_float(host(), index(r, c), dtype, float(v));
+      store_from_double(host(), index(r, c), dtype, v);
     else
       store_from_int(host(), index(r, c), dtype, int64_t(v));
   }
@@ -299,16 +299,20 @@ struct Comparison {
   std::string first;
 };
 
-// |got - want| <= rtol(dtype) |want| + ulps * 2^-24 * mag, NaN exactly where want is NaN, inf
-// exactly. rtol is the output dtype's rounding: 2^-22, 2^-10, 2^-7 for f32, f16, bf16.
+// |got - want| <= rtol(dtype) |want| + ulps * u * mag, NaN exactly where want is NaN, inf
+// exactly. rtol is the output dtype's rounding: 2^-22, 2^-10, 2^-7 for f32, f16, bf16; u the
+// unit roundoff of the arithmetic, 2^-24 (2^-53 with rtol 2^-51 for f64: float64 calls compute
+// in float64, held to the same ulps).
 inline void compare(Comparison& cmp, const std::string& name, const Buf& got, const Expected& e, double ulps = 256) {
-  const double rtol = got.dtype == DType::f32 ? 0x1p-22 : got.dtype == DType::f16 ? 0x1p-10 : 0x1p-7;
-  const double floor = got.dtype == DType::f16 ? 1e-7 : 1e-37;
+  const bool f64 = got.dtype == DType::f64;
+  const double rtol = f64 ? 0x1p-51 : got.dtype == DType::f32 ? 0x1p-22 : got.dtype == DType::f16 ? 0x1p-10 : 0x1p-7;
+  const double floor = got.dtype == DType::f16 ? 1e-7 : f64 ? 1e-300 : 1e-37;
+  const double unit = f64 ? 0x1p-53 : 0x1p-24;
   const int64_t w = got.width();
   for (size_t k = 0; k < e.want.size(); ++k) {
     const int64_t r = int64_t(k) / w, c = int64_t(k) % w;
     const double g = got.at(r, c), want = e.want[k];
-    const double tol = rtol * std::abs(want) + ulps * 0x1p-24 * e.mag[k] + floor;
+    const double tol = rtol * std::abs(want) + ulps * unit * e.mag[k] + floor;
     const bool ok = std::isnan(want) ? std::isnan(g) : std::isinf(want) ? g == want : std::abs(g - want) <= tol;
     ++cmp.checked;
     if (!ok && cmp.mismatches++ == 0) {
@@ -458,6 +462,7 @@ inline TrainResult run_train_case(const TrainCase& c, Backend backend) {
   std::vector<std::string> outputs;  // names of the buffers the call writes
   const CallOptions opts{c.plan, nullptr, backend};
   const int64_t R = c.rows, C = c.cols;
+  const DType stat = c.in == DType::f64 ? DType::f64 : DType::f32;  // statistics: a float64 call's are f64
 
   switch (c.op) {
     case TrainOp::softmax_backward:
@@ -495,11 +500,12 @@ inline TrainResult run_train_case(const TrainCase& c, Backend backend) {
       env.add("x", random_matrix(rng, c.in, c, 0.5, 2));
       if (c.special && R > 1)
         for (int64_t k = 0; k < C; ++k) env["x"].set(1, k, ln ? 3.0 : 0.0);  // a constant row, a zero row
+      // Huge values; in f64 past fp32's range, with squares the float64 references still hold.
       if (c.special && R > 2 && c.in != DType::f16)
-        for (int64_t k = 0; k < C; ++k) env["x"].set(2, k, env["x"].at(2, k) * 1e30);  // huge values
+        for (int64_t k = 0; k < C; ++k) env["x"].set(2, k, env["x"].at(2, k) * (c.in == DType::f64 ? 1e150 : 1e30));
       if (c.weight) env.add("weight", random_vector(rng, c.w, C, 1, 0.5));
-      env.add("rstd", Buf::vector(DType::f32, R, 1));
-      if (ln) env.add("mean", Buf::vector(DType::f32, R, 1));
+      env.add("rstd", Buf::vector(stat, R, 1));
+      if (ln) env.add("mean", Buf::vector(stat, R, 1));
       for (int64_t r = 0; r < R; ++r) {  // the statistics the forward pass would have saved
         const std::vector<double> h = row_of(env["x"], r);
         if (ln) {
@@ -537,17 +543,17 @@ inline TrainResult run_train_case(const TrainCase& c, Backend backend) {
       if (c.special && R > 1)
         for (int64_t k = 0; k < C; ++k) env["x"].set(1, k, -env["residual"].at(1, k));  // h == 0 where exact
       if (c.special && R > 2) {  // sums near the largest finite value of the dtypes involved
-        const double big = c.in == DType::f16 || c.res == DType::f16 ? 3e4 : 1e37;
+        const double big = c.in == DType::f16 || c.res == DType::f16 ? 3e4 : c.in == DType::f64 ? 1e150 : 1e37;
         for (int64_t k = 0; k < C; ++k) env["x"].set(2, k, big), env["residual"].set(2, k, big);
       }
       if (c.weight) env.add("weight", random_vector(rng, c.w, C, 1, 0.5));
       if (!c.in_place) env.add("y", output_matrix(c.out, c)), env.add("residual_out", output_matrix(c.res, c));
-      env.add("rstd", Buf::vector(DType::f32, R, 1));
+      env.add("rstd", Buf::vector(stat, R, 1));
       Expected y, ro, rs;
       for (int64_t r = 0; r < R; ++r) {
         std::vector<double> h;
         for (int64_t k = 0; k < C; ++k) h.push_back(env["x"].at(r, k) + env["residual"].at(r, k));
-        const double rstd = rms_rstd(h, 1e-6);
+        const double rstd = rms_rstd(h, double(1e-6f));  // the eps the call passes, as fp32
         rs.want.push_back(rstd), rs.mag.push_back(rstd);
         for (int64_t k = 0; k < C; ++k) {
           const double wk = c.weight ? env["weight"].at(k) : 1.0;
@@ -570,7 +576,7 @@ inline TrainResult run_train_case(const TrainCase& c, Backend backend) {
       if (c.second) env.add("dresidual_out", random_matrix(rng, c.res, c, 0, 1));
       env.add("residual_out", random_matrix(rng, c.res, c, 0.5, 2));
       if (c.weight) env.add("weight", random_vector(rng, c.w, C, 1, 0.5));
-      env.add("rstd", Buf::vector(DType::f32, R, 1));
+      env.add("rstd", Buf::vector(stat, R, 1));
       for (int64_t r = 0; r < R; ++r) env["rstd"].set(r, 0, rms_rstd(row_of(env["residual_out"], r), 1e-6));
       if (!c.in_place) env.add("dx", output_matrix(c.out, c));
       if (c.second && !c.in_place) env.add("dresidual", output_matrix(c.res, c));
@@ -632,17 +638,17 @@ inline TrainResult run_train_case(const TrainCase& c, Backend backend) {
       // The upstream gradient: per row, or one value.
       if (c.op != TrainOp::cross_entropy && c.second) env.add("dloss", random_vector(rng, c.w, none ? R : 1, 0.5, 1));
       if (c.op == TrainOp::cross_entropy_backward) {
-        env.add("lse", Buf::vector(DType::f32, R, 1));
+        env.add("lse", Buf::vector(stat, R, 1));
         for (int64_t r = 0; r < R; ++r) env["lse"].set(r, 0, rows_ref[size_t(r)].lse);
-        // The gradient from the saved lse, as rounded to fp32.
+        // The gradient from the saved lse, as rounded to its dtype.
         for (int64_t r = 0; r < R; ++r) {
           const double saved = env["lse"].at(r);
           rows_ref[size_t(r)] = cross_entropy_row(row_of(z, r), int64_t(env["target"].at(r)), ce, true, &saved);
         }
       }
       if (c.op != TrainOp::cross_entropy_backward) {
-        env.add("loss", Buf::vector(DType::f32, none ? R : 1));
-        env.add("lse_out", Buf::vector(DType::f32, R));
+        env.add("loss", Buf::vector(stat, none ? R : 1));
+        env.add("lse_out", Buf::vector(stat, R));
         Expected loss, lse;
         double total = 0, total_mag = 0;
         for (const CrossEntropyRow& rr : rows_ref) {
@@ -656,7 +662,7 @@ inline TrainResult run_train_case(const TrainCase& c, Backend backend) {
         outputs.push_back("loss"), outputs.push_back("lse_out");
       }
       if (ce.reduction == Reduction::mean || c.op == TrainOp::cross_entropy) {
-        env.add("count", Buf::vector(DType::f32, 1));
+        env.add("count", Buf::vector(stat, 1));
         if (c.op != TrainOp::cross_entropy_backward)
           want["count"] = Expected{{count}, {0.0}}, outputs.push_back("count");
         else
@@ -743,6 +749,49 @@ inline std::vector<TrainCase> train_sweep(int64_t max_cols) {
         c.ce.ignore_index = k % 9 == 7 ? 3 : -100;  // an ignore_index inside [0, cols) too
         cases.push_back(c);
       }
+    }
+  }
+  return cases;
+}
+
+// Float64 calls of every training operator (every float operand f64, statistics f64): odd and
+// long rows, strided and misaligned rows, with and without weights and second operands, in
+// place, special values, each cross-entropy variant; plus the plan variants. Held to the
+// float64 rule (compare): an fp32 step anywhere fails.
+inline std::vector<TrainCase> train_sweep_f64(int64_t max_cols) {
+  std::vector<TrainCase> cases;
+  uint64_t seed = 17000;
+  for (int op = 0; op <= int(TrainOp::cross_entropy_fused); ++op) {
+    int k = 0;
+    for (int64_t cols : {1, 2, 33, 257, 1537, 4096, 65537}) {
+      if (cols > max_cols) continue;
+      for (int64_t rows : {1, 3, 17}) {
+        if (cols > 4096 && rows > 3) continue;
+        TrainCase c;
+        c.op = TrainOp(op), c.rows = rows, c.cols = cols, c.seed = seed++;
+        c.in = c.out = c.w = c.res = DType::f64;
+        c.pad = k % 4 == 1 ? 5 : 0;
+        c.offset = k % 5 == 2 ? 1 : 0;
+        c.weight = k % 6 != 3;
+        c.second = k % 7 != 4;
+        c.in_place = k % 8 == 5 || (c.op == TrainOp::fused_add_rms_norm && k % 3 == 1);
+        c.special = k % 4 == 2 && rows >= 3;
+        c.target = k % 2 ? DType::i32 : DType::i64;
+        c.ce.reduction = Reduction(k % 3);
+        c.ce.label_smoothing = k % 4 == 1 ? 0.1 : 0.0;
+        c.ce.z_loss = k % 5 == 3 ? 1e-3 : 0.0;
+        if (k % 6 == 2) c.ce.softcap = 15.0;
+        c.ce.ignore_index = k % 9 == 7 ? 3 : -100;
+        ++k;
+        cases.push_back(c);
+      }
+    }
+    for (const PlanRequest& plan : plan_variants()) {
+      TrainCase c;
+      c.op = TrainOp(op), c.rows = 17, c.cols = 1537, c.seed = seed++, c.plan = plan;
+      c.in = c.out = c.w = c.res = DType::f64;
+      if (plan.cache_format == CacheFormat::packed) continue;  // 16-bit input only
+      cases.push_back(c);
     }
   }
   return cases;

@@ -19,21 +19,24 @@ using ir::Type;
 using ir::UnOp;
 
 // One register-file entry. Integers and b1 are kept sign-extended in `i` (i32 wraps to 32
-// bits after every op), f32 in `f`.
+// bits after every op), f32 in `f`, f64 in `f64`.
 union Slot {
   int64_t i;
   float f;
+  double f64;
 };
 
 // clang-format off
 enum class Op : uint8_t {
   mov,
   fneg, fexp, fexp2, flog, frsqrt, fsqrt, fabs, ftanh, fexponent, fldexp, fadd, fsub, fmul, fdiv, frem, fmin, fmax, flt, fle, feq, fne,
+  dneg, dexp, dexp2, dlog, drsqrt, dsqrt, dabs, dtanh, dexponent, dldexp, dadd, dsub, dmul, ddiv, drem, dmin, dmax, dlt, dle, deq, dne,
   neg32, add32, sub32, mul32, div32, rem32,
   neg64, add64, sub64, mul64, div64, rem64, iabs,
   imin, imax, ilt, ile, ieq, ine, band, bor, bnot,  // i32, i64 and b1 alike
   select,
   f_to_i32, f_to_i64, f_to_b1, i_to_f, i_to_i32, i_to_b1,
+  d_to_i32, d_to_i64, d_to_b1, i_to_d, f_to_d, d_to_f,
   row_aligned,  // d = aligned(buffer b, offset a, bytes c)
   unpack16,     // d = f32 of the 16-bit DType(b) value in half c of word a
   jump,         // pc = a
@@ -61,6 +64,7 @@ struct MemOp {
   bool clamp;
   bool raw;  // load bits into i32 registers, two elements a register
   bool whole;  // all or nothing: no scalar path (ir.hpp)
+  bool f64;    // float registers are f64
   float fill;
   int32_t index, valid, aligned;  // slots
   int32_t regs;                   // offset in Code::lists of `width` f32 register slots
@@ -94,6 +98,11 @@ std::string ranges(const std::vector<int>& ids) {  // sorted ids -> "1-31, 33"
 class ConstantSlots : public ir::IRVisitor<ConstantSlots> {
  public:
   static std::pair<int, int64_t> key(const Expr& e) {
+    if (e.type == Type::f64) {
+      int64_t bits;
+      std::memcpy(&bits, &e.f, 8);
+      return {int(e.type), bits};
+    }
     if (e.type != Type::f32) return {int(e.type), e.type == Type::i32 ? int64_t(int32_t(e.i)) : e.i};
     float f = float(e.f);
     uint32_t bits;
@@ -110,6 +119,8 @@ class ConstantSlots : public ir::IRVisitor<ConstantSlots> {
     Slot v{};
     if (e.type == Type::f32)
       v.f = float(e.f);
+    else if (e.type == Type::f64)
+      v.f64 = e.f;
     else if (e.type == Type::i32)
       v.i = int32_t(e.i);
     else if (e.type == Type::b1)
@@ -172,6 +183,23 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
   static bool is_int(Type t) { return t == Type::i32 || t == Type::i64; }
 
   Op binop_code(BinOp op, Type t) const {
+    if (t == Type::f64) {
+      switch (op) {
+        case BinOp::add: return Op::dadd;
+        case BinOp::sub: return Op::dsub;
+        case BinOp::mul: return Op::dmul;
+        case BinOp::div: return Op::ddiv;
+        case BinOp::rem: return Op::drem;
+        case BinOp::min: return Op::dmin;
+        case BinOp::max: return Op::dmax;
+        case BinOp::lt: return Op::dlt;
+        case BinOp::le: return Op::dle;
+        case BinOp::eq: return Op::deq;
+        case BinOp::ne: return Op::dne;
+        case BinOp::ldexp: return Op::dldexp;
+        default: need(false, binop_name(op), " on f64"); return Op::mov;
+      }
+    }
     bool f = t == Type::f32, i32 = t == Type::i32, num = t != Type::b1;
     switch (op) {
       case BinOp::add: need(num, "add on b1"); return f ? Op::fadd : i32 ? Op::add32 : Op::add64;
@@ -187,15 +215,28 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
       case BinOp::ne: return f ? Op::fne : Op::ine;
       case BinOp::and_: need(!f, "and on f32"); return Op::band;
       case BinOp::or_: need(!f, "or on f32"); return Op::bor;
-      case BinOp::ldexp: need(f, "ldexp on a non-f32 value"); return Op::fldexp;
+      case BinOp::ldexp: need(f, "ldexp on a non-float value"); return Op::fldexp;
     }
     return Op::mov;
   }
   Op unop_code(UnOp op, Type t) const {
     if (op == UnOp::not_) return need(t == Type::b1, "not on a non-b1 value"), Op::bnot;
+    if (t == Type::f64) {
+      switch (op) {
+        case UnOp::neg: return Op::dneg;
+        case UnOp::abs: return Op::dabs;
+        case UnOp::exp: return Op::dexp;
+        case UnOp::exp2: return Op::dexp2;
+        case UnOp::log: return Op::dlog;
+        case UnOp::rsqrt: return Op::drsqrt;
+        case UnOp::tanh: return Op::dtanh;
+        case UnOp::exponent: return Op::dexponent;
+        default: return Op::dsqrt;
+      }
+    }
     if (op == UnOp::neg) return t == Type::f32 ? Op::fneg : t == Type::i32 ? Op::neg32 : Op::neg64;
     if (op == UnOp::abs) return need(t != Type::b1, "abs of b1"), t == Type::f32 ? Op::fabs : Op::iabs;
-    need(t == Type::f32, ir::unop_name(op), " on a non-f32 value");
+    need(t == Type::f32, ir::unop_name(op), " on a non-float value");
     switch (op) {
       case UnOp::exp: return Op::fexp;
       case UnOp::exp2: return Op::fexp2;
@@ -208,6 +249,9 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
   }
   static Op cast_code(Type from, Type to) {
     if (from == to) return Op::mov;
+    if (from == Type::f64)
+      return to == Type::f32 ? Op::d_to_f : to == Type::i32 ? Op::d_to_i32 : to == Type::i64 ? Op::d_to_i64 : Op::d_to_b1;
+    if (to == Type::f64) return from == Type::f32 ? Op::f_to_d : Op::i_to_d;
     if (from == Type::f32)
       return to == Type::i32 ? Op::f_to_i32 : to == Type::i64 ? Op::f_to_i64 : Op::f_to_b1;
     if (to == Type::f32) return Op::i_to_f;
@@ -307,9 +351,9 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
     need(is_load || !s.clamp, "clamp on a store");
     need(!s.raw || (is_load && dtype_size(k_.buffers[s.buffer].dtype) == 2 && s.width <= 16),
          "raw access that is not a 16-bit load of at most 16 elements");
-    MemOp m{s.buffer, s.width, s.clamp, s.raw, s.whole, s.fill, 0, 0, 0, int32_t(code_.lists.size())};
+    MemOp m{s.buffer, s.width, s.clamp, s.raw, s.whole, k_.real == Type::f64, s.fill, 0, 0, 0, int32_t(code_.lists.size())};
     for (int r : s.dsts)
-      code_.lists.push_back(reg_slot(r, s.raw ? Type::i32 : ir::value_type(k_.buffers[s.buffer].dtype),
+      code_.lists.push_back(reg_slot(r, s.raw ? Type::i32 : ir::value_type(k_.buffers[s.buffer].dtype, k_.real),
                                      is_load ? "a load" : "a store"));
     need(s.index && s.valid && s.aligned, "load/store without index, valid or aligned");
     need(is_int(s.index->type) && is_int(s.valid->type) && s.aligned->type == Type::b1,
@@ -353,9 +397,9 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
   void shared(const Stmt& s, bool st) {
     need(s.region >= 0 && s.region < int(k_.shared.size()), "shared region that does not exist");
     need(s.index && is_int(s.index->type), "shared index must be an integer");
-    int32_t v = st ? (need(s.value && s.value->type == Type::f32, "shared store of a non-f32 value"),
+    int32_t v = st ? (need(s.value && s.value->type == k_.real, "shared store of a value of another type than the kernel's float type"),
                       expr(s.value.get()))
-                   : reg_slot(s.dst, Type::f32, "shared_load");
+                   : reg_slot(s.dst, k_.real, "shared_load");
     int32_t i = expr(s.index.get());
     code_.ins.push_back({st ? Op::shared_store : Op::shared_load, v, i, s.region});
   }
@@ -364,7 +408,7 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
     need(s.region >= 0 && s.region < int(k_.shared.size()), "shared region that does not exist");
     need(s.index && is_int(s.index->type) && s.cta && s.cta->type == Type::i32,
          "remote shared load needs an integer index and an i32 rank");
-    int32_t d = reg_slot(s.dst, Type::f32, "remote_shared_load");
+    int32_t d = reg_slot(s.dst, k_.real, "remote_shared_load");
     int32_t i = expr(s.index.get());
     int32_t c = expr(s.cta.get());
     code_.ins.push_back({Op::remote_load, d, i, s.region, c});
@@ -442,8 +486,12 @@ class Runner {
         pgen_(size_t(C_) * k.programs_per_group),
         remote_reader_(C_, -1),
         reg_init_(k.regs.size()) {
-    for (size_t j = 0; j < k.regs.size(); ++j)
+    for (size_t j = 0; j < k.regs.size(); ++j) {
       if (k.regs[j].type == Type::f32) reg_init_[j].f = std::numeric_limits<float>::quiet_NaN();
+      if (k.regs[j].type == Type::f64) reg_init_[j].f64 = std::numeric_limits<double>::quiet_NaN();
+    }
+    if (k.real == Type::f64) shared_init_.f64 = std::numeric_limits<double>::quiet_NaN();
+    else shared_init_.f = std::numeric_limits<float>::quiet_NaN();
     for (int t = 0; t < N_; ++t) {
       Slot* r = &slots_[size_t(t) * S_];
       for (auto [slot, v] : code.consts) r[slot] = v;
@@ -452,6 +500,7 @@ class Runner {
         const ScalarArg& a = args.params[p];
         switch (k.params[p].type) {
           case Type::f32: v.f = float(a.f); break;
+          case Type::f64: v.f64 = a.f; break;
           case Type::i32: v.i = int32_t(a.i); break;
           case Type::i64: v.i = a.i; break;
           case Type::b1: v.i = a.i != 0; break;
@@ -499,7 +548,7 @@ class Runner {
     ++cgen_;  // invalidates every SlotLog entry of the previous cluster
     for (uint32_t& g : ggen_) ++g;
     std::fill(remote_reader_.begin(), remote_reader_.end(), -1);
-    std::fill(shared_.begin(), shared_.end(), std::numeric_limits<float>::quiet_NaN());
+    std::fill(shared_.begin(), shared_.end(), shared_init_);
     std::fill(pc_.begin(), pc_.end(), 0);
     std::fill(state_.begin(), state_.end(), kReady);
     for (int t = 0; t < N_; ++t) {
@@ -549,6 +598,35 @@ class Runner {
         case Op::fldexp:
           d.f = std::isnan(B.f) ? B.f : std::ldexp(A.f, int(std::fmin(std::fmax(B.f, -1000.0f), 1000.0f)));
           break;
+        case Op::dneg: d.f64 = -A.f64; break;
+        case Op::dexp: d.f64 = std::exp(A.f64); break;
+        case Op::dexp2: d.f64 = std::exp2(A.f64); break;
+        case Op::dlog: d.f64 = std::log(A.f64); break;
+        case Op::drsqrt: d.f64 = 1.0 / std::sqrt(A.f64); break;
+        case Op::dsqrt: d.f64 = std::sqrt(A.f64); break;
+        case Op::dabs: d.f64 = std::fabs(A.f64); break;
+        case Op::dtanh: d.f64 = std::tanh(A.f64); break;
+        case Op::dexponent: d.f64 = A.f64 == 0 || !std::isfinite(A.f64) ? 0.0 : double(std::ilogb(A.f64)); break;
+        case Op::dldexp:  // the clamp is wide enough that every finite f64 over- or underflows past it
+          d.f64 = std::isnan(B.f64) ? B.f64 : std::ldexp(A.f64, int(std::fmin(std::fmax(B.f64, -3000.0), 3000.0)));
+          break;
+        case Op::dadd: d.f64 = A.f64 + B.f64; break;
+        case Op::dsub: d.f64 = A.f64 - B.f64; break;
+        case Op::dmul: d.f64 = A.f64 * B.f64; break;
+        case Op::ddiv: d.f64 = A.f64 / B.f64; break;
+        case Op::drem: d.f64 = std::fmod(A.f64, B.f64); break;
+        case Op::dmin: d.f64 = std::isnan(A.f64) || std::isnan(B.f64) ? std::numeric_limits<double>::quiet_NaN() : std::fmin(A.f64, B.f64); break;
+        case Op::dmax: d.f64 = std::isnan(A.f64) || std::isnan(B.f64) ? std::numeric_limits<double>::quiet_NaN() : std::fmax(A.f64, B.f64); break;
+        case Op::dlt: d.i = A.f64 < B.f64; break;
+        case Op::dle: d.i = A.f64 <= B.f64; break;
+        case Op::deq: d.i = A.f64 == B.f64; break;
+        case Op::dne: d.i = A.f64 != B.f64; break;
+        case Op::d_to_i32: d.i = f_to_int<int32_t>(A.f64); break;
+        case Op::d_to_i64: d.i = f_to_int<int64_t>(A.f64); break;
+        case Op::d_to_b1: d.i = A.f64 != 0.0; break;
+        case Op::i_to_d: d.f64 = double(A.i); break;
+        case Op::f_to_d: d.f64 = double(A.f); break;
+        case Op::d_to_f: d.f = float(A.f64); break;
         case Op::fadd: d.f = A.f + B.f; break;
         case Op::fsub: d.f = A.f - B.f; break;
         case Op::fmul: d.f = A.f * B.f; break;
@@ -622,9 +700,10 @@ class Runner {
         case Op::inc64: ++d.i; break;
         case Op::load: load(t, r, code_.mem[in.a]); break;
         case Op::store: store(t, r, code_.mem[in.a]); break;
-        case Op::shared_load: d.f = shared_[shared_slot(t, in, A.i, false)]; break;
-        case Op::shared_store: shared_[shared_slot(t, in, A.i, true)] = d.f; break;
-        case Op::remote_load: d.f = shared_[remote_slot(t, in, A.i, r[in.c].i)]; break;
+        // Shared slots hold whole register entries: the kernel's float type, f32 or f64.
+        case Op::shared_load: d = shared_[shared_slot(t, in, A.i, false)]; break;
+        case Op::shared_store: shared_[shared_slot(t, in, A.i, true)] = d; break;
+        case Op::remote_load: d = shared_[remote_slot(t, in, A.i, r[in.c].i)]; break;
         case Op::shfl:
         case Op::group_barrier:
         case Op::program_barrier:
@@ -644,11 +723,11 @@ class Runner {
   }
 
   // CUDA's cvt.rzi: truncate toward zero, saturate, NaN -> 0.
-  template <typename I>
-  static int64_t f_to_int(float x) {
+  template <typename I, typename F>
+  static int64_t f_to_int(F x) {
     if (std::isnan(x)) return 0;
-    if (x <= float(std::numeric_limits<I>::min())) return std::numeric_limits<I>::min();
-    if (x >= float(std::numeric_limits<I>::max())) return std::numeric_limits<I>::max();
+    if (x <= F(std::numeric_limits<I>::min())) return std::numeric_limits<I>::min();
+    if (x >= F(std::numeric_limits<I>::max())) return std::numeric_limits<I>::max();
     return I(x);
   }
 
@@ -710,6 +789,7 @@ class Runner {
       for (int j = 0; j < (m.raw ? m.width / 2 : m.width); ++j) {
         if (m.raw) r[dst[j]].i = 0;
         else if (!is_float(dt)) r[dst[j]].i = int64_t(m.fill);
+        else if (m.f64) r[dst[j]].f64 = m.fill;
         else r[dst[j]].f = m.fill;
       }
       return;
@@ -719,6 +799,7 @@ class Runner {
     if (vector_path(t, r, m, "load")) {
       for (int j = 0; j < m.width; ++j) {
         if (ints) r[dst[j]].i = load_as_int(data, index + j, dt);
+        else if (m.f64) r[dst[j]].f64 = load_as_double(data, index + j, dt);
         else r[dst[j]].f = load_as_float(data, index + j, dt);
       }
       ++(m.width > 1 ? stats_.vector_accesses : stats_.scalar_accesses);
@@ -728,12 +809,14 @@ class Runner {
     for (int j = 0; j < m.width; ++j) {
       Slot v{};
       if (ints) v.i = int64_t(m.fill);
+      else if (m.f64) v.f64 = m.fill;
       else v.f = m.fill;
       if (m.clamp || j < valid) {
         int64_t e = int64_t(uint64_t(index) + (j < valid ? uint64_t(j) : uint64_t(valid) - 1));
         check_element(t, m, e, "load");
         Slot x{};
         if (ints) x.i = load_as_int(data, e, dt);
+        else if (m.f64) x.f64 = load_as_double(data, e, dt);
         else x.f = load_as_float(data, e, dt);
         if (j < valid) v = x;
         ++stats_.scalar_accesses;
@@ -774,6 +857,7 @@ class Runner {
     if (vector_path(t, r, m, "store")) {
       for (int j = 0; j < m.width; ++j) {
         if (ints) store_from_int(data, index + j, dt, r[src[j]].i);
+        else if (m.f64) store_from_double(data, index + j, dt, r[src[j]].f64);
         else store_from_float(data, index + j, dt, r[src[j]].f);
       }
       ++(m.width > 1 ? stats_.vector_accesses : stats_.scalar_accesses);
@@ -783,6 +867,7 @@ class Runner {
     for (int j = 0; j < m.width && j < valid; ++j) {
       check_element(t, m, index + j, "store");
       if (ints) store_from_int(data, index + j, dt, r[src[j]].i);
+      else if (m.f64) store_from_double(data, index + j, dt, r[src[j]].f64);
       else store_from_float(data, index + j, dt, r[src[j]].f);
       ++stats_.scalar_accesses;
       stats_.bytes_stored += dtype_size(dt);
@@ -1012,7 +1097,8 @@ class Runner {
   std::vector<Slot> slots_;  // (N_, S_)
   std::vector<int32_t> pc_;
   std::vector<uint8_t> state_;
-  std::vector<float> shared_;  // (C_, E_)
+  std::vector<Slot> shared_;  // (C_, E_)
+  Slot shared_init_{};         // NaN of the kernel's float type
   std::vector<SlotLog> logs_;
   uint32_t cgen_ = 0;
   std::vector<uint32_t> ggen_;        // per group of the cluster

@@ -14,8 +14,8 @@ cpu::LaunchArgs launch_args(const LoweredKernel& lk, const ArgumentValues& a, in
   args.groups = groups;
   for (size_t b = 0; b < a.buffers.size(); ++b) args.buffers.push_back({a.buffers[b], 0, a.extents[b]});
   for (size_t p = 0; p < a.params.size(); ++p) {
-    const bool f = lk.kernel.params[p].type == ir::Type::f32;
-    args.params.push_back({f ? double(a.params[p].f) : 0.0, a.params[p].i});
+    const ir::Type t = lk.kernel.params[p].type;
+    args.params.push_back({t == ir::Type::f32 ? double(a.params[p].f) : t == ir::Type::f64 ? a.params[p].d : 0.0, a.params[p].i});
   }
   return args;
 }
@@ -42,18 +42,18 @@ class CpuTarget final : public Target {
     rec.kernel_name = lp.main.kernel.name;
     rec.groups = grid_groups(call, pk.plan);
     rec.threads_per_group = lp.main.kernel.threads_per_group();
-    rec.shared_bytes = lp.main.kernel.shared_elems() * 4;
+    rec.shared_bytes = lp.main.kernel.shared_bytes();
     const int64_t slots = rec.groups * pk.plan.programs_per_group;
     // The caller's workspace (host memory, checked by run() to hold ws_elems), else our own.
     const int64_t ws_elems = workspace_elems(pk, call);
-    std::vector<float> own;
+    std::vector<double> own;  // holds f32 or f64 partials
     void* workspace = options.workspace;
     if (lp.finish) {
       if (!workspace) {
         own.resize(size_t(ws_elems));
         workspace = own.data();
       }
-      rec.workspace_bytes = ws_elems * 4;
+      rec.workspace_bytes = ws_elems * lp.workspace_elem_bytes();
       rec.kernels = 2;
     }
     if (rec.groups > 0) {

@@ -32,6 +32,7 @@ const char* element_type(DType t) {
     case DType::bf16: return "unsigned short";
     case DType::i32: return "int";
     case DType::i64: return "long long";
+    case DType::f64: return "double";
   }
   return "?";
 }
@@ -71,7 +72,7 @@ class CudaEmitter : public IRPrinter {
         << k_.name << "(" << sig << ") {\n";
     indent_ = 1;
     int shared = k_.shared_elems();
-    if (shared > 0) line("__shared__ float tile_shared[" + std::to_string(shared) + "];");
+    if (shared > 0) line("__shared__ " + type_spelling(k_.real) + " tile_shared[" + std::to_string(shared) + "];");
     const int W = k_.workers_per_program;
     line("const int tile_tid = threadIdx.x;");
     line("const long long group_index = blockIdx.x;");
@@ -110,6 +111,7 @@ class CudaEmitter : public IRPrinter {
       case Type::i32: return "int";
       case Type::i64: return "long long";
       case Type::b1: return "bool";
+      case Type::f64: return "double";
     }
     return "?";
   }
@@ -123,12 +125,31 @@ class CudaEmitter : public IRPrinter {
       std::snprintf(buf, sizeof buf, "%af", double(f));
       return buf;
     }
+    if (e.type == Type::f64) {
+      if (std::isinf(e.f)) return e.f > 0 ? "__longlong_as_double(0x7ff0000000000000LL)" : "__longlong_as_double(0xfff0000000000000ULL)";
+      if (std::isnan(e.f)) return "__longlong_as_double(0x7fffffffffffffffLL)";
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%a", e.f);  // hexadecimal: the exact double
+      return buf;
+    }
     if (e.type == Type::b1) return e.i ? "true" : "false";
     if (e.type == Type::i64) return std::to_string(e.i) + "LL";
     return std::to_string(e.i);
   }
 
   std::string unary_expr(UnOp op, const std::string& a, Type t) override {
+    if (t == Type::f64) {  // the double-precision library functions (correctly rounded or 1-2 ulp)
+      switch (op) {
+        case UnOp::exp: return "exp(" + a + ")";
+        case UnOp::exp2: return "exp2(" + a + ")";
+        case UnOp::log: return "log(" + a + ")";
+        case UnOp::rsqrt: return "rsqrt(" + a + ")";
+        case UnOp::sqrt: return "sqrt(" + a + ")";
+        case UnOp::tanh: return "tanh(" + a + ")";
+        case UnOp::abs: return "fabs(" + a + ")";
+        default: break;  // neg; exponent is overloaded for double
+      }
+    }
     switch (op) {
       case UnOp::neg: return "(-" + a + ")";
       case UnOp::exp: return "expf(" + a + ")";
@@ -146,7 +167,7 @@ class CudaEmitter : public IRPrinter {
 
   std::string binary_expr(BinOp op, const std::string& a, const std::string& b, Type t) override {
     if (op == BinOp::min || op == BinOp::max) {
-      if (t == Type::f32) return std::string(op == BinOp::min ? "tile_min(" : "tile_max(") + a + ", " + b + ")";
+      if (is_real(t)) return std::string(op == BinOp::min ? "tile_min(" : "tile_max(") + a + ", " + b + ")";
     }
     if (op == BinOp::ldexp) {
       return "tile_ldexp(" + a + ", " + b + ")";
@@ -261,9 +282,66 @@ class CudaEmitter : public IRPrinter {
     line("}");
   }
 
+  // f64 buffers (an f64 kernel's, whose registers are double): double or double2 accesses.
+  void print_f64_load(const Stmt& s) {
+    const Buffer& b = k_.buffers[s.buffer];
+    const std::string word = s.width == 1 ? "double" : "double2";
+    const std::string fill = visit(*f64_const(s.fill));
+    line("{  // " + std::string(s.clamp ? "clamped " : "") + "load " + b.name + ", " + std::to_string(s.width) + " elements");
+    auto convert = [&](int j, const std::string& w) { return s.width == 1 ? w : w + (j ? ".y" : ".x"); };
+    if (s.whole && s.clamp) {
+      const std::string W = std::to_string(s.width);
+      ++indent_;
+      line("const long long tile_i = " + visit(*s.index) + ";");
+      line("const long long tile_n = " + visit(*s.valid) + ";");
+      line("const " + word + " tile_w = *reinterpret_cast<const " + word + "*>(" + b.name + " + (tile_n >= " + W +
+           " ? tile_i : tile_i + tile_n - " + W + "));");
+      for (int j = 0; j < s.width; ++j)
+        line(reg_name(s.dsts[j]) + " = tile_n >= " + W + " ? " + convert(j, "tile_w") + " : " + fill + ";");
+      --indent_;
+      line("}");
+      return;
+    }
+    open_access(s);
+    line("const " + word + " tile_w = *reinterpret_cast<const " + word + "*>(" + b.name + " + tile_i);");
+    for (int j = 0; j < s.width; ++j) line(reg_name(s.dsts[j]) + " = " + convert(j, "tile_w") + ";");
+    else_access();
+    if (s.whole) {
+      for (int j = 0; j < s.width; ++j) line(reg_name(s.dsts[j]) + " = " + fill + ";");
+      return close_access();
+    }
+    for (int j = 0; j < s.width; ++j) {
+      std::string jj = std::to_string(j);
+      if (s.clamp) {
+        line(reg_name(s.dsts[j]) + " = " + b.name + "[tile_i + (" + jj + " < tile_n - 1 ? " + jj + " : tile_n - 1)];");
+        line(reg_name(s.dsts[j]) + " = " + jj + " < tile_n ? " + reg_name(s.dsts[j]) + " : " + fill + ";");
+      } else {
+        line(reg_name(s.dsts[j]) + " = " + jj + " < tile_n ? " + b.name + "[tile_i + " + jj + "] : " + fill + ";");
+      }
+    }
+    close_access();
+  }
+  void print_f64_store(const Stmt& s) {
+    const Buffer& b = k_.buffers[s.buffer];
+    line("{  // store " + b.name + ", " + std::to_string(s.width) + " elements");
+    open_access(s);
+    if (s.width == 1)
+      line("*reinterpret_cast<double*>(" + b.name + " + tile_i) = " + reg_name(s.dsts[0]) + ";");
+    else
+      line("*reinterpret_cast<double2*>(" + b.name + " + tile_i) = make_double2(" + reg_name(s.dsts[0]) + ", " +
+           reg_name(s.dsts[1]) + ");");
+    if (s.whole) return close_access();
+    else_access();
+    for (int j = 0; j < s.width; ++j)
+      line("if (" + std::to_string(j) + " < tile_n) " + b.name + "[tile_i + " + std::to_string(j) + "] = " +
+           reg_name(s.dsts[j]) + ";");
+    close_access();
+  }
+
   void visit_load(const Stmt& s) override {
     if (s.raw) return print_raw_load(s);
     if (!is_float(k_.buffers[s.buffer].dtype)) return print_int_load(s);
+    if (k_.buffers[s.buffer].dtype == DType::f64) return print_f64_load(s);
     const Buffer& b = k_.buffers[s.buffer];
     const std::string dt(dtype_name(b.dtype));
     const int es = dtype_size(b.dtype), bytes = s.width * es;
@@ -273,7 +351,7 @@ class CudaEmitter : public IRPrinter {
       if (es == 2 && bytes > 2) word = j % 2 ? "(" + word + " >> 16)" : word;
       return "tile_" + dt + "_to_f32(" + word + ")";
     };
-    std::string fill = visit(*f32_const(s.fill));
+    std::string fill = visit(*f32_const(s.fill));  // an f32 kernel's: f64 buffers take print_f64_load
     if (s.whole && s.clamp) return print_clamped_whole_load(s, convert, fill);
     open_access(s);
     line("const " + std::string(word_type(bytes)) + " tile_w = *reinterpret_cast<const " + word_type(bytes) +
@@ -300,6 +378,7 @@ class CudaEmitter : public IRPrinter {
 
   void visit_store(const Stmt& s) override {
     if (!is_float(k_.buffers[s.buffer].dtype)) return print_int_store(s);
+    if (k_.buffers[s.buffer].dtype == DType::f64) return print_f64_store(s);
     const Buffer& b = k_.buffers[s.buffer];
     const std::string dt(dtype_name(b.dtype));
     const int es = dtype_size(b.dtype), bytes = s.width * es;

@@ -151,6 +151,7 @@ void launch_kernel(CUfunction fn, const LoweredKernel& lk, void* const* buffers,
   CUdeviceptr ptrs[kMax];
   long long ints[kMax];
   float floats[kMax];
+  double doubles[kMax];
   void* argv[2 * kMax];
   size_t n = 0;
   for (size_t b = 0; b < n_buffers; ++b) {
@@ -161,6 +162,9 @@ void launch_kernel(CUfunction fn, const LoweredKernel& lk, void* const* buffers,
     if (lk.kernel.params[p].type == ir::Type::f32) {
       floats[p] = params[p].f;
       argv[n++] = &floats[p];
+    } else if (lk.kernel.params[p].type == ir::Type::f64) {
+      doubles[p] = params[p].d;
+      argv[n++] = &doubles[p];
     } else {
       ints[p] = params[p].i;
       argv[n++] = &ints[p];
@@ -291,7 +295,7 @@ class CudaTarget final : public Target {
     rec.source_sha256 = st.source_sha256;
     rec.groups = grid_groups(call, pk.plan);
     rec.threads_per_group = lp.main.kernel.threads_per_group();
-    rec.shared_bytes = lp.main.kernel.shared_elems() * 4;
+    rec.shared_bytes = lp.main.kernel.shared_bytes();
     rec.kernels = lp.finish ? 2 : 1;
 
     const uint64_t context = cuda::context_id(cuda::ensure_context(options.device));
@@ -328,12 +332,12 @@ class CudaTarget final : public Target {
     void* workspace = nullptr;
     const int64_t ws_elems = workspace_elems(pk, call);
     if (lp.finish) {
-      rec.workspace_bytes = ws_elems * 4;
+      rec.workspace_bytes = ws_elems * lp.workspace_elem_bytes();
       // The caller's (checked by run() to hold ws_elems), else the library's; none for no rows,
       // where the row kernel is not launched and the second reads no slot.
       if (ws_elems > 0)
         workspace = options.workspace ? options.workspace
-                                      : workspace_for(stream, size_t(ws_elems) * 4, lp.main.kernel.name);
+                                      : workspace_for(stream, size_t(ws_elems) * lp.workspace_elem_bytes(), lp.main.kernel.name);
     }
     if (rec.groups > 0)
       launch_kernel(loaded.first.function, lp.main, argument_values(lp.main, call, workspace, ws_elems, slots), rec.groups,

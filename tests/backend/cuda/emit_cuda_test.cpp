@@ -89,5 +89,29 @@ TEST(EmitCuda, SixteenBitVectorsAndPackedCaches) {
   EXPECT_TRUE(has(src, "tile_exp2(")) << "exp as the hardware's base-2 exponential";
 }
 
+TEST(EmitCuda, Float64KernelsComputeInDouble) {
+  std::vector<double> x(16 * 2048), y(16 * 2048), w(2048), b(2048);
+  Call c{Op::layer_norm, matrix(x.data(), DType::f64, 16, 2048), matrix(y.data(), DType::f64, 16, 2048),
+         VectorView{w.data(), DType::f64, 2048}, VectorView{b.data(), DType::f64, 2048}};
+  PlanRequest req;
+  req.workers_per_program = 128;
+  const std::string src = source_for(c, req);
+  const std::string sig = signature_of(src);
+  EXPECT_TRUE(has(sig, "const double* x  /* f64 */")) << sig;  // y may alias it
+  EXPECT_TRUE(has(sig, "double eps")) << sig;
+  const std::string body = src.substr(src.find("extern \"C\" __global__"));
+  EXPECT_TRUE(has(body, "__shared__ double tile_shared[")) << "8-byte shared slots";
+  EXPECT_TRUE(has(body, "*reinterpret_cast<const double2*>(x + tile_i)")) << "16-byte loads of 2 doubles";
+  EXPECT_TRUE(has(body, "= make_double2(")) << "16-byte stores of 2 doubles";
+  EXPECT_TRUE(has(body, "tile_exponent(") && has(body, "tile_ldexp(")) << "the double overloads";
+  EXPECT_TRUE(has(body, "rsqrt(") && !has(body, "rsqrtf(")) << "double-precision library functions";
+  EXPECT_TRUE(has(body, "-0x1.e5p+9")) << "the f64 exponent clamp, -970, exactly";
+  EXPECT_FALSE(has(body, "float ")) << "no float value in a float64 kernel";
+  Call s{Op::softmax, matrix(x.data(), DType::f64, 16, 2048), matrix(y.data(), DType::f64, 16, 2048)};
+  const std::string soft = source_for(s, req);
+  EXPECT_TRUE(has(soft, " exp(")) << "exp itself: no exp2(x log2 e) product to round";
+  EXPECT_FALSE(has(soft.substr(soft.find("extern \"C\" __global__")), "tile_exp2(")) << "not the fp32 MUFU.EX2";
+}
+
 }  // namespace
 }  // namespace tile

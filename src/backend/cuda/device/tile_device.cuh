@@ -70,6 +70,27 @@ TILE_DEVICE float tile_ldexp(float a, float b) {
   return (e >= -126 && e <= 127) ? a * __int_as_float((e + 127) << 23) : ldexpf(a, e);
 }
 
+// The f64 counterparts, for kernels whose float type is f64 (float64 calls): the same
+// semantics at double precision. PTX has no min.NaN.f64, so NaN is tested explicitly.
+TILE_DEVICE double tile_max(double a, double b) {
+  return (a != a || b != b) ? __longlong_as_double(0x7fffffffffffffffLL) : fmax(a, b);
+}
+TILE_DEVICE double tile_min(double a, double b) {
+  return (a != a || b != b) ? __longlong_as_double(0x7fffffffffffffffLL) : fmin(a, b);
+}
+TILE_DEVICE double tile_exponent(double a) {
+  const long long bits = __double_as_longlong(a) & 0x7fffffffffffffffLL;
+  const int biased = (int)(bits >> 52);
+  if (bits == 0 || biased == 0x7ff) return 0.0;
+  return biased != 0 ? (double)(biased - 1023) : (double)ilogb(a);
+}
+// b clamped to [-3000, 3000]: past it every finite double over- or underflows anyway.
+TILE_DEVICE double tile_ldexp(double a, double b) {
+  if (b != b) return b;
+  const int e = (int)fmin(fmax(b, -3000.0), 3000.0);
+  return (e >= -1022 && e <= 1023) ? a * __longlong_as_double((long long)(e + 1023) << 52) : ldexp(a, e);
+}
+
 TILE_DEVICE bool tile_aligned(const void* p, unsigned long long bytes) {
   return (reinterpret_cast<unsigned long long>(p) & (bytes - 1)) == 0;
 }
@@ -114,5 +135,18 @@ TILE_DEVICE float tile_remote_shared_load(const float* p, int rank) {
 #else
   __trap();
   return 0.0f;
+#endif
+}
+TILE_DEVICE double tile_remote_shared_load(const double* p, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned local = (unsigned)__cvta_generic_to_shared(p);
+  unsigned remote;
+  double v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote) : "memory");
+  return v;
+#else
+  __trap();
+  return 0.0;
 #endif
 }
