@@ -17,6 +17,12 @@
 //                                         exact powers of two; +inf gives s = +inf, NaN gives NaN
 //   scaled_mean_m2  x                  -> (n, e, mean, m2) of x 2^-e, Chan's merge at the larger
 //                                         exponent; a constant row has its exact mean and m2 = 0
+//
+// A monoid may also give a worker's state a cheaper way (`fast`): plain sums over all of the
+// worker's elements (accumulated by addition from chunk to chunk, so a re-read loop carries no
+// per-chunk merge), the state derived from them once, and a test (`fast_exact`) of whether that
+// state is as exact as the chunk graph's. A worker whose test fails folds its elements with
+// `chunk` and `combine` instead; a worker's state is the same either way, up to rounding.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +50,7 @@ struct MonoidNode {
     count,      // chunk: the number of elements in the chunk, f32
     chunk_sum,  // chunk: sum over the chunk's elements of element node `a`
     chunk_max,  // chunk: maximum (NaN if any is NaN) over the chunk's elements of node `a`
+    first,      // fast: element node `a` at the worker's first element (0 when it has none)
     constant,   // f32 `value`
     unary,
     binary,
@@ -66,6 +73,11 @@ struct Monoid {
   std::vector<MonoidNode> nodes;
   std::vector<int> combine;  // one node per part: the merged state
   std::vector<int> chunk;    // one node per part: the state of a chunk of elements
+  // Optional worker fast path: one node per part, over all of a worker's elements (chunk_sum,
+  // chunk_max and count range over them, first reads the first of them), and a b1 node that
+  // holds where that state is exact enough. Empty when the monoid has none.
+  std::vector<int> fast;
+  int fast_exact = -1;
   // Throws tile::InternalError when the graphs are malformed (wrong kinds in a graph, types).
   void check() const;
   bool operator==(const Monoid& o) const { return name == o.name; }
@@ -88,11 +100,15 @@ class MonoidBuilder {
   MonoidExpr count();
   MonoidExpr chunk_sum(MonoidExpr element_expr);
   MonoidExpr chunk_max(MonoidExpr element_expr);
+  MonoidExpr first(MonoidExpr element_expr);  // fast graphs only
   MonoidExpr constant(double value);
   MonoidExpr unary(UnaryFn fn, MonoidExpr a);
   MonoidExpr binary(BinaryFn fn, MonoidExpr a, MonoidExpr b);
   MonoidExpr select(MonoidExpr cond, MonoidExpr a, MonoidExpr b);
   Monoid build(std::vector<MonoidExpr> combine, std::vector<MonoidExpr> chunk);
+  // With a worker fast path: `fast` (one per part) where `fast_exact` holds.
+  Monoid build(std::vector<MonoidExpr> combine, std::vector<MonoidExpr> chunk, std::vector<MonoidExpr> fast,
+               MonoidExpr fast_exact);
 
  private:
   int add(MonoidNode n);

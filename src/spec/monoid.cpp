@@ -48,6 +48,11 @@ MonoidExpr MonoidBuilder::chunk_max(MonoidExpr e) {
   n.a = e.id;
   return {this, add(n)};
 }
+MonoidExpr MonoidBuilder::first(MonoidExpr e) {
+  MonoidNode n{MonoidNode::Kind::first};
+  n.a = e.id;
+  return {this, add(n)};
+}
 MonoidExpr MonoidBuilder::constant(double value) {
   MonoidNode n{MonoidNode::Kind::constant};
   n.value = value;
@@ -81,6 +86,13 @@ Monoid MonoidBuilder::build(std::vector<MonoidExpr> combine, std::vector<MonoidE
   return m_;
 }
 
+Monoid MonoidBuilder::build(std::vector<MonoidExpr> combine, std::vector<MonoidExpr> chunk,
+                            std::vector<MonoidExpr> fast, MonoidExpr fast_exact) {
+  for (MonoidExpr e : fast) m_.fast.push_back(e.id);
+  m_.fast_exact = fast_exact.id;
+  return build(std::move(combine), std::move(chunk));
+}
+
 MonoidExpr operator+(MonoidExpr a, MonoidExpr b) { return a.builder->binary(BinaryFn::add, a, b); }
 MonoidExpr operator-(MonoidExpr a, MonoidExpr b) { return a.builder->binary(BinaryFn::sub, a, b); }
 MonoidExpr operator*(MonoidExpr a, MonoidExpr b) { return a.builder->binary(BinaryFn::mul, a, b); }
@@ -111,6 +123,7 @@ void Monoid::check() const {
         TILE_CHECK(!in_combine, "monoid ", name, ": chunk reduction in combine");
         self(self, n.a, false, true);
         break;
+      case K::first: TILE_CHECK(false, "monoid ", name, ": first outside the fast graph"); break;
       case K::constant: break;
       case K::unary: self(self, n.a, in_combine, in_chunk_reduction); break;
       case K::binary:
@@ -133,6 +146,53 @@ void Monoid::check() const {
     walk(walk, id, false, false);
     TILE_CHECK(!nodes[id].boolean && !nodes[id].element, "monoid ", name, ": a chunk part varies per element");
   }
+  if (fast.empty() && fast_exact < 0) return;
+  // The fast graph: its sums and maxima range over all of a worker's elements in one pass, so
+  // their arguments may read elements, constants and `first`, never another such value.
+  TILE_CHECK(fast.size() == k && fast_exact >= 0 && fast_exact < int(nodes.size()) && nodes[fast_exact].boolean,
+             "monoid ", name, ": a fast path needs one node per part and a boolean exactness test");
+  auto walk_fast = [&](auto&& self, int id, bool in_reduction) -> void {
+    TILE_CHECK(id >= 0 && id < int(nodes.size()), "monoid ", name, ": node ", id, " does not exist");
+    const MonoidNode& n = nodes[id];
+    using K = MonoidNode::Kind;
+    switch (n.kind) {
+      case K::mine:
+      case K::other: TILE_CHECK(false, "monoid ", name, ": state read in the fast graph"); break;
+      case K::element:
+        TILE_CHECK(in_reduction && n.index >= 0 && n.index < inputs, "monoid ", name,
+                   ": element read outside a reduction of the fast graph");
+        break;
+      case K::count:
+        TILE_CHECK(!in_reduction, "monoid ", name, ": count inside a reduction of the fast graph");
+        break;
+      case K::chunk_sum:
+      case K::chunk_max:
+        TILE_CHECK(!in_reduction, "monoid ", name, ": nested reductions in the fast graph");
+        self(self, n.a, true);
+        break;
+      case K::first:
+        TILE_CHECK(nodes[n.a].element, "monoid ", name, ": first of a value that is not an element's");
+        self(self, n.a, true);
+        break;
+      case K::constant: break;
+      case K::unary: self(self, n.a, in_reduction); break;
+      case K::binary:
+        self(self, n.a, in_reduction);
+        self(self, n.b, in_reduction);
+        break;
+      case K::select:
+        TILE_CHECK(nodes[n.a].boolean && nodes[n.b].boolean == nodes[n.c].boolean, "monoid ", name, ": ill-typed select");
+        self(self, n.a, in_reduction);
+        self(self, n.b, in_reduction);
+        self(self, n.c, in_reduction);
+        break;
+    }
+  };
+  for (int id : fast) {
+    walk_fast(walk_fast, id, false);
+    TILE_CHECK(!nodes[id].boolean && !nodes[id].element, "monoid ", name, ": a fast part varies per element");
+  }
+  walk_fast(walk_fast, fast_exact, false);
 }
 
 namespace monoid {
@@ -221,7 +281,21 @@ Monoid scaled_sum_squares() {
                           b.constant(125));
   MonoidExpr scaled = b.element() * b.binary(BinaryFn::ldexp, b.constant(1.0), zero - e);
   MonoidExpr chunk_s = b.chunk_sum(scaled * scaled);
-  return b.build({merged, sum}, {e, chunk_s});
+
+  // A worker's fast path: the plain Σ x^2 (one multiply-add an element, no exponent before the
+  // sum). Where 2^-60 <= Σ x^2 < inf no square overflowed and those that underflow (below 2^-126
+  // each) are negligible, so it is the state at e = exponent(sqrt(Σ x^2)) + 1 (s in [1/16, 1),
+  // |x| < 2^e: the bounds the exact state keeps). Elsewhere (huge, tiny or zero x, ±inf, NaN)
+  // the worker takes the exact chunk graph; a worker without elements keeps the identity.
+  MonoidExpr plain = b.chunk_sum(b.element() * b.element());
+  MonoidExpr k = b.count();
+  MonoidExpr fast_e = b.select(b.binary(BinaryFn::lt, zero, plain),
+                               b.unary(UnaryFn::exponent, b.unary(UnaryFn::sqrt, plain)) + b.constant(1.0), zero);
+  MonoidExpr fast_s = b.binary(BinaryFn::ldexp, plain, zero - two * fast_e);
+  MonoidExpr in_range = b.binary(BinaryFn::logical_and, b.binary(BinaryFn::le, b.constant(0x1p-60), plain),
+                                 b.binary(BinaryFn::lt, plain, b.constant(kInf)));
+  MonoidExpr exact = b.binary(BinaryFn::logical_or, b.binary(BinaryFn::eq, k, zero), in_range);
+  return b.build({merged, sum}, {e, chunk_s}, {fast_e, fast_s}, exact);
 }
 
 // (n, e, mean, m2): the count, and the mean and sum of squared deviations of x 2^-e, with e the
@@ -275,7 +349,40 @@ Monoid scaled_mean_m2() {
   // cached row).
   MonoidExpr d = b.element() * (inv * b.constant(0.5)) - chunk_mean * b.constant(0.5);
   MonoidExpr chunk_m2 = b.chunk_sum(d * d) * b.constant(4.0);
-  return b.build({total, exponent, mean, m2}, {k, e, chunk_mean, chunk_m2});
+
+  // A worker's fast path: sums shifted by the worker's first element K, S1 = Σ (x - K) and
+  // S2 = Σ (x - K)^2 (three operations an element, no exponent, no per-chunk merge); then
+  // mean = K + S1 / n and m2 = S2 - S1^2 / n. Exact enough where
+  //  - S2 < 2^100: no deviation or sum overflowed (and no x or K is ±inf or NaN);
+  //  - 2^-60 <= S2 or 2^-30 <= |K|: squares that underflow are negligible beside S2, or there
+  //    are none (x and K of magnitude 2^-31 or more differ by 2^-54 or more, or not at all);
+  //  - S1^2 / n <= 64 m2: the subtraction cancels at most 6 bits (K is one of the elements,
+  //    so this always holds for up to 65 elements; K lies more than 8 standard deviations
+  //    from the worker's mean otherwise).
+  // A constant worker has S1 = S2 = 0: its exact mean K and m2 = 0, as the chunk graph gives.
+  // The state's exponent bounds |K| + sqrt(S2) >= every |x| (clamped as e is).
+  MonoidExpr shift = b.first(b.element());
+  MonoidExpr dev = b.element() - shift;
+  MonoidExpr s1 = b.chunk_sum(dev), s2 = b.chunk_sum(dev * dev);
+  MonoidExpr q = s1 / b.binary(BinaryFn::max, k, one);
+  MonoidExpr fast_m2 = b.binary(BinaryFn::max, s2 - s1 * q, zero);
+  MonoidExpr bound = b.unary(UnaryFn::abs, shift) + b.unary(UnaryFn::sqrt, s2);
+  MonoidExpr fast_e = b.select(b.binary(BinaryFn::lt, zero, k),
+                               b.binary(BinaryFn::min, b.unary(UnaryFn::exponent, bound) + one, b.constant(125)), zero);
+  MonoidExpr fast_mean = b.binary(BinaryFn::ldexp, shift + q, zero - fast_e);
+  MonoidExpr fast_m2s = b.binary(BinaryFn::ldexp, b.binary(BinaryFn::ldexp, fast_m2, zero - fast_e), zero - fast_e);
+  auto all = [&](std::vector<MonoidExpr> cs) {
+    MonoidExpr r = cs[0];
+    for (size_t i = 1; i < cs.size(); ++i) r = b.binary(BinaryFn::logical_and, r, cs[i]);
+    return r;
+  };
+  MonoidExpr exact = b.binary(
+      BinaryFn::logical_or, b.binary(BinaryFn::eq, k, zero),
+      all({b.binary(BinaryFn::lt, s2, b.constant(0x1p100)),
+           b.binary(BinaryFn::logical_or, b.binary(BinaryFn::le, b.constant(0x1p-60), s2),
+                    b.binary(BinaryFn::le, b.constant(0x1p-30), b.unary(UnaryFn::abs, shift))),
+           b.binary(BinaryFn::le, s1 * q, b.constant(64.0) * fast_m2)}));
+  return b.build({total, exponent, mean, m2}, {k, e, chunk_mean, chunk_m2}, {k, fast_e, fast_mean, fast_m2s}, exact);
 }
 
 }  // namespace monoid
