@@ -12,9 +12,10 @@
 //   max             x                  -> (m)             NaN if any element is NaN
 //   online_softmax  x                  -> (m, Σ exp(x - m))  one pass; all -inf rows give s = 0
 //   mean_m2         x                  -> (n, mean, Σ (x - mean)^2)  Chan et al.'s merge
-//   scaled_sum_squares x               -> (e, s) with Σ x^2 = s 4^e, 2^e <= max |x| < 2^(e+1):
-//                                         no overflow or underflow for any finite x, scaled by
-//                                         exact powers of two; +inf gives s = +inf, NaN gives NaN
+//   scaled_sum_squares x               -> (e, s) with Σ x^2 = s 4^e, max |x| < 2^(e+1), e at least
+//                                         the exponent of max |x| (more where a worker's fast path
+//                                         set it): no overflow or underflow for any finite x,
+//                                         scaled by exact powers of two; +inf gives s = +inf, NaN NaN
 //   scaled_mean_m2  x                  -> (n, e, mean, m2) of x 2^-e, Chan's merge at the larger
 //                                         exponent; a constant row has its exact mean and m2 = 0
 //
