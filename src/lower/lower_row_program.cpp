@@ -342,7 +342,6 @@ class RowLowering {
   std::vector<std::vector<int>> merge_across_cluster(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
                                                      std::vector<std::vector<int>> states);
   std::vector<std::vector<int>> staged_states(std::vector<Stmt>& out, const std::vector<int>& reductions);
-  std::vector<int> cached_worker_state(std::vector<Stmt>& out, const Monoid& m, const std::vector<ChunkGroup>& groups);
   std::vector<int> reread_fast_state(std::vector<Stmt>& out, int red, const std::map<int, int>& acc);
   void output_pass(std::vector<Stmt>& out, Slot& slot);
   std::vector<Stmt> reread_loop(const std::set<int>& inputs, const std::function<void(std::vector<Stmt>&, std::vector<Slot*>&)>& body);
@@ -778,10 +777,13 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
       hoist_row_values(out, in);
       row_inputs_of(in, inputs);
     }
-  // A monoid with a worker fast path merges worker states (its fast path is per worker), so a
-  // level with one takes the combine merge even where the plan asks for staged merges.
+  // A monoid's worker fast path serves re-read plans only: there it replaces a scaled merge per
+  // loop iteration by additions. A register-cached worker folds its chunk once, and its fallback
+  // over the cached registers would bloat the kernel and force the combine merge across workers
+  // (the fast path is per worker), so cached plans keep the chunk graph and the plan's merge.
   bool fast = false;
-  for (int red : reductions) fast |= !prog_.reductions()[red].monoid.fast.empty();
+  if (plan_.caching == InputCaching::reread)
+    for (int red : reductions) fast |= !prog_.reductions()[red].monoid.fast.empty();
   const bool staged = plan_.merge == MergeStrategy::staged && !fast;
   std::vector<std::vector<int>> states;
   if (staged) {
@@ -792,10 +794,6 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
     for (int red : reductions) {
       const RowReduction& rr = prog_.reductions()[red];
       std::vector<ChunkGroup> groups = slot_groups(out, slots, rr.inputs);
-      if (!rr.monoid.fast.empty()) {
-        states.push_back(cached_worker_state(out, rr.monoid, groups));
-        continue;
-      }
       std::vector<ExprPtr> st = chunk_state(em_, out, rr.monoid, groups);
       std::vector<int> regs;
       for (const ExprPtr& v : st) regs.push_back(assign_new(out, "acc", v));
@@ -859,22 +857,6 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
     const RowReduction& rr = prog_.reductions()[reductions[i]];
     for (size_t q = 0; q < rr.results.size(); ++q) row_values_[rr.results[q]] = r(states[i][q]);
   }
-}
-
-// A worker's state over its cached elements by the monoid's fast path, or, where that is not
-// exact enough, by its chunk graph. Only registers change under the branch (no collective), so
-// workers of one program may take different sides.
-std::vector<int> RowLowering::cached_worker_state(std::vector<Stmt>& out, const Monoid& m,
-                                                  const std::vector<ChunkGroup>& groups) {
-  ChunkEvaluator fast(em_, out, m, groups);
-  for (int id : fast_leaves(m).firsts) fast.set(id, fast.first(m.nodes[id].a));
-  std::vector<int> regs;
-  for (int id : m.fast) regs.push_back(assign_new(out, "acc", fast.value(id)));
-  ExprPtr exact = fast.value(m.fast_exact);
-  std::vector<Stmt> slow{comment("the fast path is not exact enough here: the chunk graph")};
-  em_.assign_all(slow, regs, chunk_state(em_, slow, m, groups));
-  out.push_back(if_(unary(UnOp::not_, exact), std::move(slow)));
-  return regs;
 }
 
 // A re-read worker's state from its fast path's accumulators (node -> register), or, where that
