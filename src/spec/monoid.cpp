@@ -273,29 +273,41 @@ Monoid scaled_sum_squares() {
     return b.select(has, b.binary(BinaryFn::ldexp, s, two * (e - merged)), zero);
   };
   MonoidExpr sum = rescaled(b.mine(0), b.mine(1), has_mine) + rescaled(b.other(0), b.other(1), has_other);
-  // max(0, ...): an empty chunk's max is -inf, and its state must be the identity (0, 0).
-  MonoidExpr amax = b.binary(BinaryFn::max, zero, b.chunk_max(b.unary(UnaryFn::abs, b.element())));
-  // e clamped to [-103, 125] keeps 2^-e a normal float, so one exact multiply per element
-  // scales it (an ldexp per element cost RMSNorm half its bandwidth on the H200); the scaled
-  // squares stay below 64 and above fp32's smallest normal for every nonzero finite x.
-  MonoidExpr e = b.binary(BinaryFn::min, b.binary(BinaryFn::max, b.unary(UnaryFn::exponent, amax), b.constant(-103)),
-                          b.constant(125));
-  MonoidExpr scaled = b.element() * b.binary(BinaryFn::ldexp, b.constant(1.0), zero - e);
-  MonoidExpr chunk_s = b.chunk_sum(scaled * scaled);
+  // A chunk's state from three sums taken side by side, so a staged merge needs one stage (one
+  // barrier) and no exponent precedes any sum: the plain S = Σ x^2 (one multiply-add an element),
+  // T = Σ (x 2^90)^2 and H = Σ (x 2^-80)^2. S is exact where 2^-60 <= S < inf (no square
+  // overflowed; those that underflow, below 2^-126 each, are negligible beside S). Where
+  // S < 2^-60 every |x| < 2^-30, so T has no square above 2^120 and none below fp32's smallest
+  // normal (|x| >= 2^-149). Where S is inf or NaN, H holds every finite row without overflow
+  // (squares below 2^96) and with negligible underflow, and ±inf or NaN where the row has them.
+  // With Q the sum taken and Σ x^2 = Q 4^-k: e = exponent(sqrt(Q)) + 1 - k, which bounds every
+  // |x|, clamped to [-103, 125] as the exponent of max |x| was; s = Q 4^-(k + e), exact. A zero
+  // or empty chunk is the identity (0, 0).
+  const MonoidExpr x = b.element();
+  auto scaled_sq = [&](double scale) { return b.chunk_sum((x * b.constant(scale)) * (x * b.constant(scale))); };
+  MonoidExpr plain = b.chunk_sum(x * x), tiny = scaled_sq(0x1p90), huge = scaled_sq(0x1p-80);
+  MonoidExpr is_tiny = b.binary(BinaryFn::lt, plain, b.constant(0x1p-60));
+  MonoidExpr is_plain = b.binary(BinaryFn::lt, plain, b.constant(kInf));
+  MonoidExpr q = b.select(is_tiny, tiny, b.select(is_plain, plain, huge));
+  MonoidExpr k = b.select(is_tiny, b.constant(90), b.select(is_plain, zero, b.constant(-80)));
+  MonoidExpr e_raw = b.unary(UnaryFn::exponent, b.unary(UnaryFn::sqrt, q)) + b.constant(1.0) - k;
+  MonoidExpr e = b.select(b.binary(BinaryFn::lt, zero, q),
+                          b.binary(BinaryFn::min, b.binary(BinaryFn::max, e_raw, b.constant(-103)), b.constant(125)),
+                          zero);
+  MonoidExpr chunk_s = b.binary(BinaryFn::ldexp, q, zero - two * (k + e));
 
   // A worker's fast path: the plain Σ x^2 (one multiply-add an element, no exponent before the
   // sum). Where 2^-60 <= Σ x^2 < inf no square overflowed and those that underflow (below 2^-126
   // each) are negligible, so it is the state at e = exponent(sqrt(Σ x^2)) + 1 (s in [1/16, 1),
   // |x| < 2^e: the bounds the exact state keeps). Elsewhere (huge, tiny or zero x, ±inf, NaN)
   // the worker takes the exact chunk graph; a worker without elements keeps the identity.
-  MonoidExpr plain = b.chunk_sum(b.element() * b.element());
-  MonoidExpr k = b.count();
+  MonoidExpr n = b.count();
   MonoidExpr fast_e = b.select(b.binary(BinaryFn::lt, zero, plain),
                                b.unary(UnaryFn::exponent, b.unary(UnaryFn::sqrt, plain)) + b.constant(1.0), zero);
   MonoidExpr fast_s = b.binary(BinaryFn::ldexp, plain, zero - two * fast_e);
   MonoidExpr in_range = b.binary(BinaryFn::logical_and, b.binary(BinaryFn::le, b.constant(0x1p-60), plain),
                                  b.binary(BinaryFn::lt, plain, b.constant(kInf)));
-  MonoidExpr exact = b.binary(BinaryFn::logical_or, b.binary(BinaryFn::eq, k, zero), in_range);
+  MonoidExpr exact = b.binary(BinaryFn::logical_or, b.binary(BinaryFn::eq, n, zero), in_range);
   return b.build({merged, sum}, {e, chunk_s}, {fast_e, fast_s}, exact);
 }
 
