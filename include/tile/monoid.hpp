@@ -13,14 +13,14 @@
 //   online_softmax  x                  -> (m, Σ exp(x - m))  one pass; all -inf rows give s = 0
 //   mean_m2         x                  -> (n, mean, Σ (x - mean)^2)  Chan et al.'s merge
 //   scaled_sum_squares x               -> (e, s) with Σ x^2 = s 4^e, max |x| < 2^(e+1), e at least
-//                                         the exponent of max |x| (more where a worker's fast path
-//                                         set it): no overflow or underflow for any finite x,
+//                                         the exponent of max |x| (often one more: it is taken from
+//                                         the sum): no overflow or underflow for any finite x,
 //                                         scaled by exact powers of two; +inf gives s = +inf, NaN NaN
 //   scaled_mean_m2  x                  -> (n, e, mean, m2) of x 2^-e, Chan's merge at the larger
 //                                         exponent; a constant row has its exact mean and m2 = 0
 //
-// A monoid may also give a worker's state a cheaper way (`fast`): plain sums over all of the
-// worker's elements (accumulated by addition from chunk to chunk, so a re-read loop carries no
+// A monoid may also give a re-read worker's state a cheaper way (`fast`): plain sums over all of
+// the worker's elements (accumulated by addition from chunk to chunk, so a re-read loop carries no
 // per-chunk merge), the state derived from them once, and a test (`fast_exact`) of whether that
 // state is as exact as the chunk graph's. A worker whose test fails folds its elements with
 // `chunk` and `combine` instead; a worker's state is the same either way, up to rounding.

@@ -256,9 +256,9 @@ Monoid mean_m2() {
   return b.build({total, mean, m2}, {k, chunk_mean, chunk_m2});
 }
 
-// (e, s): Σ x^2 = s 4^e with max |x| < 2^(e+1), e at least max |x|'s exponent (the chunk graph
-// gives exactly that, clamped to [-103, 125]; a worker's fast path a larger one), so every
-// (x 2^-e)^2 < 64 and nothing overflows or underflows for finite x. Scales are exact powers of two (ldexp): merging parts
+// (e, s): Σ x^2 = s 4^e with max |x| < 2^(e+1), e at least max |x|'s exponent (clamped to
+// [-103, 125]; taken from the sum, so often one more), so nothing overflows or underflows for
+// finite x. Scales are exact powers of two (ldexp): merging parts
 // costs no division and no rounding of the scale. A part with s = 0 (only zeros, or nothing)
 // does not set the merged scale; +inf makes s infinite (x^2 would be), so RMSNorm keeps
 // PyTorch's result there (y = x * 0); NaN propagates.
