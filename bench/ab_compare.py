@@ -22,12 +22,16 @@ import sys
 import time
 
 
-def run_bench(build_dir, shapes):
+def run_bench(build_dir, shapes, ops=(), dtypes=()):
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.path.abspath(build_dir) + ":" + env.get("LD_LIBRARY_PATH", "")
     cmd = [os.path.join(build_dir, "tile"), "bench"]
     for s in shapes:
         cmd += ["--shape", s]
+    for o in ops:
+        cmd += ["--op", o]
+    for d in dtypes:
+        cmd += ["--dtype", d]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"ab_compare: {' '.join(cmd)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
@@ -52,6 +56,8 @@ def main():
     ap.add_argument("--b", required=True, help="folder with build B's tile and libtile.so")
     ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds (each runs both builds once)")
     ap.add_argument("--shape", action="append", required=True, help="RxC, repeatable")
+    ap.add_argument("--op", action="append", default=[], help="an operator to time, repeatable (default: all four)")
+    ap.add_argument("--dtype", action="append", default=[], help="an input dtype, repeatable (default: f32 and bf16)")
     ap.add_argument("--out", required=True, help="JSON file for every round's numbers and the summary")
     args = ap.parse_args()
 
@@ -61,7 +67,7 @@ def main():
         order = ["a", "b"] if r % 2 == 0 else ["b", "a"]
         for which in order:
             t0 = time.time()
-            device, points = run_bench(getattr(args, which), args.shape)
+            device, points = run_bench(getattr(args, which), args.shape, args.op, args.dtype)
             runs[which].append(points)
             with open(args.out, "w") as f:  # every finished run is kept, even if a later one is cut short
                 json.dump({"device": device, "shapes": args.shape, "rounds": args.rounds, "runs": runs,

@@ -12,11 +12,18 @@
 //   max             x                  -> (m)             NaN if any element is NaN
 //   online_softmax  x                  -> (m, Σ exp(x - m))  one pass; all -inf rows give s = 0
 //   mean_m2         x                  -> (n, mean, Σ (x - mean)^2)  Chan et al.'s merge
-//   scaled_sum_squares x               -> (e, s) with Σ x^2 = s 4^e, 2^e <= max |x| < 2^(e+1):
-//                                         no overflow or underflow for any finite x, scaled by
-//                                         exact powers of two; +inf gives s = +inf, NaN gives NaN
+//   scaled_sum_squares x               -> (e, s) with Σ x^2 = s 4^e, max |x| < 2^(e+1), e at least
+//                                         the exponent of max |x| (often one more: it is taken from
+//                                         the sum): no overflow or underflow for any finite x,
+//                                         scaled by exact powers of two; +inf gives s = +inf, NaN NaN
 //   scaled_mean_m2  x                  -> (n, e, mean, m2) of x 2^-e, Chan's merge at the larger
 //                                         exponent; a constant row has its exact mean and m2 = 0
+//
+// A monoid may also give a re-read worker's state a cheaper way (`fast`): plain sums over all of
+// the worker's elements (accumulated by addition from chunk to chunk, so a re-read loop carries no
+// per-chunk merge), the state derived from them once, and a test (`fast_exact`) of whether that
+// state is as exact as the chunk graph's. A worker whose test fails folds its elements with
+// `chunk` and `combine` instead; a worker's state is the same either way, up to rounding.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +52,7 @@ struct MonoidNode {
     count,      // chunk: the number of elements in the chunk, a float
     chunk_sum,  // chunk: sum over the chunk's elements of element node `a`
     chunk_max,  // chunk: maximum (NaN if any is NaN) over the chunk's elements of node `a`
+    first,      // fast: element node `a` at the worker's first element (0 when it has none)
     constant,   // `value`, or `f64_value` where given in a float64 kernel (an exponent clamp)
     unary,
     binary,
@@ -69,6 +77,11 @@ struct Monoid {
   std::vector<MonoidNode> nodes;
   std::vector<int> combine;  // one node per part: the merged state
   std::vector<int> chunk;    // one node per part: the state of a chunk of elements
+  // Optional worker fast path: one node per part, over all of a worker's elements (chunk_sum,
+  // chunk_max and count range over them, first reads the first of them), and a b1 node that
+  // holds where that state is exact enough. Empty when the monoid has none.
+  std::vector<int> fast;
+  int fast_exact = -1;
   // Throws tile::InternalError when the graphs are malformed (wrong kinds in a graph, types).
   void check() const;
   bool operator==(const Monoid& o) const { return name == o.name; }
@@ -91,6 +104,7 @@ class MonoidBuilder {
   MonoidExpr count();
   MonoidExpr chunk_sum(MonoidExpr element_expr);
   MonoidExpr chunk_max(MonoidExpr element_expr);
+  MonoidExpr first(MonoidExpr element_expr);  // fast graphs only
   MonoidExpr constant(double value);
   // A constant whose value depends on the float precision: `f32` in an f32 kernel, `f64` in
   // an f64 one (the limits of a format's exponent range).
@@ -99,6 +113,9 @@ class MonoidBuilder {
   MonoidExpr binary(BinaryFn fn, MonoidExpr a, MonoidExpr b);
   MonoidExpr select(MonoidExpr cond, MonoidExpr a, MonoidExpr b);
   Monoid build(std::vector<MonoidExpr> combine, std::vector<MonoidExpr> chunk);
+  // With a worker fast path: `fast` (one per part) where `fast_exact` holds.
+  Monoid build(std::vector<MonoidExpr> combine, std::vector<MonoidExpr> chunk, std::vector<MonoidExpr> fast,
+               MonoidExpr fast_exact);
 
  private:
   int add(MonoidNode n);

@@ -171,6 +171,13 @@ class ChunkEvaluator {
 
   void set(int id, ExprPtr value) { chunk_memo_[id] = std::move(value); }
   ExprPtr value(int id) { return elem(id, 0, 0); }
+  // Element node `id` at the chunk's first element, 0 when that element lies outside the row
+  // (then the worker has no element at all: its first is its lowest column).
+  ExprPtr first(int id) {
+    const ChunkGroup& g = groups_.at(0);
+    ExprPtr valid = g.all_valid ? g.all_valid : g.elems.at(0).valid;
+    return em_.keep(out_, select(valid, elem(id, 0, 0), em_.fc(0.0)));
+  }
   std::vector<ExprPtr> state() {
     std::vector<ExprPtr> parts;
     for (int id : m_.chunk) parts.push_back(value(id));
@@ -224,6 +231,7 @@ class ChunkEvaluator {
         }
         return em_.pairwise(out_, terms, op);
       }
+      case MonoidNode::Kind::first: TILE_CHECK(false, "monoid ", m_.name, ": first read before it was set"); break;
       default: TILE_CHECK(false, "monoid ", m_.name, ": state node in chunk");
     }
     return nullptr;
@@ -240,6 +248,30 @@ class ChunkEvaluator {
 std::vector<ExprPtr> chunk_state(Emitter& em, std::vector<Stmt>& out, const Monoid& m,
                                  const std::vector<ChunkGroup>& groups) {
   return ChunkEvaluator(em, out, m, groups).state();
+}
+
+// The values a monoid's fast graph reads from a worker's elements: its sums and maxima, counts
+// and firsts (node ids), each computed over all of the worker's elements.
+struct FastLeaves {
+  std::vector<int> reductions, counts, firsts;
+};
+FastLeaves fast_leaves(const Monoid& m) {
+  FastLeaves leaves;
+  std::set<int> seen;
+  std::function<void(int)> walk = [&](int id) {
+    if (id < 0 || !seen.insert(id).second) return;
+    const MonoidNode& n = m.nodes[id];
+    switch (n.kind) {
+      case MonoidNode::Kind::chunk_sum:
+      case MonoidNode::Kind::chunk_max: leaves.reductions.push_back(id); walk(n.a); return;
+      case MonoidNode::Kind::count: leaves.counts.push_back(id); return;
+      case MonoidNode::Kind::first: leaves.firsts.push_back(id); return;
+      default: walk(n.a), walk(n.b), walk(n.c);
+    }
+  };
+  for (int id : m.fast) walk(id);
+  walk(m.fast_exact);
+  return leaves;
 }
 
 // The stage of each chunk sum and max of a monoid's chunk graph: 0 when its argument uses no
@@ -324,6 +356,7 @@ class RowLowering {
   std::vector<std::vector<int>> merge_across_cluster(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
                                                      std::vector<std::vector<int>> states);
   std::vector<std::vector<int>> staged_states(std::vector<Stmt>& out, const std::vector<int>& reductions);
+  std::vector<int> reread_fast_state(std::vector<Stmt>& out, int red, const std::map<int, int>& acc);
   void output_pass(std::vector<Stmt>& out, Slot& slot);
   std::vector<Stmt> reread_loop(const std::set<int>& inputs, const std::function<void(std::vector<Stmt>&, std::vector<Slot*>&)>& body);
   void store_row_scalars(std::vector<Stmt>& out);
@@ -360,6 +393,7 @@ class RowLowering {
   bool whole_ = false;
   int next_shared_ = 0;
   int cluster_merges_ = 0;  // merges through the cluster's distributed shared memory
+  int loop_it_ = -1;        // the iteration register of the re-read loop being built
 };
 
 LoweredProgram RowLowering::run() {
@@ -758,28 +792,67 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
       hoist_row_values(out, in);
       row_inputs_of(in, inputs);
     }
+  // A monoid's worker fast path serves re-read plans only: there it replaces a scaled merge per
+  // loop iteration by additions. A register-cached worker folds its chunk once, and its fallback
+  // over the cached registers would bloat the kernel and force the combine merge across workers
+  // (the fast path is per worker), so cached plans keep the chunk graph and the plan's merge.
+  bool fast = false;
+  if (plan_.caching == InputCaching::reread)
+    for (int red : reductions) fast |= !prog_.reductions()[red].monoid.fast.empty();
+  const bool staged = plan_.merge == MergeStrategy::staged && !fast;
   std::vector<std::vector<int>> states;
-  if (plan_.merge == MergeStrategy::staged) {
+  if (staged) {
     states = staged_states(out, reductions);
   } else if (plan_.caching == InputCaching::registers) {
     std::vector<Slot*> slots;
     for (Slot& s : cached_) slots.push_back(&s);
     for (int red : reductions) {
       const RowReduction& rr = prog_.reductions()[red];
-      std::vector<ExprPtr> st = chunk_state(em_, out, rr.monoid, slot_groups(out, slots, rr.inputs));
+      std::vector<ChunkGroup> groups = slot_groups(out, slots, rr.inputs);
+      std::vector<ExprPtr> st = chunk_state(em_, out, rr.monoid, groups);
       std::vector<int> regs;
       for (const ExprPtr& v : st) regs.push_back(assign_new(out, "acc", v));
       states.push_back(regs);
     }
   } else {
-    for (int red : reductions) {
+    // Fast paths accumulate their sums, maxima and counts (acc[i]: node -> register) instead
+    // of a state; the others fold chunk states with combine.
+    std::vector<std::map<int, int>> acc(reductions.size());
+    for (size_t i = 0; i < reductions.size(); ++i) {
+      const Monoid& m = prog_.reductions()[reductions[i]].monoid;
       std::vector<int> regs;
-      for (double id : prog_.reductions()[red].monoid.identity) regs.push_back(assign_new(out, "acc", fc(id)));
+      if (m.fast.empty()) {
+        for (double id : m.identity) regs.push_back(assign_new(out, "acc", fc(id)));
+      } else {
+        FastLeaves leaves = fast_leaves(m);
+        for (int id : leaves.reductions)
+          acc[i][id] = assign_new(out, "fs", fc(m.nodes[id].kind == MonoidNode::Kind::chunk_sum ? 0.0 : kNegInf));
+        for (int id : leaves.counts) acc[i][id] = assign_new(out, "fk", fc(0.0));
+        for (int id : leaves.firsts) acc[i][id] = assign_new(out, "ff", fc(0.0));
+      }
       states.push_back(regs);
     }
     for (Stmt& s : reread_loop(inputs, [&](std::vector<Stmt>& body, std::vector<Slot*>& slots) {
            for (size_t i = 0; i < reductions.size(); ++i) {
              const RowReduction& rr = prog_.reductions()[reductions[i]];
+             if (!rr.monoid.fast.empty()) {
+               // The worker's first element comes in the first iteration; sums and maxima
+               // accumulate by addition and max, one chunk at a time.
+               ChunkEvaluator ev(em_, body, rr.monoid, slot_groups(body, slots, rr.inputs));
+               for (auto& [id, reg] : acc[i]) {
+                 const MonoidNode& n = rr.monoid.nodes[id];
+                 if (n.kind != MonoidNode::Kind::first) continue;
+                 body.push_back(assign(reg, select(binary(BinOp::eq, r(loop_it_), i64(0)), ev.first(n.a), r(reg))));
+                 ev.set(id, r(reg));
+               }
+               for (auto& [id, reg] : acc[i]) {
+                 const MonoidNode& n = rr.monoid.nodes[id];
+                 if (n.kind == MonoidNode::Kind::first) continue;
+                 const BinOp op = n.kind == MonoidNode::Kind::chunk_max ? BinOp::max : BinOp::add;
+                 body.push_back(assign(reg, binary(op, r(reg), ev.value(id))));
+               }
+               continue;
+             }
              std::vector<ExprPtr> chunk = chunk_state(em_, body, rr.monoid, slot_groups(body, slots, rr.inputs));
              std::vector<ExprPtr> mine;
              for (int reg_id : states[i]) mine.push_back(r(reg_id));
@@ -787,8 +860,10 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
            }
          }))
       out.push_back(std::move(s));
+    for (size_t i = 0; i < reductions.size(); ++i)
+      if (!acc[i].empty()) states[i] = reread_fast_state(out, reductions[i], acc[i]);
   }
-  if (plan_.merge != MergeStrategy::staged) {
+  if (!staged) {
     std::vector<const Monoid*> monoids;
     for (int red : reductions) monoids.push_back(&prog_.reductions()[red].monoid);
     states = merge_across_workers(out, monoids, std::move(states));
@@ -797,6 +872,31 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
     const RowReduction& rr = prog_.reductions()[reductions[i]];
     for (size_t q = 0; q < rr.results.size(); ++q) row_values_[rr.results[q]] = r(states[i][q]);
   }
+}
+
+// A re-read worker's state from its fast path's accumulators (node -> register), or, where that
+// is not exact enough, from a second loop over its elements with the chunk graph and combine.
+std::vector<int> RowLowering::reread_fast_state(std::vector<Stmt>& out, int red, const std::map<int, int>& acc) {
+  const RowReduction& rr = prog_.reductions()[red];
+  const Monoid& m = rr.monoid;
+  ChunkEvaluator fast(em_, out, m, {});
+  for (auto& [id, reg] : acc) fast.set(id, r(reg));
+  std::vector<int> regs;
+  for (int id : m.fast) regs.push_back(assign_new(out, "acc", fast.value(id)));
+  ExprPtr exact = fast.value(m.fast_exact);
+  std::vector<Stmt> slow{comment("the fast path is not exact enough here: the elements again, with the chunk graph")};
+  for (size_t q = 0; q < regs.size(); ++q) slow.push_back(assign(regs[q], fc(m.identity[q])));
+  std::set<int> inputs;
+  for (int in : rr.inputs) row_inputs_of(in, inputs);
+  for (Stmt& s : reread_loop(inputs, [&](std::vector<Stmt>& body, std::vector<Slot*>& slots) {
+         std::vector<ExprPtr> chunk = chunk_state(em_, body, m, slot_groups(body, slots, rr.inputs));
+         std::vector<ExprPtr> mine;
+         for (int reg_id : regs) mine.push_back(r(reg_id));
+         em_.assign_all(body, regs, em_.combine(body, m, mine, chunk));
+       }))
+    slow.push_back(std::move(s));
+  out.push_back(if_(unary(UnOp::not_, exact), std::move(slow)));
+  return regs;
 }
 
 // The states of a level's reductions over a cached row, merged stage by stage: every chunk sum
@@ -972,6 +1072,7 @@ std::vector<Stmt> RowLowering::reread_loop(const std::set<int>& inputs,
     load_slot(loop, slots[u], inputs, /*cache=*/false);
     ptrs.push_back(&slots[u]);
   }
+  loop_it_ = it;
   body(loop, ptrs);
   out.push_back(for_(it, i64(0), count, std::move(loop)));
   return out;

@@ -48,6 +48,11 @@ MonoidExpr MonoidBuilder::chunk_max(MonoidExpr e) {
   n.a = e.id;
   return {this, add(n)};
 }
+MonoidExpr MonoidBuilder::first(MonoidExpr e) {
+  MonoidNode n{MonoidNode::Kind::first};
+  n.a = e.id;
+  return {this, add(n)};
+}
 MonoidExpr MonoidBuilder::constant(double value) {
   MonoidNode n{MonoidNode::Kind::constant};
   n.value = value;
@@ -86,6 +91,13 @@ Monoid MonoidBuilder::build(std::vector<MonoidExpr> combine, std::vector<MonoidE
   return m_;
 }
 
+Monoid MonoidBuilder::build(std::vector<MonoidExpr> combine, std::vector<MonoidExpr> chunk,
+                            std::vector<MonoidExpr> fast, MonoidExpr fast_exact) {
+  for (MonoidExpr e : fast) m_.fast.push_back(e.id);
+  m_.fast_exact = fast_exact.id;
+  return build(std::move(combine), std::move(chunk));
+}
+
 MonoidExpr operator+(MonoidExpr a, MonoidExpr b) { return a.builder->binary(BinaryFn::add, a, b); }
 MonoidExpr operator-(MonoidExpr a, MonoidExpr b) { return a.builder->binary(BinaryFn::sub, a, b); }
 MonoidExpr operator*(MonoidExpr a, MonoidExpr b) { return a.builder->binary(BinaryFn::mul, a, b); }
@@ -116,6 +128,7 @@ void Monoid::check() const {
         TILE_CHECK(!in_combine, "monoid ", name, ": chunk reduction in combine");
         self(self, n.a, false, true);
         break;
+      case K::first: TILE_CHECK(false, "monoid ", name, ": first outside the fast graph"); break;
       case K::constant: break;
       case K::unary: self(self, n.a, in_combine, in_chunk_reduction); break;
       case K::binary:
@@ -138,6 +151,53 @@ void Monoid::check() const {
     walk(walk, id, false, false);
     TILE_CHECK(!nodes[id].boolean && !nodes[id].element, "monoid ", name, ": a chunk part varies per element");
   }
+  if (fast.empty() && fast_exact < 0) return;
+  // The fast graph: its sums and maxima range over all of a worker's elements in one pass, so
+  // their arguments may read elements, constants and `first`, never another such value.
+  TILE_CHECK(fast.size() == k && fast_exact >= 0 && fast_exact < int(nodes.size()) && nodes[fast_exact].boolean,
+             "monoid ", name, ": a fast path needs one node per part and a boolean exactness test");
+  auto walk_fast = [&](auto&& self, int id, bool in_reduction) -> void {
+    TILE_CHECK(id >= 0 && id < int(nodes.size()), "monoid ", name, ": node ", id, " does not exist");
+    const MonoidNode& n = nodes[id];
+    using K = MonoidNode::Kind;
+    switch (n.kind) {
+      case K::mine:
+      case K::other: TILE_CHECK(false, "monoid ", name, ": state read in the fast graph"); break;
+      case K::element:
+        TILE_CHECK(in_reduction && n.index >= 0 && n.index < inputs, "monoid ", name,
+                   ": element read outside a reduction of the fast graph");
+        break;
+      case K::count:
+        TILE_CHECK(!in_reduction, "monoid ", name, ": count inside a reduction of the fast graph");
+        break;
+      case K::chunk_sum:
+      case K::chunk_max:
+        TILE_CHECK(!in_reduction, "monoid ", name, ": nested reductions in the fast graph");
+        self(self, n.a, true);
+        break;
+      case K::first:
+        TILE_CHECK(nodes[n.a].element, "monoid ", name, ": first of a value that is not an element's");
+        self(self, n.a, true);
+        break;
+      case K::constant: break;
+      case K::unary: self(self, n.a, in_reduction); break;
+      case K::binary:
+        self(self, n.a, in_reduction);
+        self(self, n.b, in_reduction);
+        break;
+      case K::select:
+        TILE_CHECK(nodes[n.a].boolean && nodes[n.b].boolean == nodes[n.c].boolean, "monoid ", name, ": ill-typed select");
+        self(self, n.a, in_reduction);
+        self(self, n.b, in_reduction);
+        self(self, n.c, in_reduction);
+        break;
+    }
+  };
+  for (int id : fast) {
+    walk_fast(walk_fast, id, false);
+    TILE_CHECK(!nodes[id].boolean && !nodes[id].element, "monoid ", name, ": a fast part varies per element");
+  }
+  walk_fast(walk_fast, fast_exact, false);
 }
 
 namespace monoid {
@@ -206,9 +266,9 @@ Monoid mean_m2() {
   return b.build({total, mean, m2}, {k, chunk_mean, chunk_m2});
 }
 
-// (e, s): Σ x^2 = s 4^e with 2^e <= max |x| < 2^(e+1) (e clamped to [-103, 125] in f32,
-// [-970, 1021] in f64: kF32Exponents, kF64Exponents), so every
-// (x 2^-e)^2 < 64 and nothing overflows or underflows for finite x. Scales are exact powers of two (ldexp): merging parts
+// (e, s): Σ x^2 = s 4^e with max |x| < 2^(e+1), e at least max |x|'s exponent (clamped to
+// [-103, 125] in f32, [-970, 1021] in f64: kF32Exponents, kF64Exponents; taken from the sum,
+// so often one more), so nothing overflows or underflows for finite x. Scales are exact powers of two (ldexp): merging parts
 // costs no division and no rounding of the scale. A part with s = 0 (only zeros, or nothing)
 // does not set the merged scale; +inf makes s infinite (x^2 would be), so RMSNorm keeps
 // PyTorch's result there (y = x * 0); NaN propagates.
@@ -223,16 +283,46 @@ Monoid scaled_sum_squares() {
     return b.select(has, b.binary(BinaryFn::ldexp, s, two * (e - merged)), zero);
   };
   MonoidExpr sum = rescaled(b.mine(0), b.mine(1), has_mine) + rescaled(b.other(0), b.other(1), has_other);
-  // max(0, ...): an empty chunk's max is -inf, and its state must be the identity (0, 0).
-  MonoidExpr amax = b.binary(BinaryFn::max, zero, b.chunk_max(b.unary(UnaryFn::abs, b.element())));
-  // e clamped to [-103, 125] keeps 2^-e a normal float, so one exact multiply per element
-  // scales it (an ldexp per element cost RMSNorm half its bandwidth on the H200); the scaled
-  // squares stay below 64 and above the smallest normal for every nonzero finite x.
-  MonoidExpr e = b.binary(BinaryFn::min, b.binary(BinaryFn::max, b.unary(UnaryFn::exponent, amax), min_exponent(b)),
-                          max_exponent(b));
-  MonoidExpr scaled = b.element() * b.binary(BinaryFn::ldexp, b.constant(1.0), zero - e);
-  MonoidExpr chunk_s = b.chunk_sum(scaled * scaled);
-  return b.build({merged, sum}, {e, chunk_s});
+  // A chunk's state from three sums taken side by side, so a staged merge needs one stage (one
+  // barrier) and no exponent precedes any sum: the plain S = Σ x^2 (one multiply-add an element),
+  // T = Σ (x 2^90)^2 and H = Σ (x 2^-80)^2. S is exact where 2^-60 <= S < inf (no square
+  // overflowed; those that underflow, below 2^-126 each, are negligible beside S). Where
+  // S < 2^-60 every |x| < 2^-30, so T has no square above 2^120 and none below fp32's smallest
+  // normal (|x| >= 2^-149). Where S is inf or NaN, H holds every finite row without overflow
+  // (squares below 2^96) and with negligible underflow, and ±inf or NaN where the row has them.
+  // In f64 the same at that format's range: S exact from 2^-956, T = Σ (x 2^600)^2 where
+  // |x| < 2^-478 (squares in [2^-948, 2^244]), H = Σ (x 2^-600)^2 (squares below 2^848).
+  // With Q the sum taken and Σ x^2 = Q 4^-k: e = exponent(sqrt(Q)) + 1 - k, which bounds every
+  // |x|, clamped as the exponent of max |x| was; s = Q 4^-(k + e), exact. A zero or empty chunk
+  // is the identity (0, 0).
+  const MonoidExpr x = b.element();
+  auto scaled_sq = [&](double f32, double f64) {
+    return b.chunk_sum((x * b.constant(f32, f64)) * (x * b.constant(f32, f64)));
+  };
+  MonoidExpr plain = b.chunk_sum(x * x), tiny = scaled_sq(0x1p90, 0x1p600), huge = scaled_sq(0x1p-80, 0x1p-600);
+  MonoidExpr is_tiny = b.binary(BinaryFn::lt, plain, b.constant(0x1p-60, 0x1p-956));
+  MonoidExpr is_plain = b.binary(BinaryFn::lt, plain, b.constant(kInf));
+  MonoidExpr q = b.select(is_tiny, tiny, b.select(is_plain, plain, huge));
+  MonoidExpr k = b.select(is_tiny, b.constant(90, 600), b.select(is_plain, zero, b.constant(-80, -600)));
+  MonoidExpr e_raw = b.unary(UnaryFn::exponent, b.unary(UnaryFn::sqrt, q)) + b.constant(1.0) - k;
+  MonoidExpr e = b.select(b.binary(BinaryFn::lt, zero, q),
+                          b.binary(BinaryFn::min, b.binary(BinaryFn::max, e_raw, min_exponent(b)), max_exponent(b)),
+                          zero);
+  MonoidExpr chunk_s = b.binary(BinaryFn::ldexp, q, zero - two * (k + e));
+
+  // A worker's fast path: the plain Σ x^2 (one multiply-add an element, no exponent before the
+  // sum). Where 2^-60 <= Σ x^2 < inf no square overflowed and those that underflow (below 2^-126
+  // each) are negligible, so it is the state at e = exponent(sqrt(Σ x^2)) + 1 (s in [1/16, 1),
+  // |x| < 2^e: the bounds the exact state keeps). Elsewhere (huge, tiny or zero x, ±inf, NaN)
+  // the worker takes the exact chunk graph; a worker without elements keeps the identity.
+  MonoidExpr n = b.count();
+  MonoidExpr fast_e = b.select(b.binary(BinaryFn::lt, zero, plain),
+                               b.unary(UnaryFn::exponent, b.unary(UnaryFn::sqrt, plain)) + b.constant(1.0), zero);
+  MonoidExpr fast_s = b.binary(BinaryFn::ldexp, plain, zero - two * fast_e);
+  MonoidExpr in_range = b.binary(BinaryFn::logical_and, b.binary(BinaryFn::le, b.constant(0x1p-60, 0x1p-956), plain),
+                                 b.binary(BinaryFn::lt, plain, b.constant(kInf)));
+  MonoidExpr exact = b.binary(BinaryFn::logical_or, b.binary(BinaryFn::eq, n, zero), in_range);
+  return b.build({merged, sum}, {e, chunk_s}, {fast_e, fast_s}, exact);
 }
 
 // (n, e, mean, m2): the count, and the mean and sum of squared deviations of x 2^-e, with e the
@@ -286,7 +376,40 @@ Monoid scaled_mean_m2() {
   // cached row).
   MonoidExpr d = b.element() * (inv * b.constant(0.5)) - chunk_mean * b.constant(0.5);
   MonoidExpr chunk_m2 = b.chunk_sum(d * d) * b.constant(4.0);
-  return b.build({total, exponent, mean, m2}, {k, e, chunk_mean, chunk_m2});
+
+  // A worker's fast path: sums shifted by the worker's first element K, S1 = Σ (x - K) and
+  // S2 = Σ (x - K)^2 (three operations an element, no exponent, no per-chunk merge); then
+  // mean = K + S1 / n and m2 = S2 - S1^2 / n. Exact enough where
+  //  - S2 < 2^100: no deviation or sum overflowed (and no x or K is ±inf or NaN);
+  //  - 2^-60 <= S2 or 2^-30 <= |K|: squares that underflow are negligible beside S2, or there
+  //    are none (x and K of magnitude 2^-31 or more differ by 2^-54 or more, or not at all);
+  //  - S1^2 / n <= 64 m2: the subtraction cancels at most 6 bits (K is one of the elements,
+  //    so this always holds for up to 65 elements; K lies more than 8 standard deviations
+  //    from the worker's mean otherwise).
+  // A constant worker has S1 = S2 = 0: its exact mean K and m2 = 0, as the chunk graph gives.
+  // The state's exponent bounds |K| + sqrt(S2) >= every |x| (clamped as e is).
+  MonoidExpr shift = b.first(b.element());
+  MonoidExpr dev = b.element() - shift;
+  MonoidExpr s1 = b.chunk_sum(dev), s2 = b.chunk_sum(dev * dev);
+  MonoidExpr q = s1 / b.binary(BinaryFn::max, k, one);
+  MonoidExpr fast_m2 = b.binary(BinaryFn::max, s2 - s1 * q, zero);
+  MonoidExpr bound = b.unary(UnaryFn::abs, shift) + b.unary(UnaryFn::sqrt, s2);
+  MonoidExpr fast_e = b.select(b.binary(BinaryFn::lt, zero, k),
+                               b.binary(BinaryFn::min, b.unary(UnaryFn::exponent, bound) + one, max_exponent(b)), zero);
+  MonoidExpr fast_mean = b.binary(BinaryFn::ldexp, shift + q, zero - fast_e);
+  MonoidExpr fast_m2s = b.binary(BinaryFn::ldexp, b.binary(BinaryFn::ldexp, fast_m2, zero - fast_e), zero - fast_e);
+  auto all = [&](std::vector<MonoidExpr> cs) {
+    MonoidExpr r = cs[0];
+    for (size_t i = 1; i < cs.size(); ++i) r = b.binary(BinaryFn::logical_and, r, cs[i]);
+    return r;
+  };
+  MonoidExpr exact = b.binary(
+      BinaryFn::logical_or, b.binary(BinaryFn::eq, k, zero),
+      all({b.binary(BinaryFn::lt, s2, b.constant(0x1p100, 0x1p996)),
+           b.binary(BinaryFn::logical_or, b.binary(BinaryFn::le, b.constant(0x1p-60, 0x1p-956), s2),
+                    b.binary(BinaryFn::le, b.constant(0x1p-30, 0x1p-400), b.unary(UnaryFn::abs, shift))),
+           b.binary(BinaryFn::le, s1 * q, b.constant(64.0) * fast_m2)}));
+  return b.build({total, exponent, mean, m2}, {k, e, chunk_mean, chunk_m2}, {k, fast_e, fast_mean, fast_m2s}, exact);
 }
 
 }  // namespace monoid

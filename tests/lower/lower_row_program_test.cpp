@@ -84,7 +84,7 @@ Generated generate(uint64_t seed) {
       }
       default: {
         auto [m, q] = p.reduce2(Axis::cols, monoid::scaled_sum_squares(), in);
-        row_values.push_back(m * sqrt(q / p.cols()));
+        row_values.push_back(ldexp(sqrt(q / p.cols()), m));  // the rms, whichever exponent holds it
         break;
       }
     }

@@ -110,11 +110,14 @@ TEST(Monoid, EveryBuiltInAgreesWithAFloat64FoldUnderEverySplit) {
         EXPECT_NEAR(stats[r][2], m2, 1e-4 * std::max(1.0, m2)) << "mean_m2 m2 " << at;
       }
       if (r != 2) {
-        expect_same(sq[r][0], kc, "scaled_sum_squares exponent " + at);
-        expect_same(sq[r][1], ss, "scaled_sum_squares sum " + at);
+        // The exponent is at least kc and bounds every |x| (a worker's fast path takes it from
+        // its sums, not its largest element); the state holds Σ x^2 = s 4^e.
+        const int es = int(sq[r][0]);
+        EXPECT_TRUE(es >= kc && amax < std::ldexp(1.0, es + 1)) << "scaled_sum_squares exponent " << es << " " << at;
+        expect_same(std::ldexp(double(sq[r][1]), 2 * (es - kc)), ss, "scaled_sum_squares sum " + at);
         expect_same(scaled[r][0], double(rows[r].size()), "scaled_mean_m2 count " + at);
-        const double e = scaled[r][1];  // the exponent: k, clamped to [-103, 125]
-        EXPECT_EQ(e, std::clamp(k, -103, 125)) << "scaled_mean_m2 exponent " << at;
+        const double e = scaled[r][1];
+        EXPECT_TRUE(e >= kc && amax < std::ldexp(1.0, int(e) + 1)) << "scaled_mean_m2 exponent " << e << " " << at;
         EXPECT_NEAR(std::ldexp(scaled[r][2], int(e)), mean, 1e-5 * std::max(1.0, std::abs(mean))) << "scaled_mean_m2 mean " << at;
         EXPECT_NEAR(std::ldexp(double(scaled[r][3]), 2 * int(e)), m2, 1e-4 * std::max(1.0, m2)) << "scaled_mean_m2 m2 " << at;
       }
@@ -190,6 +193,48 @@ TEST(Monoid, ScaledStatisticsAtEveryMagnitude) {
   }
 }
 
+TEST(Monoid, WorkerFastPathsAgreeWithTheChunkGraphsOnBothSidesOfTheirTests) {
+  // Rows whose workers take the fast path (plain or shifted sums) and rows whose workers, or
+  // some of them, fail its test and fold their elements with the chunk graph instead: tiny and
+  // zero stretches beside ordinary ones, squares that overflow, a shift far out (the first
+  // element an outlier), a constant row at an inexact value, an offset row. Every split must give
+  // the float64 statistics.
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> normal;
+  const int cols = 150;
+  std::vector<std::vector<float>> rows(8, std::vector<float>(cols));
+  for (auto& r : rows)
+    for (float& v : r) v = float(normal(rng));
+  for (int c = 0; c < cols / 2; ++c) rows[1][c] *= 1e-25f;          // tiny first half
+  for (int c = 0; c < cols; c += 3) rows[2][c] = 0.0f;              // zeros between
+  for (int c = 0; c < cols; c += 7) rows[3][c] *= 1e25f;            // squares overflow here and there
+  for (int c = 0; c < cols; c += 50) rows[4][c] = 1e6f;             // outliers at the workers' first elements
+  std::fill(rows[5].begin(), rows[5].end(), 0.3f);                  // constant
+  for (float& v : rows[6]) v = 1000.0f + 2.0f * v;                  // offset (fp32 means err by u 1000 / 2 in m2)
+  for (float& v : rows[7]) v *= 1e-8f;                              // small, still on the fast side
+  for (const PlanRequest& plan : splits()) {
+    const std::string tag = plan.to_json();
+    auto sq = run_parts(monoid::scaled_sum_squares(), rows, plan);
+    auto st = run_parts(monoid::scaled_mean_m2(), rows, plan);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      double mean = 0, m2 = 0, ss = 0;
+      for (float v : rows[r]) mean += v, ss += double(v) * v;
+      mean /= cols;
+      for (float v : rows[r]) m2 += (v - mean) * (v - mean);
+      const int k = int(sq[r][0]), e = int(st[r][1]);
+      const std::string at = tag + " row " + std::to_string(r);
+      EXPECT_NEAR(std::ldexp(double(sq[r][1]), 2 * k) / ss, 1.0, 1e-5) << "sum of squares " << at;
+      EXPECT_NEAR(std::ldexp(double(st[r][2]), e), mean, 1e-5 * std::sqrt(m2 / cols) + 1e-6 * std::abs(mean)) << "mean " << at;
+      if (r == 5) {
+        EXPECT_EQ(std::ldexp(double(st[r][2]), e), double(rows[r][0])) << "constant row, exact mean " << at;
+        EXPECT_EQ(st[r][3], 0.0f) << "constant row, m2 " << at;
+      } else {
+        EXPECT_NEAR(std::ldexp(double(st[r][3]), 2 * e) / m2, 1.0, 1e-4) << "m2 " << at;
+      }
+    }
+  }
+}
+
 TEST(Monoid, GraphsAreWellFormed) {
   for (const Monoid& m : {monoid::sum(), monoid::max(), monoid::online_softmax(), monoid::mean_m2(),
                           monoid::scaled_sum_squares(), monoid::scaled_mean_m2()}) {
@@ -199,6 +244,16 @@ TEST(Monoid, GraphsAreWellFormed) {
   // A chunk graph that reads a state, or a combine graph that reads elements, is malformed.
   MonoidBuilder b("broken", {"s"}, {0.0});
   EXPECT_THROW(b.build({b.element()}, {b.chunk_sum(b.element())}), InternalError);
+  // A fast graph whose sum nests another, or that reads a state, is malformed.
+  MonoidBuilder f("fast", {"s"}, {0.0});
+  MonoidExpr nested = f.chunk_sum(f.element() * f.chunk_sum(f.element()));
+  EXPECT_THROW(f.build({f.mine(0) + f.other(0)}, {f.chunk_sum(f.element())}, {nested},
+                       f.binary(BinaryFn::lt, f.constant(0.0), f.count())),
+               InternalError);
+  MonoidBuilder g("fast", {"s"}, {0.0});
+  EXPECT_THROW(g.build({g.mine(0) + g.other(0)}, {g.chunk_sum(g.element())}, {g.mine(0)},
+                       g.binary(BinaryFn::lt, g.constant(0.0), g.count())),
+               InternalError);
 }
 
 }  // namespace
