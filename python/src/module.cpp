@@ -790,9 +790,12 @@ struct ReplayEntry {
   std::shared_ptr<const tile::Replay> replay;
 };
 
+// Never destroyed: its entries hold Python references, which must be dropped while the
+// interpreter lives (an atexit hook clears the map, NB_MODULE), not by a static destructor
+// running after it has finalized.
 std::unordered_map<std::string, ReplayEntry>& replays() {
-  static std::unordered_map<std::string, ReplayEntry> map;
-  return map;
+  static auto* map = new std::unordered_map<std::string, ReplayEntry>();
+  return *map;
 }
 
 template <typename T>
@@ -1242,6 +1245,8 @@ void bind_program(nb::module_& m) {
 }  // namespace
 
 NB_MODULE(_tile, m) {
+  // The replays hold programs and kernels: released at interpreter exit, before finalization.
+  nb::module_::import_("atexit").attr("register")(nb::cpp_function([] { replays().clear(); }));
   m.doc() = "Tile: generated row-reduction kernels for built-in and user-written row programs.";
   internal_error_type = PyErr_NewExceptionWithDoc(
       "tile.InternalError", "A broken invariant inside Tile: a library bug, never a bad argument.", PyExc_RuntimeError,
