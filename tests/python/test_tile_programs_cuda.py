@@ -173,7 +173,7 @@ def test_program_errors_on_the_gpu():
         p(x=x, mask=torch.zeros(4, 64))
     with pytest.raises(ValueError, match=r"softmax_temperature_mask: argument 'mask': expected shape \(4, 64\) like x"):
         p(x=x, mask=torch.zeros(4, 63, device="cuda"))
-    with pytest.raises(ValueError, match=r"softmax_temperature_mask: argument 'mask': expected dtype float32, float16 "
+    with pytest.raises(ValueError, match=r"softmax_temperature_mask: argument 'mask': expected dtype float32, float64, float16 "
                                          r"or bfloat16, got int32"):
         p(x=x, mask=torch.zeros(4, 64, device="cuda", dtype=torch.int32))
     with pytest.raises(ValueError, match=r"softmax_temperature_mask: argument 'z': expected one of the operands"):
