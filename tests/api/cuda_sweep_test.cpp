@@ -26,46 +26,56 @@ TEST_F(CudaSweep, EveryOperatorDtypeAndShape) {
   for (const Case& c : core_sweep()) expect_case_passes(c, Backend::cuda);
 }
 
-// The CUDA helpers behind exponent() and ldexp() (src/backend/cuda/device/tile_device.cuh, a
-// fast path for normal numbers and normal powers of two) against the CPU executor, which
-// defines them: bit for bit over zeros, subnormals, normals, the largest floats, infinities and
-// NaN, with exponents inside and outside the range of normal powers of two.
-TEST_F(CudaSweep, ExponentAndLdexpMatchTheExecutorBitForBit) {
-  RowProgram p("exponent_ldexp");
+// ldexp(x, k) and exponent(x) of every pair of xs and ks (x fastest), on the CPU executor and on
+// the GPU (outputs poisoned): the CUDA helpers behind them (src/backend/cuda/device/tile_device.cuh,
+// a fast path for normal numbers and normal powers of two) against the executor, which defines
+// them, bit for bit.
+template <typename T>
+void expect_exponent_and_ldexp_match(const std::vector<T>& xs, const std::vector<T>& ks, DType dtype,
+                                     std::vector<T>& cpu_scaled, std::vector<T>& cpu_e) {
+  RowProgram p(dtype == DType::f64 ? "exponent_ldexp_f64" : "exponent_ldexp");
   Operand x = p.row_in("x"), k = p.row_in("k");
   Operand scaled = p.row_out("scaled"), e = p.row_out("e");
   p.store(scaled, ldexp(p.load(x), p.load(k)));
   p.store(e, exponent(p.load(x)));
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  const std::vector<float> xs = {0.0f, -0.0f, 1e-45f, -3e-42f, 1.1754942e-38f, 1.17549435e-38f, 1.0f, -1.5f,
-                                 3.0f, 0.7f, 6.5e4f, -1.2e20f, 3.4028235e38f, inf, -inf, nan};
-  const std::vector<float> ks = {-1000, -300, -253, -150, -149, -127, -126, -64, -1, 0,
-                                 1,     64,   126,  127,  128,  200,  253,  300,  1000, nan};
   const int64_t cols = int64_t(xs.size() * ks.size());
-  std::vector<float> hx(cols), hk(cols);
+  std::vector<T> hx(cols), hk(cols);
   for (int64_t i = 0; i < cols; ++i) hx[i] = xs[i % xs.size()], hk[i] = ks[i / xs.size()];
-  const size_t bytes = size_t(cols) * 4;
-  std::vector<float> cpu_scaled(cols), cpu_e(cols), gpu_scaled(cols, 7.0f), gpu_e(cols, 7.0f);
+  const size_t bytes = size_t(cols) * sizeof(T);
+  cpu_scaled.assign(cols, T(0)), cpu_e.assign(cols, T(0));
+  std::vector<T> gpu_scaled(cols, T(7)), gpu_e(cols, T(7));
   Args cpu_args;
-  cpu_args.set("x", matrix(hx.data(), DType::f32, 1, cols)).set("k", matrix(hk.data(), DType::f32, 1, cols));
-  cpu_args.set("scaled", matrix(cpu_scaled.data(), DType::f32, 1, cols)).set("e", matrix(cpu_e.data(), DType::f32, 1, cols));
+  cpu_args.set("x", matrix(hx.data(), dtype, 1, cols)).set("k", matrix(hk.data(), dtype, 1, cols));
+  cpu_args.set("scaled", matrix(cpu_scaled.data(), dtype, 1, cols)).set("e", matrix(cpu_e.data(), dtype, 1, cols));
   run(p, cpu_args, {{}, nullptr, Backend::cpu});
   cuda::ensure_context(0);
   cuda::DeviceBuffer dx(bytes), dk(bytes), ds(bytes), de(bytes);
   dx.copy_from_host(hx.data(), bytes), dk.copy_from_host(hk.data(), bytes);
   ds.copy_from_host(gpu_scaled.data(), bytes), de.copy_from_host(gpu_e.data(), bytes);  // poisoned
   Args gpu_args;
-  gpu_args.set("x", matrix(dx.get(), DType::f32, 1, cols)).set("k", matrix(dk.get(), DType::f32, 1, cols));
-  gpu_args.set("scaled", matrix(ds.get(), DType::f32, 1, cols)).set("e", matrix(de.get(), DType::f32, 1, cols));
+  gpu_args.set("x", matrix(dx.get(), dtype, 1, cols)).set("k", matrix(dk.get(), dtype, 1, cols));
+  gpu_args.set("scaled", matrix(ds.get(), dtype, 1, cols)).set("e", matrix(de.get(), dtype, 1, cols));
   run(p, gpu_args, {{}, nullptr, Backend::cuda});
   TILE_CU_CHECK(cuda::driver().cuCtxSynchronize());
   ds.copy_to_host(gpu_scaled.data(), bytes), de.copy_to_host(gpu_e.data(), bytes);
-  auto same = [](float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0; };
+  auto same = [](T a, T b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof(T)) == 0; };
   for (int64_t i = 0; i < cols; ++i) {
     EXPECT_TRUE(same(gpu_scaled[i], cpu_scaled[i])) << "ldexp(" << hx[i] << ", " << hk[i] << "): GPU " << gpu_scaled[i]
                                                     << ", CPU " << cpu_scaled[i];
     EXPECT_TRUE(same(gpu_e[i], cpu_e[i])) << "exponent(" << hx[i] << "): GPU " << gpu_e[i] << ", CPU " << cpu_e[i];
   }
+}
+
+// Over zeros, subnormals, normals, the largest floats, infinities and NaN, with exponents inside
+// and outside the range of normal powers of two.
+TEST_F(CudaSweep, ExponentAndLdexpMatchTheExecutorBitForBit) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> xs = {0.0f, -0.0f, 1e-45f, -3e-42f, 1.1754942e-38f, 1.17549435e-38f, 1.0f, -1.5f,
+                                 3.0f, 0.7f, 6.5e4f, -1.2e20f, 3.4028235e38f, inf, -inf, nan};
+  const std::vector<float> ks = {-1000, -300, -253, -150, -149, -127, -126, -64, -1, 0,
+                                 1,     64,   126,  127,  128,  200,  253,  300,  1000, nan};
+  std::vector<float> cpu_scaled, cpu_e;
+  expect_exponent_and_ldexp_match(xs, ks, DType::f32, cpu_scaled, cpu_e);
   // The executor's own definition, checked here too: an exact power-of-two scaling.
   EXPECT_EQ(cpu_scaled[xs.size() * 9 + 6], 1.0f);      // ldexp(1, 0)
   EXPECT_EQ(cpu_e[4], -127.0f);                        // the largest subnormal
@@ -76,44 +86,16 @@ TEST_F(CudaSweep, Float64CallsComputeInFloat64) {
   for (const Case& c : f64_sweep()) expect_case_passes(c, Backend::cuda);
 }
 
-// The f64 helpers (tile_exponent, tile_ldexp of double) against the executor, bit for bit, over
-// fp64's subnormals, normals, extremes and exponents past the range of normal powers of two.
+// The f64 helpers (tile_exponent, tile_ldexp of double) over fp64's subnormals, normals,
+// extremes and exponents past the range of normal powers of two.
 TEST_F(CudaSweep, Float64ExponentAndLdexpMatchTheExecutorBitForBit) {
-  RowProgram p("exponent_ldexp_f64");
-  Operand x = p.row_in("x"), k = p.row_in("k");
-  Operand scaled = p.row_out("scaled"), e = p.row_out("e");
-  p.store(scaled, ldexp(p.load(x), p.load(k)));
-  p.store(e, exponent(p.load(x)));
   const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
   const std::vector<double> xs = {0.0, -0.0, 0x1p-1074, -3e-310, 0x1.fffffffffffffp-1023, 0x1p-1022, 1.0, -1.5,
                                   0.7, -1.2e200, 1.7976931348623157e308, inf, -inf, nan};
   const std::vector<double> ks = {-3000, -2100, -1100, -1075, -1074, -1023, -1022, -64, 0,
                                   1,     1023,  1024,  2000,  2100,  3000,  nan};
-  const int64_t cols = int64_t(xs.size() * ks.size());
-  std::vector<double> hx(cols), hk(cols);
-  for (int64_t i = 0; i < cols; ++i) hx[i] = xs[i % xs.size()], hk[i] = ks[i / xs.size()];
-  const size_t bytes = size_t(cols) * 8;
-  std::vector<double> cpu_scaled(cols), cpu_e(cols), gpu_scaled(cols, 7.0), gpu_e(cols, 7.0);
-  Args cpu_args;
-  cpu_args.set("x", matrix(hx.data(), DType::f64, 1, cols)).set("k", matrix(hk.data(), DType::f64, 1, cols));
-  cpu_args.set("scaled", matrix(cpu_scaled.data(), DType::f64, 1, cols)).set("e", matrix(cpu_e.data(), DType::f64, 1, cols));
-  run(p, cpu_args, {{}, nullptr, Backend::cpu});
-  cuda::ensure_context(0);
-  cuda::DeviceBuffer dx(bytes), dk(bytes), ds(bytes), de(bytes);
-  dx.copy_from_host(hx.data(), bytes), dk.copy_from_host(hk.data(), bytes);
-  ds.copy_from_host(gpu_scaled.data(), bytes), de.copy_from_host(gpu_e.data(), bytes);  // poisoned
-  Args gpu_args;
-  gpu_args.set("x", matrix(dx.get(), DType::f64, 1, cols)).set("k", matrix(dk.get(), DType::f64, 1, cols));
-  gpu_args.set("scaled", matrix(ds.get(), DType::f64, 1, cols)).set("e", matrix(de.get(), DType::f64, 1, cols));
-  run(p, gpu_args, {{}, nullptr, Backend::cuda});
-  TILE_CU_CHECK(cuda::driver().cuCtxSynchronize());
-  ds.copy_to_host(gpu_scaled.data(), bytes), de.copy_to_host(gpu_e.data(), bytes);
-  auto same = [](double a, double b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 8) == 0; };
-  for (int64_t i = 0; i < cols; ++i) {
-    EXPECT_TRUE(same(gpu_scaled[i], cpu_scaled[i])) << "ldexp(" << hx[i] << ", " << hk[i] << "): GPU " << gpu_scaled[i]
-                                                    << ", CPU " << cpu_scaled[i];
-    EXPECT_TRUE(same(gpu_e[i], cpu_e[i])) << "exponent(" << hx[i] << "): GPU " << gpu_e[i] << ", CPU " << cpu_e[i];
-  }
+  std::vector<double> cpu_scaled, cpu_e;
+  expect_exponent_and_ldexp_match(xs, ks, DType::f64, cpu_scaled, cpu_e);
   EXPECT_EQ(cpu_e[2], -1074.0);                         // the smallest subnormal
   EXPECT_EQ(cpu_scaled[xs.size() * 10 + 6], 0x1p1023);  // ldexp(1, 1023)
 }

@@ -155,6 +155,18 @@ TEST(Monoid, SpecialValuesFollowPyTorch) {
   }
 }
 
+// A row's mean, sum of squared deviations from it and sum of squares, in float64.
+struct Float64Statistics {
+  double mean, m2, ss;
+};
+Float64Statistics float64_statistics(const std::vector<float>& row) {
+  Float64Statistics st{0, 0, 0};
+  for (float v : row) st.mean += v, st.ss += double(v) * v;
+  st.mean /= double(row.size());
+  for (float v : row) st.m2 += (v - st.mean) * (v - st.mean);
+  return st;
+}
+
 TEST(Monoid, ScaledStatisticsAtEveryMagnitude) {
   // Rows whose squares, sums or deviations overflow fp32, subnormal rows, and constant rows of
   // any magnitude: scaled_sum_squares and scaled_mean_m2 stay finite, and a constant row has its
@@ -174,10 +186,7 @@ TEST(Monoid, ScaledStatisticsAtEveryMagnitude) {
     auto sq = run_parts(monoid::scaled_sum_squares(), rows, plan);
     auto st = run_parts(monoid::scaled_mean_m2(), rows, plan);
     for (size_t r = 0; r < rows.size(); ++r) {
-      double mean = 0, m2 = 0, ss = 0;
-      for (float v : rows[r]) mean += v, ss += double(v) * v;
-      mean /= 150;
-      for (float v : rows[r]) m2 += (v - mean) * (v - mean);
+      const auto [mean, m2, ss] = float64_statistics(rows[r]);
       const int k = int(sq[r][0]), e = int(st[r][1]);  // Σ x^2 = s 4^k; mean, m2 of x 2^-e
       const std::string at = tag + " row " + std::to_string(r);
       EXPECT_TRUE(std::isfinite(sq[r][1]) && std::isfinite(st[r][2]) && std::isfinite(st[r][3])) << at;
@@ -217,10 +226,7 @@ TEST(Monoid, WorkerFastPathsAgreeWithTheChunkGraphsOnBothSidesOfTheirTests) {
     auto sq = run_parts(monoid::scaled_sum_squares(), rows, plan);
     auto st = run_parts(monoid::scaled_mean_m2(), rows, plan);
     for (size_t r = 0; r < rows.size(); ++r) {
-      double mean = 0, m2 = 0, ss = 0;
-      for (float v : rows[r]) mean += v, ss += double(v) * v;
-      mean /= cols;
-      for (float v : rows[r]) m2 += (v - mean) * (v - mean);
+      const auto [mean, m2, ss] = float64_statistics(rows[r]);
       const int k = int(sq[r][0]), e = int(st[r][1]);
       const std::string at = tag + " row " + std::to_string(r);
       EXPECT_NEAR(std::ldexp(double(sq[r][1]), 2 * k) / ss, 1.0, 1e-5) << "sum of squares " << at;

@@ -713,6 +713,23 @@ inline void expect_train_case_passes(const TrainCase& c, Backend backend) {
   EXPECT_TRUE(r.outside_untouched) << "memory outside an output's view was written";
 }
 
+// The k-th variation of a sweep case (c.rows set): padding, misalignment, weights, second
+// operands, special values, target dtype and each cross-entropy option, each on its own cycle
+// so that the cases cover their combinations.
+inline void vary_by(TrainCase& c, int k) {
+  c.pad = k % 4 == 1 ? 5 : 0;
+  c.offset = k % 5 == 2 ? 1 : 0;
+  c.weight = k % 6 != 3;
+  c.second = k % 7 != 4;
+  c.special = k % 4 == 2 && c.rows >= 3;
+  c.target = k % 2 ? DType::i32 : DType::i64;
+  c.ce.reduction = Reduction(k % 3);
+  c.ce.label_smoothing = k % 4 == 1 ? 0.1 : 0.0;
+  c.ce.z_loss = k % 5 == 3 ? 1e-3 : 0.0;
+  if (k % 6 == 2) c.ce.softcap = 15.0;
+  c.ce.ignore_index = k % 9 == 7 ? 3 : -100;  // an ignore_index inside [0, cols) too
+}
+
 // The seeded sweep: every operator over odd and even column counts from 1 to a few thousand,
 // 0 to 17 rows, strided and misaligned rows, each dtype and mixed dtypes, with and without
 // weights, in place, special values; for cross-entropy each reduction, label smoothing,
@@ -734,19 +751,9 @@ inline std::vector<TrainCase> train_sweep(int64_t max_cols) {
         c.op = TrainOp(op), c.rows = rows, c.cols = cols, c.seed = seed++;
         const int k = i++;
         c.in = floats[k % 3], c.out = floats[(k / 3) % 3], c.w = floats[(k + 1) % 3], c.res = floats[(k + 2) % 3];
-        c.pad = k % 4 == 1 ? 5 : 0;
-        c.offset = k % 5 == 2 ? 1 : 0;
-        c.weight = k % 6 != 3;
-        c.second = k % 7 != 4;
+        vary_by(c, k);
         c.in_place = k % 8 == 5 && c.in == c.out;
         if (c.op == TrainOp::fused_add_rms_norm) c.in_place = k % 3 == 1;
-        c.special = k % 4 == 2 && rows >= 3;
-        c.target = k % 2 ? DType::i32 : DType::i64;
-        c.ce.reduction = Reduction(k % 3);
-        c.ce.label_smoothing = k % 4 == 1 ? 0.1 : 0.0;
-        c.ce.z_loss = k % 5 == 3 ? 1e-3 : 0.0;
-        if (k % 6 == 2) c.ce.softcap = 15.0;
-        c.ce.ignore_index = k % 9 == 7 ? 3 : -100;  // an ignore_index inside [0, cols) too
         cases.push_back(c);
       }
     }
@@ -770,18 +777,8 @@ inline std::vector<TrainCase> train_sweep_f64(int64_t max_cols) {
         TrainCase c;
         c.op = TrainOp(op), c.rows = rows, c.cols = cols, c.seed = seed++;
         c.in = c.out = c.w = c.res = DType::f64;
-        c.pad = k % 4 == 1 ? 5 : 0;
-        c.offset = k % 5 == 2 ? 1 : 0;
-        c.weight = k % 6 != 3;
-        c.second = k % 7 != 4;
+        vary_by(c, k);
         c.in_place = k % 8 == 5 || (c.op == TrainOp::fused_add_rms_norm && k % 3 == 1);
-        c.special = k % 4 == 2 && rows >= 3;
-        c.target = k % 2 ? DType::i32 : DType::i64;
-        c.ce.reduction = Reduction(k % 3);
-        c.ce.label_smoothing = k % 4 == 1 ? 0.1 : 0.0;
-        c.ce.z_loss = k % 5 == 3 ? 1e-3 : 0.0;
-        if (k % 6 == 2) c.ce.softcap = 15.0;
-        c.ce.ignore_index = k % 9 == 7 ? 3 : -100;
         ++k;
         cases.push_back(c);
       }
