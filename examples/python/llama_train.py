@@ -32,6 +32,7 @@ import torch
 
 import tile
 import tile.nn
+from loss_curves import moving_average  # beside this script
 
 # The model sizes: "full" trains a few hundred steps in about a minute on one H200; "tiny" is
 # the CPU smoke run of CTest.
@@ -286,16 +287,6 @@ def train(backend, config, state, batches, args, d, dtype):
 
 
 # ---- checks ----
-
-def moving_average(values, window):
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
-
 
 def compare_curves(eager, tile_, window):
     """The loss-curve check (the tolerances above); returns a dict with "ok"."""

@@ -9,15 +9,7 @@ import argparse
 import json
 import sys
 
-
-def moving_average(values, window):
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
+from loss_curves import moving_average  # beside this script
 
 
 def main(argv=None):
