@@ -29,8 +29,9 @@ namespace tile {
 
 enum class Backend : uint8_t { cuda, cpu };
 
-constexpr float kRmsNormEps = 1e-6f;
-constexpr float kLayerNormEps = 1e-5f;
+// Doubles: a float64 call reads eps as a double, an fp32 kernel as the nearest float.
+constexpr double kRmsNormEps = 1e-6;
+constexpr double kLayerNormEps = 1e-5;
 
 // The operands of one call of a row program, by name. Row operands take a TensorView;
 // per-column, per-row and scalar outputs a VectorView; scalar inputs a number. Operands left
@@ -57,16 +58,10 @@ struct Call {
   Op op = Op::softmax;
   TensorView x, y;
   VectorView weight, bias;
-  std::optional<float> eps;
+  std::optional<double> eps;  // a float64 call reads it as given; the others as the nearest float
 };
 // The same call as operands of builtin_program(call.op).
 Args to_args(const Call& call);
-
-// The fp32 eps for an eps given as a double (by Python or a command line): 0, or a finite
-// positive value that fp32 holds to within rounding (relative error at most 2^-24). Throws
-// tile::Error naming `op` for anything else: negative, NaN, infinite, beyond FLT_MAX, or so
-// small that it would round to 0 (1e-50) or to a coarse subnormal (1e-40).
-float checked_eps(Op op, double eps);
 
 // The fp32 eps for an eps given as a double (by Python or a command line): 0, or a finite
 // positive value that fp32 holds to within rounding (relative error at most 2^-24). Throws
@@ -125,9 +120,9 @@ int64_t workspace_bytes(const Call& call, const CallOptions& options = {});
 void softmax(const TensorView& x, const TensorView& y, const CallOptions& options = {});
 void log_softmax(const TensorView& x, const TensorView& y, const CallOptions& options = {});
 void rms_norm(const TensorView& x, const TensorView& y, const VectorView& weight = {},
-              float eps = kRmsNormEps, const CallOptions& options = {});
+              double eps = kRmsNormEps, const CallOptions& options = {});
 void layer_norm(const TensorView& x, const TensorView& y, const VectorView& weight = {},
-                const VectorView& bias = {}, float eps = kLayerNormEps,
+                const VectorView& bias = {}, double eps = kLayerNormEps,
                 const CallOptions& options = {});
 
 // Introspection: the plan a call would launch, its raw IR and its CUDA source. They bind and

@@ -54,9 +54,9 @@ void log_softmax_backward(const TensorView& y, const TensorView& dy, const Tenso
 // rms_norm and layer_norm that also write their per-row statistics (float32, one per row; an
 // empty VectorView leaves one out).
 void rms_norm(const TensorView& x, const TensorView& y, const VectorView& weight, const VectorView& rstd,
-              float eps = kRmsNormEps, const CallOptions& options = {});
+              double eps = kRmsNormEps, const CallOptions& options = {});
 void layer_norm(const TensorView& x, const TensorView& y, const VectorView& weight, const VectorView& bias,
-                const VectorView& mean, const VectorView& rstd, float eps = kLayerNormEps,
+                const VectorView& mean, const VectorView& rstd, double eps = kLayerNormEps,
                 const CallOptions& options = {});
 
 // From y = x * rstd * weight: dx, and dweight = sum over rows of dy * x * rstd when given (in
@@ -73,7 +73,7 @@ void layer_norm_backward(const TensorView& dy, const TensorView& x, const Vector
 // sum) * weight; rstd per row when given. In place (vLLM's contract): y = x and residual_out =
 // residual, exactly; no other overlap is accepted.
 void fused_add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView& y,
-                        const TensorView& residual_out, const VectorView& weight = {}, float eps = kRmsNormEps,
+                        const TensorView& residual_out, const VectorView& weight = {}, double eps = kRmsNormEps,
                         const VectorView& rstd = {}, const CallOptions& options = {});
 // The gradient of both outputs: dh = rms_norm_backward(dy, residual_out, weight, rstd) +
 // dresidual_out is the gradient of x and of residual alike; dx = dh, dresidual = dh (in its

@@ -13,7 +13,7 @@ Args to_args(const Call& call) {
   // Only the operands the operator declares: a weight given to softmax is an unknown operand.
   if (call.weight.data) a.set("weight", call.weight);
   if (call.bias.data) a.set("bias", call.bias);
-  if (call.eps) a.set("eps", double(*call.eps));
+  if (call.eps) a.set("eps", *call.eps);
   return a;
 }
 

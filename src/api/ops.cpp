@@ -85,10 +85,10 @@ void softmax(const TensorView& x, const TensorView& y, const CallOptions& option
 void log_softmax(const TensorView& x, const TensorView& y, const CallOptions& options) {
   run(Call{Op::log_softmax, x, y}, options);
 }
-void rms_norm(const TensorView& x, const TensorView& y, const VectorView& weight, float eps, const CallOptions& options) {
+void rms_norm(const TensorView& x, const TensorView& y, const VectorView& weight, double eps, const CallOptions& options) {
   run(Call{Op::rms_norm, x, y, weight, {}, eps}, options);
 }
-void layer_norm(const TensorView& x, const TensorView& y, const VectorView& weight, const VectorView& bias, float eps,
+void layer_norm(const TensorView& x, const TensorView& y, const VectorView& weight, const VectorView& bias, double eps,
                 const CallOptions& options) {
   run(Call{Op::layer_norm, x, y, weight, bias, eps}, options);
 }

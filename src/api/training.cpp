@@ -25,6 +25,12 @@ void set_if(Args& a, const std::string& name, const TensorView& t) {
   if (t.data) a.set(name, t);
 }
 
+// The eps a call takes: as given in a float64 call; else checked as the fp32 it becomes, with
+// the operators' message (checked_eps).
+double eps_for(Op op, const TensorView& x, double eps) {
+  return x.dtype == DType::f64 ? eps : double(checked_eps(op, eps));
+}
+
 }  // namespace
 
 void softmax_backward(const TensorView& y, const TensorView& dy, const TensorView& dx, const CallOptions& options) {
@@ -35,19 +41,19 @@ void log_softmax_backward(const TensorView& y, const TensorView& dy, const Tenso
   run(training_program("log_softmax_backward"), Args().set("y", y).set("dy", dy).set("dx", dx), options);
 }
 
-void rms_norm(const TensorView& x, const TensorView& y, const VectorView& weight, const VectorView& rstd, float eps,
+void rms_norm(const TensorView& x, const TensorView& y, const VectorView& weight, const VectorView& rstd, double eps,
               const CallOptions& options) {
   Args a;
-  a.set("x", x).set("y", y).set("eps", double(checked_eps(Op::rms_norm, eps)));
+  a.set("x", x).set("y", y).set("eps", eps_for(Op::rms_norm, x, eps));
   set_if(a, "weight", weight);
   set_if(a, "rstd", rstd);
   run(builtin_program(Op::rms_norm), a, options);
 }
 
 void layer_norm(const TensorView& x, const TensorView& y, const VectorView& weight, const VectorView& bias,
-                const VectorView& mean, const VectorView& rstd, float eps, const CallOptions& options) {
+                const VectorView& mean, const VectorView& rstd, double eps, const CallOptions& options) {
   Args a;
-  a.set("x", x).set("y", y).set("eps", double(checked_eps(Op::layer_norm, eps)));
+  a.set("x", x).set("y", y).set("eps", eps_for(Op::layer_norm, x, eps));
   set_if(a, "weight", weight);
   set_if(a, "bias", bias);
   set_if(a, "mean", mean);
@@ -79,11 +85,11 @@ void layer_norm_backward(const TensorView& dy, const TensorView& x, const Vector
 }
 
 void fused_add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView& y,
-                        const TensorView& residual_out, const VectorView& weight, float eps, const VectorView& rstd,
+                        const TensorView& residual_out, const VectorView& weight, double eps, const VectorView& rstd,
                         const CallOptions& options) {
   Args a;
   a.set("x", x).set("residual", residual).set("y", y).set("residual_out", residual_out);
-  a.set("eps", double(checked_eps(Op::rms_norm, eps)));
+  a.set("eps", eps_for(Op::rms_norm, x, eps));
   set_if(a, "weight", weight);
   set_if(a, "rstd", rstd);
   run(training_program("fused_add_rms_norm"), a, options);

@@ -405,7 +405,7 @@ BoundCall bind(const Call& call) {
   put("y", call.y, true);
   put("weight", call.weight, call.weight.data != nullptr);
   put("bias", call.bias, call.bias.data != nullptr);
-  put("eps", double(call.eps.value_or(0.0f)), call.eps.has_value());
+  put("eps", call.eps.value_or(0.0), call.eps.has_value());
   return bind_values(program, values);
 }
 

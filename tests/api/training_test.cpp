@@ -143,6 +143,34 @@ TEST(TrainingApi, NormStatisticsOutputs) {
                "layer_norm: argument 'rstd': expected 3 elements (one per row), got 2");
 }
 
+// A float64 call takes eps as the double given, through both rms_norm entry points and
+// layer_norm: where eps dominates the variance, its fp32 rounding (3e-8 relative for 1e-6)
+// moves the output by far more than float64's rounding, so the check below tells them apart.
+TEST(TrainingApi, Float64CallsTakeEpsAsADouble) {
+  const int64_t cols = 16;
+  std::vector<double> x(cols), y(cols), y2(cols), y3(cols), rstd(1), mean(1);
+  for (int64_t c = 0; c < cols; ++c) x[size_t(c)] = 1e-4 * double(c % 4 + 1);
+  const double eps = 1e-6;
+  double ss = 0, m = 0, v = 0;
+  for (double a : x) ss += a * a, m += a;
+  m /= double(cols);
+  for (double a : x) v += (a - m) * (a - m);
+  const double rms_exact = 1 / std::sqrt(ss / double(cols) + eps);
+  const double rms_fp32_eps = 1 / std::sqrt(ss / double(cols) + double(float(eps)));
+  ASSERT_GT(std::abs(rms_fp32_eps / rms_exact - 1), 1e-10);  // the check can fail
+  rms_norm(matrix(x.data(), DType::f64, 1, cols), matrix(y.data(), DType::f64, 1, cols), {}, eps, kCpu);
+  rms_norm(matrix(x.data(), DType::f64, 1, cols), matrix(y2.data(), DType::f64, 1, cols), {},
+           VectorView{rstd.data(), DType::f64, 1}, eps, kCpu);
+  EXPECT_NEAR(rstd[0] / rms_exact, 1.0, 1e-13);
+  for (int64_t c = 0; c < cols; ++c) {
+    EXPECT_NEAR(y[size_t(c)] / (x[size_t(c)] * rms_exact), 1.0, 1e-13) << c;
+    EXPECT_EQ(y[size_t(c)], y2[size_t(c)]) << c;
+  }
+  layer_norm(matrix(x.data(), DType::f64, 1, cols), matrix(y3.data(), DType::f64, 1, cols), {}, {},
+             VectorView{mean.data(), DType::f64, 1}, VectorView{rstd.data(), DType::f64, 1}, eps, kCpu);
+  EXPECT_NEAR(rstd[0] * std::sqrt(v / double(cols) + eps), 1.0, 1e-13);
+}
+
 TEST(TrainingApi, CrossEntropyRules) {
   Rows t(4, 16);
   std::vector<int64_t> target = {0, 15, 3, -100};
