@@ -57,6 +57,21 @@ CostEstimate estimate_cost(const RowProgram& program, const BoundCall& call, con
         if (program.nodes()[in].shape.cols) output.push_back(in);
   if (!output.empty()) passes.push_back(output);
 
+  // A level on the program fast path whose fast graph reads the row's first element: every
+  // worker of every program that loads loads the row inputs' head vector (min(V, N) elements).
+  std::vector<int64_t> head_reads(decls.size(), 0);
+  for (const std::vector<int>& level : reduction_levels(program)) {
+    if (!reads_row_head(program, level, plan)) continue;
+    std::set<int> ins;
+    for (int red : level)
+      for (int in : program.reductions()[red].inputs) operands_read(program, in, Role::row_in, ins);
+    for (int o : ins) ++head_reads[o];
+  }
+  const int64_t head_programs = plan.tail == TailHandling::clamp ? programs : rows;
+  for (size_t o = 0; o < decls.size(); ++o)
+    if (present(int(o)) && head_reads[o] > 0)
+      c.bytes_read += head_reads[o] * head_programs * W * std::min(V, cols) * es(int(o));
+
   std::vector<int> reads(decls.size(), 0);
   std::set<int> columns_any;
   for (const std::vector<int>& pass : passes) {

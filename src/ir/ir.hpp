@@ -172,6 +172,7 @@ struct Register {
 
 // A shared-memory region of slots of the kernel's float type, one copy per packed program:
 // program p's copy occupies [base + p * program_stride, base + p * program_stride + elems).
+// With program_stride 0 it is one copy for the whole group, which every program indexes.
 struct SharedRegion {
   std::string name;
   int base = 0;

@@ -133,8 +133,9 @@ void IRPrinter::print_kernel() {
        std::to_string(k_.private_budget) +
        (k_.ctas_per_cluster > 1 ? "; cluster of " + std::to_string(k_.ctas_per_cluster) + " groups" : ""));
   for (const SharedRegion& r : k_.shared)
-    line("  shared " + std::string(type_name(k_.real)) + " " + r.name + "[" + std::to_string(r.elems) + "] per program at " +
-         std::to_string(r.base) + " + program * " + std::to_string(r.program_stride));
+    line("  shared " + std::string(type_name(k_.real)) + " " + r.name + "[" + std::to_string(r.elems) +
+         (r.program_stride ? "] per program at " + std::to_string(r.base) + " + program * " + std::to_string(r.program_stride)
+                           : "] per group at " + std::to_string(r.base)));
   line("{");
   visit_block(k_.body);
   line("}");

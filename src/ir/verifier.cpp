@@ -134,8 +134,9 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
       if (ra.elems < 1 || ra.base < 0) error("shared region '" + ra.name + "' has no slots");
       for (size_t b = a; b < k_.shared.size(); ++b) {
         const SharedRegion& rb = k_.shared[b];
-        for (int p = 0; p < P; ++p)
-          for (int q = 0; q < P; ++q) {
+        // A region with program stride 0 is one slice for the whole group: program 0's.
+        for (int p = 0; p < (ra.program_stride ? P : 1); ++p)
+          for (int q = 0; q < (rb.program_stride ? P : 1); ++q) {
             if (a == b && p >= q) continue;
             int64_t a0 = ra.base + int64_t(p) * ra.program_stride, b0 = rb.base + int64_t(q) * rb.program_stride;
             if (a0 < b0 + rb.elems && b0 < a0 + ra.elems) {
@@ -342,7 +343,10 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     shared_index(s);
   }
   void visit_shared_load(const Stmt& s, unsigned control) {
+    // A group's shared memory: a value read at a uniform index is the same across the group,
+    // or across the program where each program has its own slice.
     unsigned u = visit(*s.index) & control;
+    if (s.region >= 0 && s.region < int(k_.shared.size())) u &= k_.shared[s.region].program_stride ? program_ : group_;
     expect_reg(s.dst, k_.real, "shared load destination");
     shared_index(s);
     define(s.dst, u);

@@ -351,6 +351,14 @@ class RowLowering {
   void row_inputs_of(int node, std::set<int>& out) const;
   std::vector<ChunkGroup> slot_groups(std::vector<Stmt>& out, std::vector<Slot*> slots, const std::vector<int>& inputs);
   void level_pass(std::vector<Stmt>& out, const std::vector<int>& reductions);
+  enum class LeafKind { sum, max, uniform };
+  bool program_fast(const std::vector<int>& reductions) const;
+  std::vector<std::vector<int>> exact_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
+                                             const std::set<int>& inputs, bool worker_fast);
+  std::vector<std::vector<int>> program_fast_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
+                                                    const std::set<int>& inputs);
+  std::vector<std::vector<ExprPtr>> fold_leaves(std::vector<Stmt>& out, const std::vector<std::pair<LeafKind, int>>& partials,
+                                                bool all_programs);
   std::vector<std::vector<int>> merge_across_workers(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
                                                      std::vector<std::vector<int>> states);
   std::vector<std::vector<int>> merge_across_cluster(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
@@ -780,8 +788,8 @@ std::vector<ChunkGroup> RowLowering::slot_groups(std::vector<Stmt>& out, std::ve
   return groups;
 }
 
-// One pass over the row for the reductions of one level: per-worker chunk states, then one
-// merge of every part across the program.
+// One pass over the row for the reductions of one level: the program fast path where it
+// applies, else per-worker chunk states and one merge of every part across the program.
 void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& reductions) {
   std::string names;
   for (int red : reductions) names += (names.empty() ? "" : ", ") + prog_.reductions()[red].monoid.name;
@@ -792,12 +800,33 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
       hoist_row_values(out, in);
       row_inputs_of(in, inputs);
     }
+  std::vector<std::vector<int>> states = program_fast(reductions) ? program_fast_states(out, reductions, inputs)
+                                                                  : exact_states(out, reductions, inputs, true);
+  for (size_t i = 0; i < reductions.size(); ++i) {
+    const RowReduction& rr = prog_.reductions()[reductions[i]];
+    for (size_t q = 0; q < rr.results.size(); ++q) row_values_[rr.results[q]] = r(states[i][q]);
+  }
+}
+
+// The program fast path serves a level whose monoids all have a fast graph, in programs of
+// whole warps (at least two) of one group: there the sums and maxima its fast graphs read are
+// merged across the program as plain sums and maxima, and the program's (or the group's)
+// exactness test is uniform, so the exact path can run under it, barriers and all.
+bool RowLowering::program_fast(const std::vector<int>& reductions) const {
+  return program_fast_path(prog_, reductions, plan_);
+}
+
+// The states of a level's reductions with no program fast path: per-worker chunk states (or,
+// for re-read plans with `worker_fast`, a monoid's worker fast path) and one merge of every
+// part across the program; for register-cached plans with the staged merge, stage by stage.
+std::vector<std::vector<int>> RowLowering::exact_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
+                                                        const std::set<int>& inputs, bool worker_fast) {
   // A monoid's worker fast path serves re-read plans only: there it replaces a scaled merge per
   // loop iteration by additions. A register-cached worker folds its chunk once, and its fallback
   // over the cached registers would bloat the kernel and force the combine merge across workers
   // (the fast path is per worker), so cached plans keep the chunk graph and the plan's merge.
   bool fast = false;
-  if (plan_.caching == InputCaching::reread)
+  if (worker_fast && plan_.caching == InputCaching::reread)
     for (int red : reductions) fast |= !prog_.reductions()[red].monoid.fast.empty();
   const bool staged = plan_.merge == MergeStrategy::staged && !fast;
   std::vector<std::vector<int>> states;
@@ -821,7 +850,7 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
     for (size_t i = 0; i < reductions.size(); ++i) {
       const Monoid& m = prog_.reductions()[reductions[i]].monoid;
       std::vector<int> regs;
-      if (m.fast.empty()) {
+      if (!fast || m.fast.empty()) {
         for (double id : m.identity) regs.push_back(assign_new(out, "acc", fc(id)));
       } else {
         FastLeaves leaves = fast_leaves(m);
@@ -835,7 +864,7 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
     for (Stmt& s : reread_loop(inputs, [&](std::vector<Stmt>& body, std::vector<Slot*>& slots) {
            for (size_t i = 0; i < reductions.size(); ++i) {
              const RowReduction& rr = prog_.reductions()[reductions[i]];
-             if (!rr.monoid.fast.empty()) {
+             if (!acc[i].empty()) {
                // The worker's first element comes in the first iteration; sums and maxima
                // accumulate by addition and max, one chunk at a time.
                ChunkEvaluator ev(em_, body, rr.monoid, slot_groups(body, slots, rr.inputs));
@@ -868,10 +897,184 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
     for (int red : reductions) monoids.push_back(&prog_.reductions()[red].monoid);
     states = merge_across_workers(out, monoids, std::move(states));
   }
+  return states;
+}
+
+// The program fast path: every worker folds the sums and maxima the level's fast graphs read
+// over its elements (the register cache, or one re-read loop), with `first` the row's element
+// at column 0 (one element shared by the whole program); fold_leaves merges them across the
+// program and every worker evaluates the fast graphs on the totals. Where a program's totals
+// fail their exactness test (huge, tiny or non-finite elements: rare), the exact path runs
+// under a uniform condition and that program takes its states.
+std::vector<std::vector<int>> RowLowering::program_fast_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
+                                                               const std::set<int>& inputs) {
+  out.push_back(comment("program fast path: plain sums and maxima merged across the program"));
+  struct Leaf {
+    size_t reduction;
+    int node;
+    LeafKind kind;
+    int reg;
+  };
+  std::vector<Leaf> leaves;
+  // The row's first element, for the fast graphs' `first` nodes: every worker loads the vector
+  // at column 0 (one address for the whole warp).
+  Slot head;
+  bool any_first = false;
+  for (int red : reductions) any_first |= !fast_leaves(prog_.reductions()[red].monoid).firsts.empty();
+  if (any_first) {
+    head.col = i64(0);
+    load_slot(out, head, inputs, /*cache=*/false);
+  }
+  const int row_count = assign_new(out, "k", cast(real(), r(load_cols_)));
   for (size_t i = 0; i < reductions.size(); ++i) {
     const RowReduction& rr = prog_.reductions()[reductions[i]];
-    for (size_t q = 0; q < rr.results.size(); ++q) row_values_[rr.results[q]] = r(states[i][q]);
+    const Monoid& m = rr.monoid;
+    FastLeaves fl = fast_leaves(m);
+    for (int id : fl.counts) leaves.push_back({i, id, LeafKind::uniform, row_count});
+    for (int id : fl.firsts) {
+      ChunkEvaluator at_head(em_, out, m, slot_groups(out, {&head}, rr.inputs));
+      leaves.push_back({i, id, LeafKind::uniform, em_.materialize(out, at_head.first(m.nodes[id].a), "first")});
+    }
+    for (int id : fl.reductions)
+      leaves.push_back({i, id, m.nodes[id].kind == MonoidNode::Kind::chunk_max ? LeafKind::max : LeafKind::sum, -1});
   }
+  auto set_uniform = [&](ChunkEvaluator& ev, size_t i) {
+    for (const Leaf& l : leaves)
+      if (l.reduction == i && l.kind == LeafKind::uniform) ev.set(l.node, r(l.reg));
+  };
+  if (plan_.caching == InputCaching::registers) {
+    std::vector<Slot*> slots;
+    for (Slot& s : cached_) slots.push_back(&s);
+    for (size_t i = 0; i < reductions.size(); ++i) {
+      const RowReduction& rr = prog_.reductions()[reductions[i]];
+      ChunkEvaluator ev(em_, out, rr.monoid, slot_groups(out, slots, rr.inputs));
+      set_uniform(ev, i);
+      for (Leaf& l : leaves)
+        if (l.reduction == i && l.kind != LeafKind::uniform) l.reg = em_.materialize(out, ev.value(l.node), "fs");
+    }
+  } else {
+    for (Leaf& l : leaves)
+      if (l.kind != LeafKind::uniform) l.reg = assign_new(out, "fs", fc(l.kind == LeafKind::sum ? 0.0 : kNegInf));
+    for (Stmt& s : reread_loop(inputs, [&](std::vector<Stmt>& body, std::vector<Slot*>& slots) {
+           for (size_t i = 0; i < reductions.size(); ++i) {
+             const RowReduction& rr = prog_.reductions()[reductions[i]];
+             ChunkEvaluator ev(em_, body, rr.monoid, slot_groups(body, slots, rr.inputs));
+             set_uniform(ev, i);
+             for (const Leaf& l : leaves)
+               if (l.reduction == i && l.kind != LeafKind::uniform)
+                 body.push_back(assign(l.reg, binary(l.kind == LeafKind::sum ? BinOp::add : BinOp::max, r(l.reg),
+                                                     ev.value(l.node))));
+           }
+         }))
+      out.push_back(std::move(s));
+  }
+  std::vector<std::pair<LeafKind, int>> partials;
+  for (const Leaf& l : leaves) partials.push_back({l.kind, l.reg});
+  // totals[q][leaf] of the programs read: all of the group's under a group barrier, else the
+  // worker's own (then q = 0 is its program).
+  const bool all_programs = merge_scope() == Scope::group;
+  std::vector<std::vector<ExprPtr>> totals = fold_leaves(out, partials, all_programs);
+  const int P = all_programs ? plan_.programs_per_group : 1;
+  // The fast states and exactness of every program read; the worker's own by a select chain.
+  std::vector<std::vector<ExprPtr>> own_state(reductions.size());
+  ExprPtr own_exact, all_exact;
+  for (int q = 0; q < P; ++q) {
+    ExprPtr exact;
+    std::vector<std::vector<ExprPtr>> state(reductions.size());
+    for (size_t i = 0; i < reductions.size(); ++i) {
+      const Monoid& m = prog_.reductions()[reductions[i]].monoid;
+      ChunkEvaluator ev(em_, out, m, {});
+      for (size_t l = 0; l < leaves.size(); ++l)
+        if (leaves[l].reduction == i) ev.set(leaves[l].node, totals[q][l]);
+      for (int id : m.fast) state[i].push_back(ev.value(id));
+      ExprPtr e = ev.value(m.fast_exact);
+      exact = exact ? em_.keep(out, binary(BinOp::and_, exact, e)) : e;
+    }
+    all_exact = all_exact ? em_.keep(out, binary(BinOp::and_, all_exact, exact)) : exact;
+    if (q == 0) {
+      own_state = state, own_exact = exact;
+      continue;
+    }
+    ExprPtr mine = binary(BinOp::eq, special(Special::program_in_group), i32_const(q));
+    for (size_t i = 0; i < reductions.size(); ++i)
+      for (size_t k = 0; k < state[i].size(); ++k)
+        own_state[i][k] = em_.keep(out, select(mine, state[i][k], own_state[i][k]));
+    own_exact = em_.keep(out, select(mine, exact, own_exact));
+  }
+  std::vector<std::vector<int>> regs(reductions.size());
+  for (size_t i = 0; i < reductions.size(); ++i)
+    for (const ExprPtr& v : own_state[i]) regs[i].push_back(assign_new(out, "acc", v));
+  std::vector<Stmt> slow{comment("the fast path is not exact enough here: the exact path")};
+  std::vector<std::vector<int>> exact = exact_states(slow, reductions, inputs, false);
+  for (size_t i = 0; i < reductions.size(); ++i)
+    for (size_t k = 0; k < regs[i].size(); ++k)
+      slow.push_back(assign(regs[i][k], P == 1 ? r(exact[i][k]) : select(own_exact, r(regs[i][k]), r(exact[i][k]))));
+  out.push_back(if_(unary(UnOp::not_, all_exact), std::move(slow)));
+  return regs;
+}
+
+// Merges the program fast path's partials (a sum or max per worker, or a value the same in
+// every worker of a program) across the program: a butterfly over each warp, then lane 0 of
+// every warp stores to its slot and, after one barrier, every worker folds the warps' partials
+// in one fixed order read at uniform indices. Every worker of a program thus gets the same bits
+// (which the verifier sees: a barrier may depend on them). With `all_programs` every worker
+// folds every program of its group (totals[q] for program q; a group barrier orders them),
+// else only its own (totals[0]).
+std::vector<std::vector<ExprPtr>> RowLowering::fold_leaves(std::vector<Stmt>& out,
+                                                           const std::vector<std::pair<LeafKind, int>>& partials,
+                                                           bool all_programs) {
+  const int warps = plan_.workers_per_program / 32, P = plan_.programs_per_group;
+  std::vector<int> mine;
+  for (auto [kind, reg] : partials) {
+    for (int offset = 16; offset >= 1 && kind != LeafKind::uniform; offset /= 2) {
+      int t = em_.temp("t", real());
+      out.push_back(shfl_xor(t, reg, offset, 32));
+      reg = assign_new(out, "m", binary(kind == LeafKind::sum ? BinOp::add : BinOp::max, r(reg), r(t)));
+    }
+    mine.push_back(reg);
+  }
+  std::vector<Stmt> stores;
+  std::vector<int> regions;
+  const ExprPtr slot = binary(BinOp::add, binary(BinOp::mul, special(Special::program_in_group), i32_const(warps)),
+                              special(Special::warp_in_program));
+  // A uniform value is the worker's own where only its own program is read.
+  const bool share_uniform = all_programs && P > 1;
+  for (size_t l = 0; l < mine.size(); ++l) {
+    const int reg = mine[l];
+    if (partials[l].first == LeafKind::uniform && !share_uniform) {
+      regions.push_back(-1);
+      continue;
+    }
+    regions.push_back(int(k_.shared.size()));
+    k_.shared.push_back({"sums" + std::to_string(k_.shared.size()), next_shared_, P * warps, 0});
+    next_shared_ += P * warps;
+    stores.push_back(shared_store(regions.back(), slot, r(reg)));
+  }
+  out.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)), std::move(stores)));
+  out.push_back(barrier(merge_scope()));
+  std::vector<std::vector<ExprPtr>> totals;
+  for (int q = 0; q < (all_programs ? P : 1); ++q) {
+    ExprPtr base = all_programs ? i32_const(q * warps)
+                                : binary(BinOp::mul, special(Special::program_in_group), i32_const(warps));
+    std::vector<ExprPtr> row;
+    for (size_t l = 0; l < partials.size(); ++l) {
+      const LeafKind kind = partials[l].first;
+      if (regions[l] < 0) {
+        row.push_back(r(mine[l]));
+        continue;
+      }
+      std::vector<ExprPtr> parts;
+      for (int w = 0; w < (kind == LeafKind::uniform ? 1 : warps); ++w) {
+        int v = em_.temp("part", real());
+        out.push_back(shared_load(v, regions[l], all_programs ? i32_const(q * warps + w)
+                                                              : binary(BinOp::add, base, i32_const(w))));
+        parts.push_back(r(v));
+      }
+      row.push_back(em_.pairwise(out, parts, kind == LeafKind::max ? BinOp::max : BinOp::add));
+    }
+    totals.push_back(row);
+  }
+  return totals;
 }
 
 // A re-read worker's state from its fast path's accumulators (node -> register), or, where that
@@ -1381,6 +1584,21 @@ LoweredKernel RowLowering::lower_finish() {
 }
 
 }  // namespace
+
+bool program_fast_path(const RowProgram& program, const std::vector<int>& level, const MappingPlan& plan) {
+  const int W = plan.workers_per_program;
+  if (plan.ctas_per_program != 1 || W < 64 || W % 32 != 0) return false;
+  for (int red : level)
+    if (program.reductions()[red].monoid.fast.empty()) return false;
+  return true;
+}
+
+bool reads_row_head(const RowProgram& program, const std::vector<int>& level, const MappingPlan& plan) {
+  if (!program_fast_path(program, level, plan)) return false;
+  for (int red : level)
+    if (!fast_leaves(program.reductions()[red].monoid).firsts.empty()) return true;
+  return false;
+}
 
 std::vector<std::vector<int>> reduction_levels(const RowProgram& program) {
   const auto& reds = program.reductions();

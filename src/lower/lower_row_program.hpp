@@ -8,7 +8,11 @@
 // whole cached slice, or one re-read iteration at a time merged with `combine`), then the
 // states merge up the scope stack — lanes of a warp by shuffles, warps of a program through
 // shared memory and one barrier, the groups of a cluster through distributed shared memory
-// between cluster barriers (lane r reads rank r, a butterfly folds them) — with `combine` again. An output pass stores the row outputs.
+// between cluster barriers (lane r reads rank r, a butterfly folds them) — with `combine` again.
+// Monoids with a fast graph (RMSNorm's, LayerNorm's) take the program fast path where the
+// program spans whole warps of one group: plain sums merged across the program, the fast
+// graph on the totals, and the exact path above only where its exactness test fails.
+// An output pass stores the row outputs.
 // Reductions over the rows fold each program's rows into per-slot partials (registers, or
 // the workspace for re-read plans) that a second kernel, lower_finish, combines in a fixed
 // order: bitwise identical from run to run. Guard programs (rows past the last) run every
@@ -66,5 +70,10 @@ LoweredProgram lower_row_program(const RowProgram& program, const KernelSignatur
 // Reductions over the columns by level: a reduction whose inputs use the result of another
 // comes one level after it. Used by the lowering and the cost model.
 std::vector<std::vector<int>> reduction_levels(const RowProgram& program);
+
+// Whether a level takes the program fast path (see level_pass), and whether that path loads
+// the row's head (the vector at column 0, in every worker) for a fast graph's `first` node.
+bool program_fast_path(const RowProgram& program, const std::vector<int>& level, const MappingPlan& plan);
+bool reads_row_head(const RowProgram& program, const std::vector<int>& level, const MappingPlan& plan);
 
 }  // namespace tile

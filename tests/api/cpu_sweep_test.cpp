@@ -198,6 +198,24 @@ std::vector<PlanRequest> plans_of_every_caching() {
   cached.caching = InputCaching::registers, cached.workers_per_program = 256, cached.vector_elems = 1;
   cached.stripes = 40, cached.private_budget = 64;
   plans.push_back(cached);
+  // The norms' program fast path in a re-read program of two warps.
+  PlanRequest reread;
+  reread.caching = InputCaching::reread, reread.workers_per_program = 64, reread.vector_elems = 1, reread.stripe_unroll = 2;
+  plans.push_back(reread);
+  return plans;
+}
+
+// plans_of_every_caching, and two packed programs of two warps (rows up to 3008) under a group
+// barrier (each worker folds both programs' totals for the fast path's test) and under a
+// program barrier (its own): packed rows of different magnitudes share a group.
+std::vector<PlanRequest> plans_with_packed_programs() {
+  std::vector<PlanRequest> plans = plans_of_every_caching();
+  for (BarrierScope scope : {BarrierScope::group, BarrierScope::program}) {
+    PlanRequest packed;
+    packed.caching = InputCaching::registers, packed.workers_per_program = 64, packed.programs_per_group = 2;
+    packed.vector_elems = 1, packed.stripes = 47, packed.private_budget = 64, packed.barrier_scope = scope;
+    plans.push_back(packed);
+  }
   return plans;
 }
 
@@ -255,7 +273,7 @@ TEST(CpuSemantics, NormsAreRightAtEveryMagnitude) {
   // mixing both: the output is representable, so it must match the oracle.
   std::mt19937_64 rng(17);
   for (DType dt : {DType::f32, DType::bf16}) {
-    const int64_t rows = 6, cols = 3000;
+    const int64_t rows = 6, cols = 3000;  // at most 3008: plans_with_packed_programs
     HostMatrix x(dt, rows, cols, cols), y(DType::f32, rows, cols, cols);
     x.fill_row(rng, 0, RowPattern::huge, 0);
     x.fill_row(rng, 1, RowPattern::magnitudes, 0);
@@ -268,7 +286,7 @@ TEST(CpuSemantics, NormsAreRightAtEveryMagnitude) {
     }
     for (Op op : {Op::rms_norm, Op::layer_norm})
       for (float eps : {0.0f, 1e-5f})
-        for (const PlanRequest& plan : plans_of_every_caching()) {
+        for (const PlanRequest& plan : plans_with_packed_programs()) {
           Call call{op, x.view(), y.view(), {}, {}, eps};
           run(call, {plan, nullptr, Backend::cpu});
           OracleCheck check = check_against_oracle(call, plan_for(call, plan));
@@ -291,7 +309,7 @@ TEST(CpuSemantics, DegenerateNormRowsFollowPyTorch) {
   for (int64_t c = 0; c < cols; ++c) x[cols + c] = 7.5f;
   for (int64_t c = 0; c < cols; ++c) x[2 * cols + c] = float(c);
   x[2 * cols + 10] = inf;
-  for (const PlanRequest& plan : plans_of_every_caching())
+  for (const PlanRequest& plan : plans_with_packed_programs())
     for (float eps : {0.0f, 1e-5f}) {
       Call rms{Op::rms_norm, matrix(x.data(), DType::f32, 3, cols), matrix(y.data(), DType::f32, 3, cols), {}, {}, eps};
       run(rms, {plan, nullptr, Backend::cpu});

@@ -68,12 +68,14 @@ std::vector<std::string> sweep_sources() {
 }
 
 TEST(GeneratedSource, GroupBarriersAreReachedUnconditionally) {
-  int barriers = 0, sources = 0;
+  int barriers = 0, sources = 0, exact_branches = 0;
   for (const std::string& src : sweep_sources()) {
     ++sources;
     // Inside the kernel body, depth 1 is straight-line code; any if/for/else opens depth 2+,
     // except the loop over row blocks of a group (grid_limit), whose trip count is the same for
-    // every thread of the group: a barrier may sit at depth 1 of its body.
+    // every thread of the group: a barrier may sit at depth 1 of its body. The program fast
+    // path's exact branch (its first line says so) tests totals every worker read from shared
+    // memory at the same indices: uniform too, which the IR verifier proves.
     size_t start = src.find("extern \"C\" __global__");
     ASSERT_NE(start, std::string::npos);
     std::istringstream lines(src.substr(start));
@@ -83,6 +85,8 @@ TEST(GeneratedSource, GroupBarriersAreReachedUnconditionally) {
     while (std::getline(lines, line)) {
       ++number;
       std::string code = line.substr(0, line.find("//"));
+      if (line.find("// the fast path is not exact enough here: the exact path") != std::string::npos && !uniform.empty())
+        uniform.back() = true, ++exact_branches;
       if (code.find("__syncthreads()") != std::string::npos || code.find("tile_named_barrier(") != std::string::npos ||
           code.find("tile_cluster_barrier()") != std::string::npos) {
         ++barriers;
@@ -98,6 +102,7 @@ TEST(GeneratedSource, GroupBarriersAreReachedUnconditionally) {
   }
   EXPECT_GT(sources, 50);
   EXPECT_GT(barriers, 50);
+  EXPECT_GT(exact_branches, 10);
 }
 
 TEST(GeneratedSource, NvrtcCompilesEveryKernelOfTheSweepForSm90) {

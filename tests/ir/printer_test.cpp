@@ -18,7 +18,7 @@ TEST(Printer, DumpNamesTheMappingAndEveryNodeKind) {
                       {DType::bf16, DType::f32, DType::f32, DType::f32, DType::f32, DType::f32, DType::f32}};
   Kernel k = lower_row_program(program, sig, plan).main.kernel;
   std::string text = to_string(k);
-  for (const char* part : {"kernel tile_layer_norm_bf16_f32_p2w64", "in bf16* x", "out f32* y", "shared f32 partials0[2] per program",
+  for (const char* part : {"kernel tile_layer_norm_bf16_f32_p2w64", "in bf16* x", "out f32* y", "shared f32 sums0[4] per group at 0", "] per program at ",
                            "shfl_xor(", "barrier.group", "load.raw x[", "unpack_bf16_hi(", "load weight[", "store y[", "aligned(&x["})
     EXPECT_NE(text.find(part), std::string::npos) << part << "\n" << text;
 }

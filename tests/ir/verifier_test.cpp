@@ -193,6 +193,37 @@ TEST(VerifierProof, RejectsShuffleUnderLaneDependentControlFlow) {
   EXPECT_TRUE(mentions(verify(k), "shfl_xor"));
 }
 
+// A value read from shared memory at a uniform index is uniform only as far as the region is
+// shared: a packed program's own slice differs from program to program, a group-wide region
+// (program stride 0) does not. A barrier may depend on the second only.
+TEST(VerifierProof, RejectsAGroupBarrierUnderAValueOfOneProgramsSlice) {
+  Kernel k = row_sum(Scope::group, false, false, 2);
+  const int total = 3;  // row_sum's register read from the program's own slice
+  ASSERT_EQ(k.regs[total].name, "total");
+  k.body.push_back(if_(binary(BinOp::lt, f32_const(0), reg(total, Type::f32)), {barrier(Scope::group)}));
+  EXPECT_TRUE(mentions(verify(k), "group barrier under control flow that is not uniform"));
+}
+
+TEST(VerifierProof, AcceptsAGroupBarrierUnderAGroupWideSharedValue) {
+  Kernel k = row_sum(Scope::group, false, false, 2);
+  k.shared.push_back({"sums", 4, 4, 0});  // after partials' two slices: [4, 8) for the group
+  const int v = 1, all = k.add_reg("all", Type::f32), part = k.add_reg("part", Type::f32);
+  ASSERT_EQ(k.regs[v].name, "v");
+  ExprPtr slot = binary(BinOp::add, binary(BinOp::mul, special(Special::program_in_group), i32_const(2)),
+                        special(Special::warp_in_program));
+  k.body.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)), {shared_store(1, slot, reg(v, Type::f32))}));
+  k.body.push_back(barrier(Scope::group));
+  k.body.push_back(shared_load(all, 1, i32_const(0)));
+  for (int i = 1; i < 4; ++i) {
+    k.body.push_back(shared_load(part, 1, i32_const(i)));
+    k.body.push_back(assign(all, binary(BinOp::add, reg(all, Type::f32), reg(part, Type::f32))));
+  }
+  k.body.push_back(if_(binary(BinOp::lt, f32_const(0), reg(all, Type::f32)), {barrier(Scope::group)}));
+  EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
+  std::vector<float> y;
+  EXPECT_NO_THROW(execute_rows(k, 4, y));
+}
+
 TEST(VerifierProof, RejectsSharedIndexOutsideItsRegion) {
   Kernel k = row_sum(Scope::group, false, false, 2);
   k.body.push_back(shared_store(0, special(Special::lane), f32_const(0)));
