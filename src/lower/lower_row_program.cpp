@@ -975,32 +975,38 @@ std::vector<std::vector<int>> RowLowering::program_fast_states(std::vector<Stmt>
   const bool all_programs = merge_scope() == Scope::group;
   std::vector<std::vector<ExprPtr>> totals = fold_leaves(out, partials, all_programs);
   const int P = all_programs ? plan_.programs_per_group : 1;
-  // The fast states and exactness of every program read; the worker's own by a select chain.
-  std::vector<std::vector<ExprPtr>> own_state(reductions.size());
-  ExprPtr own_exact, all_exact;
-  for (int q = 0; q < P; ++q) {
+  // Every program's exactness test; the worker's own totals by a select chain over the
+  // programs read, and its fast state from them (the state's exponents and scalings once, not
+  // once a program).
+  auto evaluate = [&](const std::vector<ExprPtr>& sums, std::vector<std::vector<ExprPtr>>* state) {
     ExprPtr exact;
-    std::vector<std::vector<ExprPtr>> state(reductions.size());
     for (size_t i = 0; i < reductions.size(); ++i) {
       const Monoid& m = prog_.reductions()[reductions[i]].monoid;
       ChunkEvaluator ev(em_, out, m, {});
       for (size_t l = 0; l < leaves.size(); ++l)
-        if (leaves[l].reduction == i) ev.set(leaves[l].node, totals[q][l]);
-      for (int id : m.fast) state[i].push_back(ev.value(id));
+        if (leaves[l].reduction == i) ev.set(leaves[l].node, sums[l]);
+      if (state)
+        for (int id : m.fast) (*state)[i].push_back(ev.value(id));
       ExprPtr e = ev.value(m.fast_exact);
       exact = exact ? em_.keep(out, binary(BinOp::and_, exact, e)) : e;
     }
+    return exact;
+  };
+  std::vector<ExprPtr> own_sums = totals[0];
+  ExprPtr own_exact, all_exact;
+  for (int q = 0; q < P; ++q) {
+    ExprPtr exact = evaluate(totals[q], nullptr);
     all_exact = all_exact ? em_.keep(out, binary(BinOp::and_, all_exact, exact)) : exact;
     if (q == 0) {
-      own_state = state, own_exact = exact;
+      own_exact = exact;
       continue;
     }
     ExprPtr mine = binary(BinOp::eq, special(Special::program_in_group), i32_const(q));
-    for (size_t i = 0; i < reductions.size(); ++i)
-      for (size_t k = 0; k < state[i].size(); ++k)
-        own_state[i][k] = em_.keep(out, select(mine, state[i][k], own_state[i][k]));
+    for (size_t l = 0; l < leaves.size(); ++l) own_sums[l] = em_.keep(out, select(mine, totals[q][l], own_sums[l]));
     own_exact = em_.keep(out, select(mine, exact, own_exact));
   }
+  std::vector<std::vector<ExprPtr>> own_state(reductions.size());
+  evaluate(own_sums, &own_state);
   std::vector<std::vector<int>> regs(reductions.size());
   for (size_t i = 0; i < reductions.size(); ++i)
     for (const ExprPtr& v : own_state[i]) regs[i].push_back(assign_new(out, "acc", v));
