@@ -21,12 +21,13 @@ the row's input is 16 KiB or more, re-reading with 256, 512 or 1024 workers and 
 than the policy's (re-reading at its width, or register caching with a budget of 128 scalars,
 the width and a cluster left to the policy); where it is more than 32 KiB (the
 policy re-reads) and the program has no reduction over the rows, rows split over a cluster of
-2, 4, 8 or 16 groups of 256, 512 or 1024 workers caching the row (where every worker has a
-vector); where the program reduces over the rows (dweight, dbias; cross-entropy's summed
-losses, absent here), half, twice and four times the policy's grid limit, the groups that
-loop over the rows (where it changes the grid), and where the call has a second phase (a
-workspace of partials), 128, 512 or 1024 workers folding the partials. Candidates are resolved with tile.builtin(name).plan() and
-deduplicated; a request the validation refuses is recorded as rejected with its message.
+2, 4, 8 or 16 groups of 256, 512 or 1024 workers caching the row (where at most half the
+workers of a stripe have no vector); where the program reduces over the rows (dweight, dbias;
+cross-entropy's summed losses, absent here), half, twice and four times the policy's grid
+limit, the groups that loop over the rows (where it changes the grid), and where the call has a
+second phase (a workspace of partials), 128, 512 or 1024 workers folding the partials.
+Candidates are resolved with tile.builtin(name).plan() and deduplicated; a request the
+validation refuses is recorded as rejected with its message.
 Every plan is run with its outputs poisoned (NaN; the logits restored before a cross-entropy
 call) and checked against train_sweep's float64 references on the GPU (its bound, the forward
 sweep's plus the rounding of results computed by cancellation) before it is timed; a time is
@@ -188,7 +189,7 @@ def candidates(n, rows, policy, row_bytes, second_phase):
     if vectors <= 32:
         out += [{"workers_per_program": w, "programs_per_group": p} for w in (4, 8, 16, 32) for p in (8, 16, 32)
                 if w <= vectors and w * p <= 1024]
-    if 2 * n * row_bytes >= REGISTER_ROW_BYTES:
+    if n * row_bytes >= REGISTER_ROW_BYTES // 2:  # rows near the register bound get both cachings
         out += [{"workers_per_program": w, "caching": "reread", "stripe_unroll": u} for w in (256, 512, 1024)
                 for u in (2, 4)]
         out.append({"workers_per_program": 1024, "caching": "registers", "private_budget": 128})
