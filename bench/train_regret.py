@@ -225,7 +225,9 @@ def dry_family(op, dtype, n, rows):
     """family() on the CPU: numpy arrays (empty_case), no GPU."""
     import tile
     c = empty_case(op, dtype, n, rows)
-    return family(op, tile.builtin(op), operands(op, c, new_outputs(op, c)), rows, n)
+    entries = family(op, tile.builtin(op), operands(op, c, new_outputs(op, c)), rows, n)
+    tile.clear_kernel_caches()  # each plan resolved was lowered: hundreds of MiB over a whole run
+    return entries
 
 
 # --------------------------------------------------------------------------------------------
