@@ -208,7 +208,7 @@ def candidates(n, rows, policy, row_bytes, second_phase):
     return out
 
 
-def family(op, program, ops, rows, n):
+def family(program, ops, rows, n):
     """The candidates of one call resolved with program.plan() (regret.resolve: deduplicated,
     refusals recorded); only the policy's, rejected, when the policy's plan cannot be resolved."""
     def plan_of(request):
@@ -225,7 +225,7 @@ def dry_family(op, dtype, n, rows):
     """family() on the CPU: numpy arrays (empty_case), no GPU."""
     import tile
     c = empty_case(op, dtype, n, rows)
-    entries = family(op, tile.builtin(op), operands(op, c, new_outputs(op, c)), rows, n)
+    entries = family(tile.builtin(op), operands(op, c, new_outputs(op, c)), rows, n)
     tile.clear_kernel_caches()  # each plan resolved was lowered: hundreds of MiB over a whole run
     return entries
 
@@ -249,7 +249,7 @@ def run_point(op, dtype, n, args, gen):
     names = train_sweep.OUTPUTS[case_op]
     program = tile.builtin(op)
     ops = operands(op, c, o)
-    entries = family(op, program, ops, rows, n)
+    entries = family(program, ops, rows, n)
 
     def reset():
         for name in names:

@@ -96,7 +96,7 @@ def test_refused_candidates_are_recorded_not_raised():
     # A call whose policy cannot be resolved: only the policy's request, rejected.
     x = np.zeros((4, 7), np.float32)
     c = {"y": x, "dy": np.zeros((4, 8), np.float32), "dx": np.zeros((4, 7), np.float32)}
-    out = train_regret.family("softmax_backward", tile.builtin("softmax_backward"), c, 4, 7)
+    out = train_regret.family(tile.builtin("softmax_backward"), c, 4, 7)
     assert len(out) == 1 and out[0]["request"] is None and "softmax_backward" in out[0]["rejected"]
     assert "error" in regret.conclude({"candidates": out})
 
@@ -162,7 +162,7 @@ def test_bf16_resolves_like_its_float16_stand_in():
             setattr(c, name, torch.zeros(a.shape, dtype=torch.bfloat16 if a.dtype == np.float16 else
                                          getattr(torch, a.dtype.name)))
         program = tile.builtin(op)
-        real = train_regret.family(op, program, train_regret.operands(op, c, train_regret.new_outputs(op, c)), rows, n)
+        real = train_regret.family(program, train_regret.operands(op, c, train_regret.new_outputs(op, c)), rows, n)
         assert [(e["request"], e.get("plan")) for e in real] == [(e["request"], e.get("plan")) for e in stand_in]
 
 
