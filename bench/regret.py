@@ -31,13 +31,9 @@ import platform
 import sys
 from pathlib import Path
 
-import torch
-
+# torch, tile and the sweep's helpers are imported by main(): the helpers below, which
+# bench/train_regret.py shares, need neither torch nor a GPU.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import peers  # noqa: E402
-import sweep  # noqa: E402
-
-import tile  # noqa: E402
 
 
 def candidates(n, element_bytes):
@@ -67,7 +63,98 @@ def candidates(n, element_bytes):
     return out
 
 
+def fixed_plan(plan):
+    """The resolved plan, every field fixed (width_mode, exact or automatic, follows from a fixed
+    width and does not change the kernel)."""
+    return {k: v for k, v in plan.items() if k != "width_mode"}
+
+
+def resolve(requests, plan_of):
+    """Each request resolved by plan_of(request) -> plan dict, in order: {"request", "plan"} for
+    the first request of each distinct plan (width_mode aside), {"request", "rejected"} for one
+    the call cannot take (the validation's message names the field); a request resolving to a
+    plan listed already is dropped."""
+    seen, out = set(), []
+    for request in requests:
+        try:
+            plan = plan_of(request)
+        except Exception as e:  # a candidate the call cannot take (validation names the field)
+            out.append({"request": request, "rejected": f"{type(e).__name__}: {e}"})
+            continue
+        key = json.dumps(fixed_plan(plan), sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append({"request": request, "plan": plan})
+    return out
+
+
+def measure(entries, check, time):
+    """Every resolved entry is checked (check(fixed plan) -> the oracle's verdict, a dict with
+    "passed") and, only if it passed, timed (time(fixed plan) -> ms), in order."""
+    for entry in entries:
+        if "plan" not in entry:
+            continue
+        fixed = fixed_plan(entry["plan"])
+        entry["oracle"] = check(fixed)
+        if entry["oracle"]["passed"]:
+            entry["ms"] = time(fixed)
+
+
+def conclude(case):
+    """Adds to a case (its "candidates" measured) the policy's and the fastest time and plan and
+    the regret, or an error when the policy's plan has no time."""
+    timed = case["candidates"]
+    ok = [t for t in timed if "ms" in t]
+    policy = next((t for t in timed if t.get("request") is None), None)
+    best = min(ok, key=lambda t: t["ms"]) if ok else None
+    if policy and "ms" in policy and best:
+        case.update(policy_ms=policy["ms"], best_ms=best["ms"], best_plan=best["plan"],
+                    policy_plan=policy["plan"], regret=policy["ms"] / best["ms"] - 1)
+    else:
+        case["error"] = "the policy's plan failed the oracle or nothing was timed"
+    return case
+
+
+def geomean_regret(regrets):
+    """The geometric mean of 1 + regret, less 1; None for no regrets."""
+    return math.exp(sum(math.log1p(r) for r in regrets) / len(regrets)) - 1 if regrets else None
+
+
+def summary(cases):
+    regrets = [c["regret"] for c in cases if "regret" in c]
+    return {"cases": len(cases), "with_regret": len(regrets), "geomean_regret": geomean_regret(regrets),
+            "worst_regret": max(regrets) if regrets else None}
+
+
+def document(args, method, cases, extra=None):
+    """The tile-regret/1 document of a run (GPU, versions, method, config, summary, cases);
+    extra: further top-level fields, before the summary."""
+    import torch
+
+    import tile
+    return {"schema": "tile-regret/1", "created": dt.datetime.now(dt.timezone.utc).isoformat(),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
+            "tile": tile.build_info(), "method": method.strip(), "config": vars(args) | {"out": str(args.out)},
+            **(extra or {}), "summary": summary(cases), "cases": cases}
+
+
+def write(path, doc):
+    """Writes the document, replacing the file atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    os.replace(tmp, path)
+
+
 def main(argv):
+    import torch
+
+    import peers
+    import sweep
+
+    import tile
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", nargs="+", default=sweep.OPS, choices=sweep.OPS)
     ap.add_argument("--dtypes", nargs="+", default=list(sweep.DTYPES), choices=list(sweep.DTYPES))
@@ -93,59 +180,32 @@ def main(argv):
                 eps = peers.EPS.get(op, 0.0)
                 kw = sweep.tile_kwargs(op, out, w, b, eps)
                 ref = sweep.reference(op, x, w, b, eps)
-                plans, timed = {}, []
-                for request in candidates(n, es):
-                    try:
-                        plan = tile.plan(op, x, plan=request, **{k: v for k, v in kw.items() if k != "eps"})
-                    except Exception as e:  # a candidate the call cannot take (validation names the field)
-                        timed.append({"request": request, "rejected": f"{type(e).__name__}: {e}"})
-                        continue
-                    # width_mode (exact or automatic) does not change the kernel
-                    key = json.dumps({k: v for k, v in plan.items() if k != "width_mode"}, sort_keys=True)
-                    if key in plans:
-                        continue
-                    plans[key] = request
-                    entry = {"request": request, "plan": plan}
-                    # The resolved plan, every field fixed (width_mode follows from a fixed width).
-                    fixed = {k: v for k, v in plan.items() if k != "width_mode"}
+                no_eps = {k: v for k, v in kw.items() if k != "eps"}
+                timed = resolve(candidates(n, es), lambda request: tile.plan(op, x, plan=request, **no_eps))
+
+                def check(fixed):
                     out.fill_(float("nan"))
                     tile.run(op, x, plan=fixed, **kw)
                     torch.cuda.synchronize()
-                    entry["oracle"] = sweep.check(out, ref, dtype)
-                    if entry["oracle"]["passed"]:
-                        entry["ms"], _ = sweep.time_ms(lambda: tile.run(op, x, plan=fixed, **kw), args.batch_ms,
-                                                       args.batches)
-                    timed.append(entry)
+                    return sweep.check(out, ref, dtype)
+
+                def time(fixed):
+                    return sweep.time_ms(lambda: tile.run(op, x, plan=fixed, **kw), args.batch_ms, args.batches)[0]
+
+                measure(timed, check, time)
                 del ref
-                ok = [t for t in timed if "ms" in t]
-                policy = next((t for t in timed if t.get("request") is None), None)
-                best = min(ok, key=lambda t: t["ms"]) if ok else None
-                case = {"op": op, "dtype": dtype, "n": n, "rows": rows, "candidates": timed}
-                if policy and "ms" in policy and best:
-                    case.update(policy_ms=policy["ms"], best_ms=best["ms"], best_plan=best["plan"],
-                                policy_plan=policy["plan"], regret=policy["ms"] / best["ms"] - 1)
-                else:
-                    case["error"] = "the policy's plan failed the oracle or nothing was timed"
+                case = conclude({"op": op, "dtype": dtype, "n": n, "rows": rows, "candidates": timed})
                 cases.append(case)
-                print(f"[{done}/{total}] {op} {dtype} N={n}: {len(ok)} plans; regret "
+                print(f"[{done}/{total}] {op} {dtype} N={n}: {sum('ms' in t for t in timed)} plans; regret "
                       f"{100 * case.get('regret', float('nan')):.1f}%", flush=True)
             del x, w, b, out
             torch.cuda.empty_cache()
 
-    regrets = [c["regret"] for c in cases if "regret" in c]
-    summary = {"cases": len(cases), "with_regret": len(regrets),
-               "geomean_regret": math.exp(sum(math.log1p(r) for r in regrets) / len(regrets)) - 1 if regrets else None,
-               "worst_regret": max(regrets) if regrets else None}
-    doc = {"schema": "tile-regret/1", "created": dt.datetime.now(dt.timezone.utc).isoformat(),
-           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
-           "tile": tile.build_info(), "method": __doc__.strip(), "config": vars(args) | {"out": str(args.out)},
-           "summary": summary, "cases": cases}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    os.replace(tmp, args.out)
-    print(f"regret: geometric mean {100 * (summary['geomean_regret'] or 0):.1f}%, worst "
-          f"{100 * (summary['worst_regret'] or 0):.1f}% over {len(regrets)} cases; wrote {args.out}")
+    doc = document(args, __doc__, cases)
+    write(args.out, doc)
+    summary_ = doc["summary"]
+    print(f"regret: geometric mean {100 * (summary_['geomean_regret'] or 0):.1f}%, worst "
+          f"{100 * (summary_['worst_regret'] or 0):.1f}% over {summary_['with_regret']} cases; wrote {args.out}")
 
 
 if __name__ == "__main__":

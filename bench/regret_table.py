@@ -9,31 +9,54 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot_sweep import plan_text as sweep_plan_text  # noqa: E402
+from regret import geomean_regret  # noqa: E402
 
 
 def plan_text(p):
-    # The sweep tables' compact plan, plus the unroll that tells re-read plans apart.
-    return sweep_plan_text(p) + (f" u{p['stripe_unroll']}" if p["caching"] == "reread" else "")
+    # The sweep tables' compact plan, plus the unroll that tells re-read plans apart, a cluster's
+    # groups, and for a reduction over the rows (bench/train_regret.py) its grid limit and
+    # second-phase workers.
+    return (sweep_plan_text(p) + (f" u{p['stripe_unroll']}" if p["caching"] == "reread" else "") +
+            (f" c{p['ctas_per_program']}" if p.get("ctas_per_program", 1) > 1 else "") +
+            (f" g{p['grid_limit']} f{p['finish_workers']}" if p.get("grid_limit") else ""))
 
 
-def render(doc, source):
+def op_summary(cases):
+    """A table of the geometric mean and the worst regret of each operator, and over all."""
+    lines = ["| operator | cases | geometric mean % | worst % | worst at |", "| --- | ---: | ---: | ---: | --- |"]
+    groups = [(op, [c for c in cases if c["op"] == op]) for op in dict.fromkeys(c["op"] for c in cases)]
+    for name, group in groups + [("**all**", cases)]:
+        with_regret = [c for c in group if "regret" in c]
+        if not with_regret:
+            lines.append(f"| {name} | 0 of {len(group)} | — | — | |")
+            continue
+        geo = geomean_regret([c["regret"] for c in with_regret])
+        worst = max(with_regret, key=lambda c: c["regret"])
+        where = (f"{worst['op']} " if name == "**all**" else "") + f"{worst['dtype']} N={worst['n']}"
+        lines.append(f"| {name} | {len(with_regret)} of {len(group)} | {100 * geo:.1f} | {100 * worst['regret']:.1f} "
+                     f"| {where} |")
+    return lines
+
+
+def render(doc, source, by_op=False):
+    """The tables; by_op: first a summary of each operator (op_summary)."""
     cases = doc["cases"]
     ops = list(dict.fromkeys(c["op"] for c in cases))
-    ns = sorted({c["n"] for c in cases})
     lines = [f"Regret of the analytic policy (source `{source}`; GPU {doc['gpu']}; created {doc['created']}).",
              "",
              "Regret = the policy's time / the fastest candidate's time − 1, in percent; `—`: no number "
              "(the policy's plan failed the oracle or nothing was timed). Candidates per case in brackets.",
              ""]
+    if by_op:
+        lines += op_summary(cases) + [""]
     for dtype in dict.fromkeys(c["dtype"] for c in cases):
         lines += [f"**{dtype}**", "", "| N | " + " | ".join(ops) + " |", "| ---: |" + " ---: |" * len(ops)]
-        for n in ns:
+        for n in sorted({c["n"] for c in cases if c["dtype"] == dtype}):  # cross-entropy: bf16 vocabularies
             cells = []
             for op in ops:
                 c = next((c for c in cases if c["op"] == op and c["dtype"] == dtype and c["n"] == n), None)
@@ -45,7 +68,7 @@ def render(doc, source):
             lines.append(f"| {n} | " + " | ".join(cells) + " |")
         lines.append("")
     regrets = [c["regret"] for c in cases if "regret" in c]
-    geo = math.exp(sum(math.log1p(r) for r in regrets) / len(regrets)) - 1 if regrets else float("nan")
+    geo = geomean_regret(regrets) if regrets else float("nan")
     worst = sorted((c for c in cases if "regret" in c), key=lambda c: -c["regret"])
     lines += [f"- Geometric mean regret over {len(regrets)} of {len(cases)} cases: **{100 * geo:.1f} %**",
               f"- Cases with regret above 5 %: {sum(r > 0.05 for r in regrets)}; above 10 %: "

@@ -62,7 +62,9 @@ BYTES = {
 }
 OUTPUTS = {"softmax_backward": ["dx"], "rms_norm_backward": ["dx", "dweight"],
            "layer_norm_backward": ["dx", "dweight", "dbias"], "fused_add_rms_norm": ["y", "residual_out"],
-           "cross_entropy_fwd_bwd": ["loss", "dlogits"]}
+           "cross_entropy_fwd_bwd": ["loss", "dlogits"],
+           # Cases without peers, for bench/train_regret.py: make_case and references cover them too.
+           "log_softmax_backward": ["dx"], "fused_add_rms_norm_backward": ["dx", "dresidual", "dweight"]}
 # The oracle's bound adds MAG_RTOL x the output's formula over absolute values: one rounding of
 # every term to the dtype (bf16: 2^-8, the unit roundoff); for f32, the sums' float32 rounding.
 MAG_RTOL = {"bf16": 2.0**-8, "f32": 2e-5}
@@ -177,8 +179,9 @@ def _pos(v):
 
 def make_case(op, dtype, n, rows, gen):
     """The inputs of one point: x, dy, residual ~ N(0, 1), weight 1 + 0.5 N(0, 1), bias 0.5 N(0, 1),
-    y = softmax(N(0, 1)) rounded to the dtype, rstd and mean of x in float32, logits N(0, 4),
-    targets uniform."""
+    y = softmax(N(0, 1)) (log_softmax for log_softmax_backward) rounded to the dtype, rstd and
+    mean of x in float32, logits N(0, 4), targets uniform; fused_add_rms_norm_backward: x is the
+    forward's residual_out, and dresidual_out ~ N(0, 1)."""
     import torch
     tdt = {"bf16": torch.bfloat16, "f32": torch.float32}[dtype]
 
@@ -191,8 +194,8 @@ def make_case(op, dtype, n, rows, gen):
         c.target = torch.randint(0, n, (rows,), device=DEVICE, generator=gen)
         return c
     c.x = randn(rows, n)
-    if op == "softmax_backward":
-        c.y = torch.softmax(c.x.float(), -1).to(tdt)
+    if op in ("softmax_backward", "log_softmax_backward"):
+        c.y = (torch.softmax if op == "softmax_backward" else torch.log_softmax)(c.x.float(), -1).to(tdt)
         c.dy = randn(rows, n)
         del c.x
         return c
@@ -202,8 +205,10 @@ def make_case(op, dtype, n, rows, gen):
         return c
     c.dy = randn(rows, n)
     x64 = c.x.double()
-    if op == "rms_norm_backward":
+    if op in ("rms_norm_backward", "fused_add_rms_norm_backward"):
         c.rstd = torch.rsqrt(x64.pow(2).mean(-1) + 1e-6).float()
+        if op == "fused_add_rms_norm_backward":
+            c.dresidual_out = randn(rows, n)
     else:
         c.bias = randn(n, scale=0.5)
         c.mean = x64.mean(-1).float()
@@ -219,6 +224,9 @@ def references(op, c):
         y, dy = c.y.double(), c.dy.double()
         s = (y * dy).sum(-1, keepdim=True)
         return [(y * (dy - s), y.abs() * (dy.abs() + (y * dy).abs().sum(-1, keepdim=True)))]
+    if op == "log_softmax_backward":
+        p, dy = c.y.double().exp(), c.dy.double()
+        return [(dy - p * dy.sum(-1, keepdim=True), dy.abs() + p * dy.abs().sum(-1, keepdim=True))]
     if op == "cross_entropy_fwd_bwd":
         z = c.logits.double()
         lse = torch.logsumexp(z, -1)
@@ -237,11 +245,17 @@ def references(op, c):
         return [(h * rstd * w, (x.abs() + r.abs()) * rstd * w.abs()), (h, x.abs() + r.abs())]
     dy, rstd = c.dy.double(), c.rstd.double()[:, None]
     g = dy * w
-    if op == "rms_norm_backward":
+    if op in ("rms_norm_backward", "fused_add_rms_norm_backward"):
         xhat, axhat = x * rstd, x.abs() * rstd
         dx = rstd * (g - xhat * (g * xhat).sum(-1, keepdim=True) / n)
         mdx = rstd * (g.abs() + axhat * (g * xhat).abs().sum(-1, keepdim=True) / n)
-        return [(dx, mdx), ((dy * xhat).sum(0), (dy.abs() * axhat).sum(0))]
+        dweight = ((dy * xhat).sum(0), (dy.abs() * axhat).sum(0))
+        if op == "rms_norm_backward":
+            return [(dx, mdx), dweight]
+        # dx and dresidual are both rms_norm_backward's dx + dresidual_out, in their dtypes.
+        dr = c.dresidual_out.double()
+        dh = (dx + dr, mdx + dr.abs())
+        return [dh, dh, dweight]
     mean = c.mean.double()[:, None]
     xhat, axhat = (x - mean) * rstd, (x.abs() + mean.abs()) * rstd
     dx = rstd * (g - (g.sum(-1, keepdim=True) + xhat * (g * xhat).sum(-1, keepdim=True)) / n)

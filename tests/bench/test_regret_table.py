@@ -47,3 +47,22 @@ def test_wrong_schema_is_refused(tmp_path):
     out = run(tmp_path, {"schema": "tile-sweep/1", "points": []})
     assert out.returncode == 2
     assert "expected 'tile-regret/1'" in out.stderr
+
+
+def test_summary_per_operator_and_the_plans_of_training_calls():
+    sys.path.insert(0, str(SCRIPT.parent))
+    import regret_table
+    cases = [case("softmax_backward", 4096, 1.0, 1.0), case("softmax_backward", 65536, 1.21, 1.0),
+             case("rms_norm_backward", 4096, 1.5, 1.0), case("rms_norm_backward", 65536, 1.0, 1.0)]
+    del cases[3]["regret"]  # the policy's plan failed the oracle: no number
+    text = regret_table.render({"gpu": "test", "created": "now", "cases": cases}, "x.json", by_op=True)
+    assert f"| softmax_backward | 2 of 2 | {100 * (math.sqrt(1.21) - 1):.1f} | 21.0 | f32 N=65536 |" in text
+    assert "| rms_norm_backward | 1 of 2 | 50.0 | 50.0 | f32 N=4096 |" in text
+    geo = math.exp((math.log(1.21) + math.log(1.5)) / 3) - 1
+    assert f"| **all** | 3 of 4 | {100 * geo:.1f} | 50.0 | rms_norm_backward f32 N=4096 |" in text
+    assert "| operator |" not in regret_table.render({"gpu": "test", "created": "now", "cases": cases}, "x.json")
+    # A cluster's groups, and a reduction over the rows' grid limit and second-phase workers.
+    p = dict(plan(512), ctas_per_program=4, grid_limit=0, finish_workers=256)
+    assert regret_table.plan_text(p) == "w512 p1 v4 s4 registers c4"
+    p = dict(plan(256, "reread"), ctas_per_program=1, grid_limit=264, finish_workers=128, stripe_unroll=4)
+    assert regret_table.plan_text(p) == "w256 p1 v4 s4 reread u4 g264 f128"

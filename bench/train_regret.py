@@ -1,0 +1,386 @@
+#!/usr/bin/env python3
+"""The analytic policy's regret for the training operators: its plan timed against a family of
+plans around it, as bench/regret.py does for the forward operators.
+
+Operators (Tile's programs, tile.builtin(name)): softmax_backward, log_softmax_backward,
+rms_norm_backward, layer_norm_backward, fused_add_rms_norm (the forward),
+fused_add_rms_norm_backward and cross_entropy_fused (the per-row loss, reduction "none", and the
+gradient of their sum written over the logits). Shapes and inputs are bench/train_sweep.py's:
+for each dtype and N the rows hold about --input-mib MiB in one rows x N input; cross-entropy
+has --ce-rows rows of bf16 logits for each vocabulary size N; the inputs come from
+train_sweep.make_case with the same seed per point.
+
+Each call passes the operands the public function (tile.rms_norm_backward, ...) passes to its
+program, every output given. Candidates are plan requests that fix some fields and let the
+policy fill the rest (with V the policy's vector width and the row's input bytes those of
+every row input): the policy's plan; widths giving 1, 2, 4, 8 or 16 stripes (rounded up to
+whole warps, at most 1024), and for widths of at most 256 workers 2, 4, 8 or 16 programs a
+group; sub-warp programs of 4-32 workers, 8-32 a group, for rows of at most 32 vectors; where
+the row's input is 16 KiB or more, re-reading with 256, 512 or 1024 workers and an unroll of
+2 or 4, and register caching with 1024 workers and a budget of 128 scalars; the other caching
+than the policy's (re-reading at its width, or register caching with a budget of 128 scalars,
+the width and a cluster left to the policy); where it is more than 32 KiB (the
+policy re-reads) and the program has no reduction over the rows, rows split over a cluster of
+2, 4, 8 or 16 groups of 256, 512 or 1024 workers caching the row (where at most half the
+workers of a stripe have no vector); where the program reduces over the rows (dweight, dbias;
+cross-entropy's summed losses, absent here), half, twice and four times the policy's grid
+limit, the groups that loop over the rows (where it changes the grid), and where the call has a
+second phase (a workspace of partials), 128, 512 or 1024 workers folding the partials.
+Candidates are resolved with tile.builtin(name).plan() and deduplicated; a request the
+validation refuses is recorded as rejected with its message.
+Every plan is run with its outputs poisoned (NaN; the logits restored before a cross-entropy
+call) and checked against train_sweep's float64 references on the GPU (its bound, the forward
+sweep's plus the rounding of results computed by cancellation) before it is timed; a time is
+the median of --batches CUDA-event-timed batches of back-to-back calls of about --batch-ms
+each. Regret = the policy's time / the fastest candidate's time - 1.
+
+    python bench/train_regret.py --out /tmp/train-regret.json --markdown /tmp/train-regret.md
+    python bench/train_regret.py --list-candidates --ops rms_norm_backward --ns 4096   # no GPU
+
+A run past --deadline-s stops before its next point (the file says complete: false); the same
+command with --resume adds the missing points. --list-candidates resolves every point's family
+on the CPU with numpy arrays (float16 standing in for bfloat16: the policy and the validation
+read element sizes only) and prints it; nothing runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import types
+import zlib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import regret  # noqa: E402
+import train_sweep  # noqa: E402
+
+OPS = ["softmax_backward", "log_softmax_backward", "rms_norm_backward", "layer_norm_backward", "fused_add_rms_norm",
+       "fused_add_rms_norm_backward", "cross_entropy_fused"]
+# train_sweep's name of each operator's inputs, references and outputs.
+CASE = {op: op for op in OPS} | {"cross_entropy_fused": "cross_entropy_fwd_bwd"}
+EPS = 1e-6  # fused_add_rms_norm's, as train_sweep's callers pass it
+KIND = "training"
+
+# Each case's inputs as train_sweep.make_case makes them: (rows, N) in the dtype, (N,) in the
+# dtype, float32 per row, int64 per row. The dry run allocates these; a GPU run checks make_case
+# against them.
+ROW, COL, STAT, TARGET = "row", "col", "stat", "target"
+INPUTS = {
+    "softmax_backward": {"y": ROW, "dy": ROW},
+    "log_softmax_backward": {"y": ROW, "dy": ROW},
+    "rms_norm_backward": {"x": ROW, "weight": COL, "dy": ROW, "rstd": STAT},
+    "layer_norm_backward": {"x": ROW, "weight": COL, "dy": ROW, "bias": COL, "mean": STAT, "rstd": STAT},
+    "fused_add_rms_norm": {"x": ROW, "weight": COL, "residual": ROW},
+    "fused_add_rms_norm_backward": {"x": ROW, "weight": COL, "dy": ROW, "rstd": STAT, "dresidual_out": ROW},
+    "cross_entropy_fwd_bwd": {"logits": ROW, "target": TARGET},
+}
+# The input each output is allocated like (its shape, dtype and device), as the public function
+# allocates it; None: float32, one per row. dlogits is written over a copy of the logits.
+LIKE = {"dx": "dy", "dweight": "weight", "dbias": "bias", "y": "x", "residual_out": "residual", "dresidual": "x",
+        "loss": None, "dlogits": "logits"}
+REGISTER_ROW_BYTES = 32 * 1024  # the policy's longest row cached in registers (src/plan/policy.cpp)
+
+
+def planned(args):
+    """The (op, dtype, n) points of this run, in run order (train_sweep.planned's)."""
+    pts = []
+    for op in args.ops:
+        if op == "cross_entropy_fused":
+            pts += [(op, "bf16", v) for v in args.vocabs]
+        else:
+            pts += [(op, d, n) for d in args.dtypes for n in args.ns]
+    return pts
+
+
+def rows_for(op, dtype, n, args):
+    return train_sweep.rows_for(CASE[op], dtype, n, args.input_mib, args.ce_rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Operands and candidates: numpy arrays on the CPU (the dry run) or torch tensors on the GPU.
+
+
+def _zeros(shape, dtype):
+    import numpy as np
+    # calloc'ed: a page is allocated only when written, and plan resolution writes none.
+    return np.zeros(shape, {"bf16": np.float16, "f32": np.float32, "i64": np.int64}[dtype])
+
+
+def empty_case(op, dtype, n, rows):
+    """The inputs of a point as numpy arrays, unwritten: what plan resolution reads (shapes,
+    dtypes, strides, alignment), float16 standing in for bfloat16."""
+    kinds = {ROW: ((rows, n), dtype), COL: ((n,), dtype), STAT: ((rows,), "f32"), TARGET: ((rows,), "i64")}
+    return types.SimpleNamespace(**{name: _zeros(*kinds[kind]) for name, kind in INPUTS[CASE[op]].items()})
+
+
+def check_layout(op, c, rows, n, dtype):
+    """make_case's inputs are INPUTS' (names, shapes, dtypes), so the dry run resolves the plans a
+    GPU run resolves."""
+    import torch
+    tdt = {"bf16": torch.bfloat16, "f32": torch.float32}[dtype]
+    want = {ROW: ((rows, n), tdt), COL: ((n,), tdt), STAT: ((rows,), torch.float32), TARGET: ((rows,), torch.int64)}
+    got = {name: (tuple(a.shape), a.dtype) for name, a in vars(c).items()}
+    expected = {name: want[kind] for name, kind in INPUTS[CASE[op]].items()}
+    if got != expected:
+        raise SystemExit(f"train_regret.py: internal error, make_case({CASE[op]}) gave {got}, INPUTS says {expected}")
+
+
+def _empty_like(a, per_row=False):
+    """An unwritten array like a (per_row: float32, one per row of a), with a's framework and device."""
+    shape = tuple(a.shape[:-1]) if per_row else tuple(a.shape)
+    if type(a).__module__.startswith("torch"):
+        import torch
+        return torch.empty(shape, dtype=torch.float32 if per_row else a.dtype, device=a.device)
+    import numpy as np
+    return np.zeros(shape, np.float32 if per_row else a.dtype)
+
+
+def new_outputs(op, c):
+    """The outputs of a call, named as train_sweep.OUTPUTS lists them."""
+    rows_like = next(getattr(c, k) for k, kind in INPUTS[CASE[op]].items() if kind == ROW)
+    return types.SimpleNamespace(**{name: _empty_like(rows_like, per_row=True) if LIKE[name] is None
+                                    else _empty_like(getattr(c, LIKE[name]))
+                                    for name in train_sweep.OUTPUTS[CASE[op]]})
+
+
+def operands(op, c, o):
+    """The operands of op's program, by name, for inputs c and outputs o: those the public function
+    passes (tests/python/test_train_regret.py compares them), every output given."""
+    if op in ("softmax_backward", "log_softmax_backward"):
+        return {"y": c.y, "dy": c.dy, "dx": o.dx}
+    if op == "rms_norm_backward":
+        return {"dy": c.dy, "x": c.x, "weight": c.weight, "rstd": c.rstd, "dx": o.dx, "dweight": o.dweight}
+    if op == "layer_norm_backward":
+        return {"dy": c.dy, "x": c.x, "weight": c.weight, "mean": c.mean, "rstd": c.rstd, "dx": o.dx,
+                "dweight": o.dweight, "dbias": o.dbias}
+    if op == "fused_add_rms_norm":
+        return {"x": c.x, "residual": c.residual, "weight": c.weight, "eps": EPS, "y": o.y,
+                "residual_out": o.residual_out, "rstd": None}
+    if op == "fused_add_rms_norm_backward":
+        return {"dy": c.dy, "dresidual_out": c.dresidual_out, "residual_out": c.x, "weight": c.weight,
+                "rstd": c.rstd, "dx": o.dx, "dresidual": o.dresidual, "dweight": o.dweight}
+    # reduction "none": the per-row loss; dlogits over the logits (the call's default)
+    return {"logits": o.dlogits, "target": c.target, "dlogits": o.dlogits, "loss": o.loss, "lse": None,
+            "loss_sum": None, "loss_mean": None, "ignore_index": -100, "z_loss": 0.0}
+
+
+def row_input_bytes(program, ops):
+    """Bytes of every row input present in one column (what a register-cached row holds)."""
+    return sum(ops[d.name].itemsize for d in program.operands if d.role == "row_in" and ops.get(d.name) is not None)
+
+
+def candidates(n, rows, policy, row_bytes, second_phase):
+    """Plan requests around the policy's plan (None), for rows of n elements of row_bytes input
+    bytes a column; second_phase: the call folds partials of a reduction over the rows in a
+    second kernel (its workspace is not empty). The module's docstring says which."""
+    v = policy["vector_elems"]
+    vectors = -(-n // v)
+    out = [None]
+    for stripes in (1, 2, 4, 8, 16):
+        w = 32 * -(-vectors // (32 * stripes))  # ceil(vectors / stripes), rounded up to whole warps
+        if w > 1024 or (stripes > 1 and vectors < 32 * stripes):
+            continue
+        out.append({"workers_per_program": w})
+        if w <= 256:
+            out += [{"workers_per_program": w, "programs_per_group": p} for p in (2, 4, 8, 16) if w * p <= 1024]
+    if vectors <= 32:
+        out += [{"workers_per_program": w, "programs_per_group": p} for w in (4, 8, 16, 32) for p in (8, 16, 32)
+                if w <= vectors and w * p <= 1024]
+    if n * row_bytes >= REGISTER_ROW_BYTES // 2:  # rows near the register bound get both cachings
+        out += [{"workers_per_program": w, "caching": "reread", "stripe_unroll": u} for w in (256, 512, 1024)
+                for u in (2, 4)]
+        out.append({"workers_per_program": 1024, "caching": "registers", "private_budget": 128})
+    # The other caching at the policy's width (a long row asking for registers may get a cluster)
+    out.append({"caching": "reread"} if policy["caching"] == "registers" else
+               {"caching": "registers", "private_budget": 128})
+    reduces_rows = policy["grid_limit"] > 0
+    if n * row_bytes > REGISTER_ROW_BYTES and not reduces_rows:
+        out += [{"ctas_per_program": c, "workers_per_program": w, "caching": "registers"} for c in (2, 4, 8, 16)
+                for w in (256, 512, 1024) if c * w * v <= 2 * n]
+    if reduces_rows:
+        g0, blocks = policy["grid_limit"], -(-rows // policy["programs_per_group"])
+        out += [{"grid_limit": g} for g in (g0 // 2, 2 * g0, 4 * g0) if g >= 1 and min(g, blocks) != min(g0, blocks)]
+    if second_phase:
+        out += [{"finish_workers": f} for f in (128, 512, 1024) if f != policy["finish_workers"]]
+    return out
+
+
+def family(program, ops, rows, n):
+    """The candidates of one call resolved with program.plan() (regret.resolve: deduplicated,
+    refusals recorded); only the policy's, rejected, when the policy's plan cannot be resolved."""
+    def plan_of(request):
+        return program.plan(plan=request, **ops)
+
+    first = regret.resolve([None], plan_of)
+    if "rejected" in first[0]:
+        return first
+    second_phase = program.workspace_bytes(**ops) > 0
+    return regret.resolve(candidates(n, rows, first[0]["plan"], row_input_bytes(program, ops), second_phase), plan_of)
+
+
+def dry_family(op, dtype, n, rows):
+    """family() on the CPU: numpy arrays (empty_case), no GPU."""
+    import tile
+    c = empty_case(op, dtype, n, rows)
+    entries = family(tile.builtin(op), operands(op, c, new_outputs(op, c)), rows, n)
+    tile.clear_kernel_caches()  # each plan resolved was lowered: hundreds of MiB over a whole run
+    return entries
+
+
+# --------------------------------------------------------------------------------------------
+# The GPU run.
+
+
+def run_point(op, dtype, n, args, gen):
+    import torch
+
+    import sweep
+    import tile
+    case_op = CASE[op]
+    rows = rows_for(op, dtype, n, args)
+    gen.manual_seed(zlib.crc32(f"{case_op} {dtype} {n}".encode()))  # train_sweep's inputs for its points
+    c = train_sweep.make_case(case_op, dtype, n, rows, gen)
+    check_layout(op, c, rows, n, dtype)
+    refs = train_sweep.references(case_op, c)
+    o = new_outputs(op, c)
+    names = train_sweep.OUTPUTS[case_op]
+    program = tile.builtin(op)
+    ops = operands(op, c, o)
+    entries = family(program, ops, rows, n)
+
+    def reset():
+        for name in names:
+            if name == "dlogits":
+                o.dlogits.copy_(c.logits)  # the call writes over its logits: the inputs again
+            else:
+                getattr(o, name).fill_(float("nan"))  # poisoned: a value left unwritten fails the oracle
+
+    def check(fixed):
+        reset()
+        try:
+            program(plan=fixed, **ops)
+            torch.cuda.synchronize()
+        except Exception as e:  # a plan that fails to compile or launch is recorded, not timed
+            return {"passed": False, "error": f"{type(e).__name__}: {e}"}
+        return train_sweep.check_outputs(sweep, case_op, [getattr(o, k) for k in names], refs, dtype)
+
+    def time_of(fixed):
+        reset()
+        return sweep.time_ms(lambda: program(plan=fixed, **ops), args.batch_ms, args.batches)[0]
+
+    regret.measure(entries, check, time_of)
+    del c, refs, o, ops
+    torch.cuda.empty_cache()
+    return regret.conclude({"op": op, "dtype": dtype, "n": n, "rows": rows, "candidates": entries})
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
+    ap.add_argument("--dtypes", nargs="+", default=train_sweep.DTYPES, choices=train_sweep.DTYPES,
+                    help="dtypes of every operator but cross-entropy (bf16)")
+    ap.add_argument("--ns", nargs="+", type=int, default=train_sweep.NS,
+                    help="row lengths of every operator but cross-entropy")
+    ap.add_argument("--vocabs", nargs="+", type=int, default=train_sweep.VOCABS, help="cross-entropy vocabulary sizes")
+    ap.add_argument("--input-mib", type=float, default=256, help="size of one rows x N input (default 256)")
+    ap.add_argument("--ce-rows", type=int, default=4096, help="cross-entropy rows (default 4096)")
+    ap.add_argument("--batch-ms", type=float, default=10, help="length of one timed batch (default 10)")
+    ap.add_argument("--batches", type=int, default=5, help="timed batches per plan (default 5)")
+    ap.add_argument("--resume", action="store_true", help="keep the points already in --out and add the others")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="start no point after this many seconds; exit 3 with the file incomplete")
+    ap.add_argument("--markdown", help="also write the tables (bench/regret_table.py's, with a summary per "
+                                       "operator) to this file, or - for stdout")
+    ap.add_argument("--list-candidates", action="store_true",
+                    help="resolve and print every point's candidates on the CPU (numpy arrays), run nothing")
+    ap.add_argument("--out", type=Path, help="the result file (required unless --list-candidates)")
+    args = ap.parse_args(argv)
+    if args.out is None and not args.list_candidates:
+        ap.error("--out is required unless --list-candidates")
+    return args
+
+
+def list_candidates(args):
+    from regret_table import plan_text
+    for op, dtype, n in planned(args):
+        rows = rows_for(op, dtype, n, args)
+        entries = dry_family(op, dtype, n, rows)
+        plans = [e for e in entries if "plan" in e]
+        print(f"{op} {dtype} N={n} rows={rows}: {len(plans)} plans, {len(entries) - len(plans)} rejected")
+        for e in entries:
+            what = plan_text(e["plan"]) if "plan" in e else "rejected: " + e["rejected"]
+            print(f"  {json.dumps(e['request'])}: {what}")
+    return 0
+
+
+def markdown(args, doc):
+    from regret_table import render
+    text = render(doc, args.out.name, by_op=True)
+    if args.markdown == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.markdown).write_text(text)
+
+
+def main(argv):
+    args = parse(argv)
+    if args.list_candidates:
+        return list_candidates(args)
+    import torch
+    if not torch.cuda.is_available():
+        raise SystemExit("train_regret.py: needs a CUDA device (--list-candidates runs on the CPU)")
+
+    todo = planned(args)
+    cases = []
+    if args.resume and args.out.exists():
+        old = json.loads(args.out.read_text())
+        if not isinstance(old, dict) or old.get("schema") != "tile-regret/1" or old.get("kind") != KIND:
+            raise SystemExit(f"train_regret.py: --resume: {args.out} is not a training tile-regret/1 document")
+        cases = [c for c in old.get("cases", []) if (c.get("op"), c.get("dtype"), c.get("n")) in set(todo)]
+        print(f"resuming: {len(cases)} of {len(todo)} points already in {args.out}", flush=True)
+    done = {(c["op"], c["dtype"], c["n"]) for c in cases}
+
+    def save(partial):
+        cases.sort(key=lambda c: todo.index((c["op"], c["dtype"], c["n"])))
+        by_op = {op: regret.summary([c for c in cases if c["op"] == op]) for op in args.ops}
+        doc = regret.document(args, __doc__, cases, extra={"kind": KIND, "ops": args.ops, "complete": not partial,
+                                                           "summary_by_op": by_op})
+        regret.write(args.out, doc)
+        if args.markdown:
+            markdown(args, doc)
+        return doc
+
+    gen = torch.Generator(device="cuda")
+    start = time.monotonic()
+    for i, (op, dtype, n) in enumerate(todo, 1):
+        if (op, dtype, n) in done:
+            continue
+        if args.deadline_s is not None and time.monotonic() - start > args.deadline_s:
+            save(partial=True)
+            print(f"deadline: stopped after {time.monotonic() - start:.0f} s with {len(todo) - len(cases)} points "
+                  "left; run the same command with --resume", flush=True)
+            return 3
+        t0 = time.monotonic()
+        case = run_point(op, dtype, n, args, gen)
+        case["wall_s"] = round(time.monotonic() - t0, 2)
+        cases.append(case)
+        save(partial=True)  # a run cut short keeps every finished point
+        timed = [e for e in case["candidates"] if "ms" in e]
+        rejected = sum("rejected" in e for e in case["candidates"])
+        failed = sum(not e["oracle"]["passed"] for e in case["candidates"] if "oracle" in e)
+        result = (f"policy {1000 * case['policy_ms']:.1f} us, best {1000 * case['best_ms']:.1f} us, regret "
+                  f"{100 * case['regret']:.1f}%" if "regret" in case else "ERROR: " + case["error"])
+        print(f"[{i}/{len(todo)}] {op} {dtype} N={n} rows={case['rows']}: {len(timed)} plans timed, {rejected} "
+              f"rejected, {failed} failed the oracle; {result} ({case['wall_s']:.1f} s)", flush=True)
+    doc = save(partial=False)
+    s = doc["summary"]
+    print(f"regret: geometric mean {100 * (s['geomean_regret'] or 0):.1f}%, worst {100 * (s['worst_regret'] or 0):.1f}% "
+          f"over {s['with_regret']} of {s['cases']} cases; wrote {args.out} ({time.monotonic() - start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
