@@ -12,6 +12,11 @@ set_property(CACHE TILE_TORCH_EXTENSION PROPERTY STRINGS ON OFF AUTO)
 # A function, so that what find_package(Torch) sets stays in its scope (its cache entries and
 # imported targets do not).
 function(tile_add_torch_extension)
+  # A module an earlier configuration built would still be imported: gone unless built again.
+  file(GLOB stale "${tile_package_dir}/tile/_torch_C*")
+  if(stale)
+    file(REMOVE ${stale})
+  endif()
   string(TOUPPER "${TILE_TORCH_EXTENSION}" mode)
   if(NOT mode STREQUAL "AUTO" AND NOT TILE_TORCH_EXTENSION)
     return()

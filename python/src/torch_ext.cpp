@@ -100,16 +100,36 @@ struct ProgramInfo {
     while (first < decls.size() && !(tile_py::is_row(decls[first].role) && !decls[first].optional)) ++first;
     TILE_CHECK(first < decls.size(), "program ", p.name(), " has no row operand");
   }
-  size_t at(const char* name) const {
-    const int i = program->find_operand(name);
-    TILE_CHECK(i >= 0, "program ", program->name(), " has no operand ", name);
-    return size_t(i);
-  }
+  // The operand named so, or -1: resolved once, so that a call sets its operands by index.
+  int slot(const char* name) const { return program->find_operand(name); }
+};
+
+// The operands the entries and nodes set, by name; -1 where a program has none of that name.
+struct Slots {
+  int x, y, weight, bias, eps, mean, rstd, dy, dx, dweight, dbias;
+  explicit Slots(const ProgramInfo& p)
+      : x(p.slot("x")),
+        y(p.slot("y")),
+        weight(p.slot("weight")),
+        bias(p.slot("bias")),
+        eps(p.slot("eps")),
+        mean(p.slot("mean")),
+        rstd(p.slot("rstd")),
+        dy(p.slot("dy")),
+        dx(p.slot("dx")),
+        dweight(p.slot("dweight")),
+        dbias(p.slot("dbias")) {}
+};
+
+struct Program {
+  ProgramInfo info;
+  Slots slots;
+  Program(const tile::RowProgram& p, std::optional<tile::Op> op) : info(p, op), slots(info) {}
 };
 
 struct Programs {
-  ProgramInfo softmax, log_softmax, rms_norm, layer_norm;
-  ProgramInfo softmax_backward, log_softmax_backward, rms_norm_backward, layer_norm_backward;
+  Program softmax, log_softmax, rms_norm, layer_norm;
+  Program softmax_backward, log_softmax_backward, rms_norm_backward, layer_norm_backward;
 };
 const Programs* programs = nullptr;  // made at import
 
@@ -121,15 +141,16 @@ struct Call {
   bool has_scalar[kMaxOperands] = {};
   const std::string* plan = nullptr;
 
-  explicit Call(const ProgramInfo& i) : info(i) {}
-  void set(const char* name, const at::Tensor& t) {
-    if (t.defined()) tensors[info.at(name)] = &t;
+  explicit Call(const Program& p) : info(p.info) {}
+  void set(int slot, const at::Tensor& t) {
+    TILE_CHECK(slot >= 0, "program ", info.program->name(), " has no such operand");
+    if (t.defined()) tensors[slot] = &t;
   }
-  void set(const char* name, std::optional<double> v) {
+  void set(int slot, std::optional<double> v) {
+    TILE_CHECK(slot >= 0, "program ", info.program->name(), " has no such operand");
     if (!v) return;
-    const size_t i = info.at(name);
-    scalars[i] = *v;
-    has_scalar[i] = true;
+    scalars[slot] = *v;
+    has_scalar[slot] = true;
   }
 };
 
@@ -165,11 +186,12 @@ const char* torch_dtype_name(c10::ScalarType t) {
 }
 
 // A tensor whose memory the library reads as it is: strided, on the CPU or a CUDA device, of a
-// float dtype Tile has, and without a lazy negation (its data hold the values un-negated).
+// float dtype Tile has, without a lazy negation (its data hold the values un-negated) and
+// without dimension names (the Python paths' outputs may carry them).
 bool readable(const at::Tensor& t) {
   const c10::DeviceType d = t.device().type();
   return t.layout() == c10::kStrided && (d == c10::DeviceType::CPU || d == c10::DeviceType::CUDA) &&
-         tile_dtype(t.scalar_type()) && !t.is_neg() && !t.is_conj();
+         tile_dtype(t.scalar_type()) && !t.is_neg() && !t.is_conj() && !t.has_names();
 }
 
 ArrayInfo array_info(const at::Tensor& t) {
@@ -456,10 +478,12 @@ struct SoftmaxBackward final : ag::Node {
     at::Tensor dx = empty(out.sizes(), x_dtype, out);
     if (dx.numel()) {
       const Programs& p = *programs;
-      Call c(Log ? p.log_softmax_backward : p.softmax_backward);
-      c.set("y", out);
-      c.set("dy", dy);
-      c.set("dx", dx);
+      const Program& program = Log ? p.log_softmax_backward : p.softmax_backward;
+      const Slots& slots = program.slots;
+      Call c(program);
+      c.set(slots.y, out);
+      c.set(slots.dy, dy);
+      c.set(slots.dx, dx);
       run_call(c);
     }
     return {dx};
@@ -493,13 +517,14 @@ struct RmsNormBackward final : ag::Node {
     } else {
       dx = empty(dy.sizes(), dy.scalar_type(), dy);
       if (w.defined()) dw = at::empty_like(w);
+      const Slots& slots = programs->rms_norm_backward.slots;
       Call c(programs->rms_norm_backward);
-      c.set("dy", dy);
-      c.set("x", xs);
-      c.set("weight", w);
-      c.set("rstd", r);
-      c.set("dx", dx);
-      c.set("dweight", dw);
+      c.set(slots.dy, dy);
+      c.set(slots.x, xs);
+      c.set(slots.weight, w);
+      c.set(slots.rstd, r);
+      c.set(slots.dx, dx);
+      c.set(slots.dweight, dw);
       run_call(c);
       dx = dx.to(xs.scalar_type()).contiguous();
     }
@@ -534,15 +559,16 @@ struct LayerNormBackward final : ag::Node {
       dx = empty(dy.sizes(), dy.scalar_type(), dy);
       if (w.defined()) dw = at::empty_like(w);
       if (b.defined()) db = at::empty_like(b);
+      const Slots& slots = programs->layer_norm_backward.slots;
       Call c(programs->layer_norm_backward);
-      c.set("dy", dy);
-      c.set("x", xs);
-      c.set("weight", w);
-      c.set("mean", m);
-      c.set("rstd", r);
-      c.set("dx", dx);
-      c.set("dweight", dw);
-      c.set("dbias", db);
+      c.set(slots.dy, dy);
+      c.set(slots.x, xs);
+      c.set(slots.weight, w);
+      c.set(slots.mean, m);
+      c.set(slots.rstd, r);
+      c.set(slots.dx, dx);
+      c.set(slots.dweight, dw);
+      c.set(slots.dbias, db);
       run_call(c);
       dx = dx.to(xs.scalar_type()).contiguous();
     }
@@ -686,8 +712,9 @@ nb::object softmax(bool log, nb::handle hx, nb::handle hdim, nb::handle hout, nb
                    nb::handle hdtype) {
   const Common a(hx, hout, hplan, hstream, hdtype);
   if (!a.taken || !PyLong_CheckExact(hdim.ptr())) return nb::none();
-  const ProgramInfo& pi = log ? programs->log_softmax : programs->softmax;
-  const std::string& op = pi.program->name();
+  const Program& program = log ? programs->log_softmax : programs->softmax;
+  const Slots& slots = program.slots;
+  const std::string& op = program.info.program->name();
   const long long dim = PyLong_AsLongLong(hdim.ptr());
   if (dim == -1 && PyErr_Occurred()) {
     PyErr_Clear();
@@ -703,9 +730,9 @@ nb::object softmax(bool log, nb::handle hx, nb::handle hdim, nb::handle hout, nb
   if (grad && a.out) refuse_out_grad(op, {{"x", a.x}});
   if (grad && forward_grad(a.x)) return nb::none();  // no forward-mode formula: the Python path says so
   at::Tensor y = a.output();
-  Call c(pi);
-  c.set("x", *a.x);
-  c.set("y", y);
+  Call c(program);
+  c.set(slots.x, *a.x);
+  c.set(slots.y, y);
   if (a.plan) c.plan = &*a.plan;
   run_call(c);
   counters.calls.fetch_add(1, std::memory_order_relaxed);
@@ -721,8 +748,9 @@ nb::object rms_norm(nb::handle hx, nb::handle hweight, nb::handle heps, nb::hand
   if (!a.taken || !optional_tensor(hweight, w) || !number_arg(heps, eps)) return nb::none();
   const int return_rstd = PyObject_IsTrue(hreturn_rstd.ptr());
   if (return_rstd < 0) nb::raise_python_error();
-  const ProgramInfo& pi = programs->rms_norm;
-  const std::string& op = pi.program->name();
+  const Program& program = programs->rms_norm;
+  const Slots& slots = program.slots;
+  const std::string& op = program.info.program->name();
   a.check_out_dtype(op, hdtype);
   const bool grad = at::GradMode::is_enabled() && (requires_grad(a.x) || requires_grad(w));
   if (grad && a.out) refuse_out_grad(op, {{"x", a.x}, {"weight", w}});
@@ -732,12 +760,12 @@ nb::object rms_norm(nb::handle hx, nb::handle hweight, nb::handle heps, nb::hand
   at::Tensor rstd;
   if (grad || return_rstd) rstd = empty(a.x->sizes().slice(0, a.x->dim() - 1), stat_dtype(*a.x), *a.x);
   const at::Tensor weight = w ? *w : at::Tensor();
-  Call c(pi);
-  c.set("x", *a.x);
-  c.set("y", y);
-  c.set("weight", weight);
-  c.set("eps", eps);
-  c.set("rstd", rstd);
+  Call c(program);
+  c.set(slots.x, *a.x);
+  c.set(slots.y, y);
+  c.set(slots.weight, weight);
+  c.set(slots.eps, eps);
+  c.set(slots.rstd, rstd);
   if (a.plan) c.plan = &*a.plan;
   run_call(c);
   counters.calls.fetch_add(1, std::memory_order_relaxed);
@@ -763,8 +791,9 @@ nb::object layer_norm(nb::handle hx, nb::handle hweight, nb::handle hbias, nb::h
     return nb::none();
   const int return_stats = PyObject_IsTrue(hreturn_stats.ptr());
   if (return_stats < 0) nb::raise_python_error();
-  const ProgramInfo& pi = programs->layer_norm;
-  const std::string& op = pi.program->name();
+  const Program& program = programs->layer_norm;
+  const Slots& slots = program.slots;
+  const std::string& op = program.info.program->name();
   a.check_out_dtype(op, hdtype);
   const bool grad = at::GradMode::is_enabled() && (requires_grad(a.x) || requires_grad(w) || requires_grad(bias_arg));
   if (grad && a.out) refuse_out_grad(op, {{"x", a.x}, {"weight", w}, {"bias", bias_arg}});
@@ -777,14 +806,14 @@ nb::object layer_norm(nb::handle hx, nb::handle hweight, nb::handle hbias, nb::h
     rstd = empty(rows, stat_dtype(*a.x), *a.x);
   }
   const at::Tensor weight = w ? *w : at::Tensor(), bias = bias_arg ? *bias_arg : at::Tensor();
-  Call c(pi);
-  c.set("x", *a.x);
-  c.set("y", y);
-  c.set("weight", weight);
-  c.set("bias", bias);
-  c.set("eps", eps);
-  c.set("mean", mean);
-  c.set("rstd", rstd);
+  Call c(program);
+  c.set(slots.x, *a.x);
+  c.set(slots.y, y);
+  c.set(slots.weight, weight);
+  c.set(slots.bias, bias);
+  c.set(slots.eps, eps);
+  c.set(slots.mean, mean);
+  c.set(slots.rstd, rstd);
   if (a.plan) c.plan = &*a.plan;
   run_call(c);
   counters.calls.fetch_add(1, std::memory_order_relaxed);
@@ -828,15 +857,14 @@ NB_MODULE(_torch_C, m) {
   nb::object internal_error = nb::module_::import_("tile._tile").attr("InternalError");
   internal_error_type = internal_error.release().ptr();
   nb::register_exception_translator(translate);
-  programs = new Programs{
-      ProgramInfo(tile::builtin_program(tile::Op::softmax), tile::Op::softmax),
-      ProgramInfo(tile::builtin_program(tile::Op::log_softmax), tile::Op::log_softmax),
-      ProgramInfo(tile::builtin_program(tile::Op::rms_norm), tile::Op::rms_norm),
-      ProgramInfo(tile::builtin_program(tile::Op::layer_norm), tile::Op::layer_norm),
-      ProgramInfo(tile::training_program("softmax_backward"), std::nullopt),
-      ProgramInfo(tile::training_program("log_softmax_backward"), std::nullopt),
-      ProgramInfo(tile::training_program("rms_norm_backward"), std::nullopt),
-      ProgramInfo(tile::training_program("layer_norm_backward"), std::nullopt)};
+  programs = new Programs{Program(tile::builtin_program(tile::Op::softmax), tile::Op::softmax),
+                          Program(tile::builtin_program(tile::Op::log_softmax), tile::Op::log_softmax),
+                          Program(tile::builtin_program(tile::Op::rms_norm), tile::Op::rms_norm),
+                          Program(tile::builtin_program(tile::Op::layer_norm), tile::Op::layer_norm),
+                          Program(tile::training_program("softmax_backward"), std::nullopt),
+                          Program(tile::training_program("log_softmax_backward"), std::nullopt),
+                          Program(tile::training_program("rms_norm_backward"), std::nullopt),
+                          Program(tile::training_program("layer_norm_backward"), std::nullopt)};
   register_node<SoftmaxBackward<false>>(m, softmax_backward_type, "TileSoftmaxBackward");
   register_node<SoftmaxBackward<true>>(m, log_softmax_backward_type, "TileLogSoftmaxBackward");
   register_node<RmsNormBackward>(m, rms_norm_backward_type, "TileRmsNormBackward");
