@@ -185,13 +185,22 @@ const char* torch_dtype_name(c10::ScalarType t) {
   }
 }
 
+// Dimension names (a tensor's `names`; torch dropped them after 2.11).
+template <typename T>
+bool has_names(const T& t) {
+  if constexpr (requires { t.has_names(); })
+    return t.has_names();
+  else
+    return false;
+}
+
 // A tensor whose memory the library reads as it is: strided, on the CPU or a CUDA device, of a
 // float dtype Tile has, without a lazy negation (its data hold the values un-negated) and
 // without dimension names (the Python paths' outputs may carry them).
 bool readable(const at::Tensor& t) {
   const c10::DeviceType d = t.device().type();
   return t.layout() == c10::kStrided && (d == c10::DeviceType::CPU || d == c10::DeviceType::CUDA) &&
-         tile_dtype(t.scalar_type()) && !t.is_neg() && !t.is_conj() && !t.has_names();
+         tile_dtype(t.scalar_type()) && !t.is_neg() && !t.is_conj() && !has_names(t);
 }
 
 ArrayInfo array_info(const at::Tensor& t) {

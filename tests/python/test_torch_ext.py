@@ -350,11 +350,17 @@ def _left_calls():
         "eps_bool": lambda: tile.rms_norm(x, eps=True),
         "dim_float": lambda: tile.softmax(x, dim=-1.0),
         "neg_view": lambda: tile.softmax(x._neg_view()),
-        "named": lambda: tile.softmax(rand((4, 16)).refine_names("rows", "cols")),
         "vmap": lambda: torch.func.vmap(tile.softmax)(rand((2, 4, 16))),
         "functorch_grad": lambda: torch.func.grad(lambda t: tile.softmax(t).pow(2).sum())(rand((4, 16))),
         "forward_ad": lambda: _dual_softmax(x),
+        **_LEFT_NAMED,
     }
+
+
+if hasattr(torch.Tensor, "refine_names"):          # named tensors (gone in later torch versions)
+    _LEFT_NAMED = {"named": lambda: tile.softmax(rand((4, 16)).refine_names("rows", "cols"))}
+else:
+    _LEFT_NAMED = {}
 
 
 def _dual_softmax(x):
