@@ -22,7 +22,9 @@ with the input's framework when not given.
 
 With torch: the operators differentiate when inputs require grad, are torch.library custom
 ops (torch.ops.tile.*) under torch.compile, and tile.nn holds drop-in modules (tile/_torch_ops.py,
-tile/nn.py). TILE_LOG=1 reports every JIT compile (tile/_log.py).
+tile/nn.py); where the optional extension tile._torch_C is built, their eager calls on torch
+tensors go through it in C++ (python/src/torch_ext.cpp). TILE_LOG=1 reports every JIT compile
+(tile/_log.py).
 """
 import functools
 import json

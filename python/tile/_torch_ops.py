@@ -22,6 +22,11 @@ NotImplementedError naming it. Nothing differentiable is ever dropped: statistic
 (rstd, mean, lse) are marked non-differentiable, out= and in-place forms refuse inputs that
 require grad, and so do row programs and tile.run.
 
+Where the optional extension tile._torch_C is loaded, tile.softmax, log_softmax, rms_norm and
+layer_norm offer their eager calls to it first (tile/__init__.py); it takes the direct and
+eager autograd calls it can read in C++, with C++ autograd nodes, and leaves the others to
+these paths (python.md, "The torch extension").
+
 Imported by tile once torch is loaded (tile._call.init_torch). Tests:
 tests/python/test_torch_*.py.
 """
