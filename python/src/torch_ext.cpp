@@ -13,8 +13,6 @@
 // grad mode on, it records a C++ autograd node (TileSoftmaxBackward, ...) whose backward runs
 // Tile's backward programs the same way, with the gradients the Python path computes.
 // docs/source/python.md, "The torch extension"; tests: tests/python/test_torch_ext*.py.
-#include <nanobind/nanobind.h>
-
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
@@ -24,6 +22,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <nanobind/nanobind.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/function.h>
@@ -250,7 +249,8 @@ Bound bind_call(const Call& c) {
     if (tile_py::is_row(d.role)) {
       if (a.ndim != rows_like.ndim || !std::equal(a.shape, a.shape + a.ndim, rows_like.shape))
         tile::throw_argument_error(
-            op, s.arg, "shape " + tile_py::tuple_string(rows_like.shape, rows_like.ndim) + " like " + pi.names[pi.first],
+            op, s.arg,
+            "shape " + tile_py::tuple_string(rows_like.shape, rows_like.ndim) + " like " + pi.names[pi.first],
             "shape " + tile_py::tuple_string(a.shape, a.ndim));
       b.args.set(d.name, tile_py::as_matrix(s, a));
     } else if (tile_py::is_row_scalar(d.role)) {
@@ -451,9 +451,7 @@ auto make_node() {
 
 // A backward that records a graph (create_graph=True) calls the backward custom op, which has
 // no autograd formula of its own: a double backward then raises, as on the Python paths.
-c10::OperatorHandle custom_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
-}
+c10::OperatorHandle custom_op(const char* name) { return c10::Dispatcher::singleton().findSchemaOrThrow(name, ""); }
 
 std::optional<at::Tensor> maybe(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
@@ -518,11 +516,11 @@ struct RmsNormBackward final : ag::Node {
     const at::Tensor dy = incoming(grads[0], xs);
     at::Tensor dx, dw;
     if (at::GradMode::is_enabled()) {
-      std::tie(dx, dw) = custom_op("tile::rms_norm_backward")
-                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                       const std::optional<at::Tensor>&,
-                                                                       const at::Tensor&)>()
-                             .call(dy, xs, maybe(w), r);
+      std::tie(dx, dw) =
+          custom_op("tile::rms_norm_backward")
+              .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                        const std::optional<at::Tensor>&, const at::Tensor&)>()
+              .call(dy, xs, maybe(w), r);
     } else {
       dx = empty(dy.sizes(), dy.scalar_type(), dy);
       if (w.defined()) dw = at::empty_like(w);
@@ -558,12 +556,11 @@ struct LayerNormBackward final : ag::Node {
     const at::Tensor dy = incoming(grads[0], xs);
     at::Tensor dx, dw, db;
     if (at::GradMode::is_enabled()) {
-      std::tie(dx, dw, db) =
-          custom_op("tile::layer_norm_backward")
-              .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                  const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                  const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&)>()
-              .call(dy, xs, maybe(w), maybe(b), m, r);
+      std::tie(dx, dw, db) = custom_op("tile::layer_norm_backward")
+                                 .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                                     const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                     const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&)>()
+                                 .call(dy, xs, maybe(w), maybe(b), m, r);
     } else {
       dx = empty(dy.sizes(), dy.scalar_type(), dy);
       if (w.defined()) dw = at::empty_like(w);
@@ -687,9 +684,7 @@ struct Common {
                                 .c_str());
   }
 
-  at::Tensor output() const {
-    return out ? *out : empty(x->sizes(), dtype.value_or(x->scalar_type()), *x);
-  }
+  at::Tensor output() const { return out ? *out : empty(x->sizes(), dtype.value_or(x->scalar_type()), *x); }
 };
 
 // out= cannot carry gradients (python/tile/_torch_ops.py, refuse_grad).
