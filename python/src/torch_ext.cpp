@@ -184,7 +184,7 @@ const char* torch_dtype_name(c10::ScalarType t) {
   }
 }
 
-// Dimension names (a tensor's `names`; torch dropped them after 2.11).
+// Dimension names (Tensor.names), in the torch versions that still have them (2.11 does, 2.15 not).
 template <typename T>
 bool has_names(const T& t) {
   if constexpr (requires { t.has_names(); })
@@ -437,7 +437,8 @@ c10::ScalarType stat_dtype(const at::Tensor& x) {
 
 // ---- autograd ----
 
-// Nodes are held by std::shared_ptr before torch 2.12 and by c10::intrusive_ptr since.
+// Nodes are held by std::shared_ptr in older torch versions (2.11) and by c10::intrusive_ptr in
+// newer ones (2.15).
 using NodeRef = decltype(ag::Edge::function);
 
 template <typename T>
@@ -457,9 +458,10 @@ std::optional<at::Tensor> maybe(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
 
-// The gradient of y, as a Python Function receives it: zeros where none flowed, contiguous.
-at::Tensor incoming(const at::Tensor& dy, const at::Tensor& like) {
-  return dy.defined() ? dy.contiguous() : at::zeros_like(like);
+// The gradient of the node's output y, as a Python Function receives it: zeros like y where
+// none flowed, contiguous.
+at::Tensor incoming(const ag::Node& node, const at::Tensor& dy) {
+  return dy.defined() ? dy.contiguous() : node.input_metadata(0).zeros_like();
 }
 
 // y = softmax(x) or log_softmax(x): dx = <backward program>(y, dy), in x's dtype.
@@ -477,7 +479,7 @@ struct SoftmaxBackward final : ag::Node {
     std::lock_guard<std::mutex> lock(mutex_);
     counters.backward.fetch_add(1, std::memory_order_relaxed);
     const at::Tensor out = y.unpack(getptr());
-    const at::Tensor dy = incoming(grads[0], out);
+    const at::Tensor dy = incoming(*this, grads[0]);
     if (at::GradMode::is_enabled())
       return {custom_op(Log ? "tile::log_softmax_backward" : "tile::softmax_backward")
                   .typed<at::Tensor(const at::Tensor&, const at::Tensor&, std::optional<c10::ScalarType>)>()
@@ -513,7 +515,7 @@ struct RmsNormBackward final : ag::Node {
     std::lock_guard<std::mutex> lock(mutex_);
     counters.backward.fetch_add(1, std::memory_order_relaxed);
     const at::Tensor xs = x.unpack(), w = weight.unpack(), r = rstd.unpack(getptr());
-    const at::Tensor dy = incoming(grads[0], xs);
+    const at::Tensor dy = incoming(*this, grads[0]);
     at::Tensor dx, dw;
     if (at::GradMode::is_enabled()) {
       std::tie(dx, dw) =
@@ -553,7 +555,7 @@ struct LayerNormBackward final : ag::Node {
     counters.backward.fetch_add(1, std::memory_order_relaxed);
     const at::Tensor xs = x.unpack(), w = weight.unpack(), b = bias.unpack();
     const at::Tensor m = mean.unpack(getptr()), r = rstd.unpack(getptr());
-    const at::Tensor dy = incoming(grads[0], xs);
+    const at::Tensor dy = incoming(*this, grads[0]);
     at::Tensor dx, dw, db;
     if (at::GradMode::is_enabled()) {
       std::tie(dx, dw, db) = custom_op("tile::layer_norm_backward")
