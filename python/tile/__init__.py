@@ -27,6 +27,7 @@ tensors go through it in C++ (python/src/torch_ext.cpp). TILE_LOG=1 reports ever
 (tile/_log.py).
 """
 import functools
+import importlib
 import json
 import os
 import sys
@@ -108,7 +109,9 @@ def _load_torch_extension(torch):
         _ext_status = f"not used: TILE_TORCH_EXTENSION={os.environ['TILE_TORCH_EXTENSION']}"
         return
     try:
-        from . import _torch_C
+        # import_module, not `from . import`: while the package is still being imported, the
+        # latter reports a missing module as a circular import.
+        _torch_C = importlib.import_module(f"{__name__}._torch_C")
     except ImportError as e:
         missing = isinstance(e, ModuleNotFoundError) and e.name == f"{__name__}._torch_C"
         _ext_status = "not built (TILE_TORCH_EXTENSION=ON builds it)" if missing else f"not loaded: {e}"
@@ -534,7 +537,6 @@ def precompile(fn, *args, backward=False, **kwargs):
 def __getattr__(name):
     # tile.nn (torch modules) on first use, so that `import tile` never imports torch.
     if name == "nn":
-        import importlib
         return importlib.import_module(".nn", __name__)
     raise AttributeError(f"module 'tile' has no attribute {name!r}")
 
