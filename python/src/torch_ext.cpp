@@ -1,17 +1,18 @@
 // tile._torch_C: the eager entry of Tile's operators for torch tensors, built against libtorch
 // (optional: TILE_TORCH_EXTENSION, python/cmake/torch_extension.cmake).
 //
-// tile.softmax, log_softmax, rms_norm and layer_norm hand it their arguments as given. It takes
-// a call whose tensors are plain torch.Tensor or nn.Parameter objects, strided, of float32,
-// float64, float16 or bfloat16, on the CPU or a CUDA device, with no stream= and a plan given as
-// None or JSON; for anything else it returns None and the package's Python paths take the call
-// (python/tile/__init__.py). A call it takes is checked as those paths check it — the
+// tile.softmax, log_softmax, rms_norm, layer_norm and fused_add_rms_norm hand it their
+// arguments as given. It takes a call whose tensors are plain torch.Tensor or nn.Parameter
+// objects, strided, of float32, float64, float16 or bfloat16, on the CPU or a CUDA device, with
+// no stream= and a plan given as None or JSON; for anything else it returns None and the
+// package's Python paths take the call (python/tile/__init__.py). A call it takes is checked as those paths check it — the
 // conversion of convert.hpp, in the same order and words — its outputs are allocated with
 // at::empty, and it runs through libtile.so: on the CUDA backend on the tensors' device and
 // current stream, replaying a call that repeats an earlier one but for its data pointers
 // (tile::Replay, as launch_raw does), or on the CPU backend. Where an input requires grad with
 // grad mode on, it records a C++ autograd node (TileSoftmaxBackward, ...) whose backward runs
 // Tile's backward programs the same way, with the gradients the Python path computes.
+// cross_entropy, the backward operators and row programs keep their Python paths.
 // docs/source/python.md, "The torch extension"; tests: tests/python/test_torch_ext*.py.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -33,6 +34,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -105,7 +107,7 @@ struct ProgramInfo {
 
 // The operands the entries and nodes set, by name; -1 where a program has none of that name.
 struct Slots {
-  int x, y, weight, bias, eps, mean, rstd, dy, dx, dweight, dbias;
+  int x, y, weight, bias, eps, mean, rstd, dy, dx, dweight, dbias, residual, residual_out, dresidual_out, dresidual;
   explicit Slots(const ProgramInfo& p)
       : x(p.slot("x")),
         y(p.slot("y")),
@@ -117,7 +119,11 @@ struct Slots {
         dy(p.slot("dy")),
         dx(p.slot("dx")),
         dweight(p.slot("dweight")),
-        dbias(p.slot("dbias")) {}
+        dbias(p.slot("dbias")),
+        residual(p.slot("residual")),
+        residual_out(p.slot("residual_out")),
+        dresidual_out(p.slot("dresidual_out")),
+        dresidual(p.slot("dresidual")) {}
 };
 
 struct Program {
@@ -127,8 +133,8 @@ struct Program {
 };
 
 struct Programs {
-  Program softmax, log_softmax, rms_norm, layer_norm;
-  Program softmax_backward, log_softmax_backward, rms_norm_backward, layer_norm_backward;
+  Program softmax, log_softmax, rms_norm, layer_norm, fused_add_rms_norm;
+  Program softmax_backward, log_softmax_backward, rms_norm_backward, layer_norm_backward, fused_add_rms_norm_backward;
 };
 const Programs* programs = nullptr;  // made at import
 
@@ -458,10 +464,10 @@ std::optional<at::Tensor> maybe(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
 
-// The gradient of the node's output y, as a Python Function receives it: zeros like y where
-// none flowed, contiguous.
-at::Tensor incoming(const ag::Node& node, const at::Tensor& dy) {
-  return dy.defined() ? dy.contiguous() : node.input_metadata(0).zeros_like();
+// The gradient of the node's output `i`, as a Python Function receives it: zeros like that
+// output where none flowed, contiguous.
+at::Tensor incoming(const ag::Node& node, const at::Tensor& dy, uint32_t i = 0) {
+  return dy.defined() ? dy.contiguous() : node.input_metadata(i).zeros_like();
 }
 
 // y = softmax(x) or log_softmax(x): dx = <backward program>(y, dy), in x's dtype.
@@ -585,8 +591,54 @@ struct LayerNormBackward final : ag::Node {
   }
 };
 
+// (y, residual_out) = fused_add_rms_norm(x, residual, weight): (dx, dresidual, dweight) from
+// fused_add_rms_norm_backward with the gradients of both outputs; dx computed in dy's dtype and
+// converted to x's, as the Python path does.
+struct FusedAddRmsNormBackward final : ag::Node {
+  ag::SavedVariable residual_out, weight, rstd;
+  c10::ScalarType x_dtype = c10::ScalarType::Float;
+
+  std::string name() const override { return "TileFusedAddRmsNormBackward"; }
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (ag::SavedVariable* v : {&residual_out, &weight, &rstd}) v->reset_data();
+  }
+  ag::variable_list apply(ag::variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    counters.backward.fetch_add(1, std::memory_order_relaxed);
+    const at::Tensor s = residual_out.unpack(getptr()), w = weight.unpack(), r = rstd.unpack(getptr());
+    const at::Tensor dy = incoming(*this, grads[0], 0), dres_out = incoming(*this, grads[1], 1);
+    at::Tensor dx, dres, dw;
+    if (at::GradMode::is_enabled()) {
+      std::tie(dx, dres, dw) = custom_op("tile::fused_add_rms_norm_backward")
+                                   .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                                       const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                       const std::optional<at::Tensor>&, const at::Tensor&, c10::ScalarType)>()
+                                   .call(dy, dres_out, s, maybe(w), r, x_dtype);
+    } else {
+      dx = empty(dy.sizes(), dy.scalar_type(), dy);
+      dres = empty(s.sizes(), s.scalar_type(), s);
+      if (w.defined()) dw = at::empty_like(w);
+      const Slots& slots = programs->fused_add_rms_norm_backward.slots;
+      Call c(programs->fused_add_rms_norm_backward);
+      c.set(slots.dy, dy);
+      c.set(slots.dresidual_out, dres_out);
+      c.set(slots.residual_out, s);
+      c.set(slots.weight, w);
+      c.set(slots.rstd, r);
+      c.set(slots.dx, dx);
+      c.set(slots.dresidual, dres);
+      c.set(slots.dweight, dw);
+      run_call(c);
+      dx = dx.to(x_dtype).contiguous();
+    }
+    return {dx, dres, w.defined() && should_compute_output(2) ? dw : at::Tensor()};
+  }
+};
+
 // The Python types of the nodes' grad_fn objects (type(y.grad_fn).__name__).
-PyTypeObject softmax_backward_type, log_softmax_backward_type, rms_norm_backward_type, layer_norm_backward_type;
+PyTypeObject softmax_backward_type, log_softmax_backward_type, rms_norm_backward_type, layer_norm_backward_type,
+    fused_add_rms_norm_backward_type;
 
 template <typename T>
 void register_node(nb::module_& m, PyTypeObject& type, const char* name) {
@@ -838,6 +890,102 @@ nb::object layer_norm(nb::handle hx, nb::handle hweight, nb::handle hbias, nb::h
   return nb::make_tuple(result(hout, std::move(y)), wrap(std::move(mean)), wrap(std::move(rstd)));
 }
 
+// A call's arguments by the Python signature's names, positional ones first, into `out` (null:
+// not given); false where the Python function itself would refuse them (too many, unknown or
+// repeated names), which the Python path then reports.
+bool bind_arguments(nb::handle args, nb::handle kwargs, const char* const* names, size_t n, PyObject** out) {
+  if (!PyTuple_Check(args.ptr()) || !PyDict_Check(kwargs.ptr())) return false;
+  const Py_ssize_t given = PyTuple_GET_SIZE(args.ptr());
+  if (given > Py_ssize_t(n)) return false;
+  for (size_t i = 0; i < n; ++i) out[i] = Py_ssize_t(i) < given ? PyTuple_GET_ITEM(args.ptr(), i) : nullptr;
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(kwargs.ptr(), &pos, &key, &value)) {
+    const char* name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : nullptr;
+    if (!name) {
+      PyErr_Clear();
+      return false;
+    }
+    size_t i = 0;
+    while (i < n && std::strcmp(names[i], name) != 0) ++i;
+    if (i == n || out[i]) return false;
+    out[i] = value;
+  }
+  return true;
+}
+
+// tile.fused_add_rms_norm(x, residual, weight=None, eps=1e-6, in_place=False, return_rstd=False,
+// plan=None, stream=None), given as (args, kwargs). With gradients it takes what the custom-op
+// path takes: (x, residual, weight, eps), and in_place only to refuse it.
+nb::object fused_add_rms_norm(nb::handle args, nb::handle kwargs) {
+  static const char* const names[] = {"x", "residual", "weight", "eps", "in_place", "return_rstd", "plan", "stream"};
+  PyObject* a[8];
+  if (!bind_arguments(args, kwargs, names, 8, a) || !a[0] || !a[1]) return nb::none();
+  const auto given = [&](int i) { return a[i] != nullptr; };
+  const auto none = [&](int i) { return !a[i] || a[i] == Py_None; };
+  const at::Tensor* x = tensor_arg(a[0]);
+  const at::Tensor* residual = tensor_arg(a[1]);
+  const at::Tensor* w = nullptr;
+  std::optional<double> eps = tile::kRmsNormEps;  // tile._training's default
+  std::optional<std::string> plan;
+  if (given(3)) {
+    eps.reset();  // None goes the Python way (the custom op takes none)
+    if (!number_arg(a[3], eps) || !eps) return nb::none();
+  }
+  if (!x || !residual || x->dim() == 0 || x->numel() == 0 || (!none(2) && !(w = tensor_arg(a[2]))) || !none(7) ||
+      (given(6) && !plan_arg(a[6], plan)) || functorch_active())
+    return nb::none();
+  const int in_place = given(4) ? PyObject_IsTrue(a[4]) : 0;
+  const int return_rstd = given(5) ? PyObject_IsTrue(a[5]) : 0;
+  if (in_place < 0 || return_rstd < 0) nb::raise_python_error();
+  const Program& program = programs->fused_add_rms_norm;
+  const Slots& slots = program.slots;
+  const std::string& op = program.info.program->name();
+  const bool grad = at::GradMode::is_enabled() && (requires_grad(x) || requires_grad(residual) || requires_grad(w));
+  if (grad) {
+    // The custom-op path's signature has no return_rstd, plan or stream: it refuses them itself.
+    if (given(5) || given(6) || given(7)) return nb::none();
+    if (in_place)
+      for (const auto& [name, t] : {std::pair{"x", x}, std::pair{"residual", residual}, std::pair{"weight", w}})
+        if (requires_grad(t))
+          throw std::runtime_error(
+              op + ": argument '" + name + "': the in-place form (in_place=True) is not differentiable, but " + name +
+              " requires grad; call it under torch.no_grad(), pass " + name + ".detach(), or use the form without it");
+    if (forward_grad(x) || forward_grad(residual) || forward_grad(w)) return nb::none();
+  }
+  at::Tensor y = in_place ? *x : empty(x->sizes(), x->scalar_type(), *x);
+  at::Tensor residual_out = in_place ? *residual : empty(x->sizes(), residual->scalar_type(), *x);
+  at::Tensor rstd;
+  if (grad || return_rstd) rstd = empty(x->sizes().slice(0, x->dim() - 1), stat_dtype(*x), *x);
+  const at::Tensor weight = w ? *w : at::Tensor();
+  Call c(program);
+  c.set(slots.x, *x);
+  c.set(slots.residual, *residual);
+  c.set(slots.weight, weight);
+  c.set(slots.eps, eps);
+  c.set(slots.y, y);
+  c.set(slots.residual_out, residual_out);
+  c.set(slots.rstd, rstd);
+  if (plan) c.plan = &*plan;
+  run_call(c);
+  counters.calls.fetch_add(1, std::memory_order_relaxed);
+  if (grad) {
+    auto node = make_node<FusedAddRmsNormBackward>();
+    node->set_next_edges(ag::collect_next_edges(*x, *residual, weight));
+    node->x_dtype = x->scalar_type();
+    ag::set_history(y, node);
+    ag::set_history(residual_out, node);
+    node->residual_out = ag::SavedVariable(residual_out, /*is_output=*/true);
+    node->weight = ag::SavedVariable(weight, false);
+    node->rstd = ag::SavedVariable(rstd, /*is_output=*/true);
+    counters.nodes.fetch_add(1, std::memory_order_relaxed);
+  }
+  nb::object y_out = in_place ? nb::borrow(a[0]) : wrap(std::move(y));
+  nb::object residual_obj = in_place ? nb::borrow(a[1]) : wrap(std::move(residual_out));
+  if (!return_rstd) return nb::make_tuple(y_out, residual_obj);
+  return nb::make_tuple(y_out, residual_obj, wrap(std::move(rstd)));
+}
+
 // tile::Error and tile::InternalError as tile._tile raises them (convert.hpp), torch's own
 // errors (at::empty, the dispatcher) as torch raises them.
 void translate(const std::exception_ptr& p, void*) {
@@ -867,14 +1015,17 @@ NB_MODULE(_torch_C, m) {
                           Program(tile::builtin_program(tile::Op::log_softmax), tile::Op::log_softmax),
                           Program(tile::builtin_program(tile::Op::rms_norm), tile::Op::rms_norm),
                           Program(tile::builtin_program(tile::Op::layer_norm), tile::Op::layer_norm),
+                          Program(tile::training_program("fused_add_rms_norm"), std::nullopt),
                           Program(tile::training_program("softmax_backward"), std::nullopt),
                           Program(tile::training_program("log_softmax_backward"), std::nullopt),
                           Program(tile::training_program("rms_norm_backward"), std::nullopt),
-                          Program(tile::training_program("layer_norm_backward"), std::nullopt)};
+                          Program(tile::training_program("layer_norm_backward"), std::nullopt),
+                          Program(tile::training_program("fused_add_rms_norm_backward"), std::nullopt)};
   register_node<SoftmaxBackward<false>>(m, softmax_backward_type, "TileSoftmaxBackward");
   register_node<SoftmaxBackward<true>>(m, log_softmax_backward_type, "TileLogSoftmaxBackward");
   register_node<RmsNormBackward>(m, rms_norm_backward_type, "TileRmsNormBackward");
   register_node<LayerNormBackward>(m, layer_norm_backward_type, "TileLayerNormBackward");
+  register_node<FusedAddRmsNormBackward>(m, fused_add_rms_norm_backward_type, "TileFusedAddRmsNormBackward");
   m.attr("TORCH_VERSION") = TILE_TORCH_VERSION;
 
   // Each entry returns None where it leaves the call to the Python paths; its arguments are
@@ -901,6 +1052,9 @@ NB_MODULE(_torch_C, m) {
              args("x", "weight", "eps", "out", "plan", "stream", "dtype", "return_rstd"));
   std::apply([&](auto... a) { m.def("layer_norm", &layer_norm, a...); },
              args("x", "weight", "bias", "eps", "out", "plan", "stream", "dtype", "return_stats"));
+  // The training operator takes its call as (args, kwargs): the Python wrapper passes them on
+  // untouched, so that a call left to the Python path meets its own signature.
+  m.def("fused_add_rms_norm", &fused_add_rms_norm, nb::arg("args"), nb::arg("kwargs"));
   m.def(
       "clear_replays",
       [] {

@@ -1,6 +1,6 @@
 """tile._torch_C, the operators' C++ entry for torch tensors, on torch CPU tensors (the CPU
-backend): where it is loaded, the eager calls of tile.softmax, log_softmax, rms_norm and
-layer_norm go through it (its counters and its grad_fn types say so); its outputs and
+backend): where it is loaded, the eager calls of tile.softmax, log_softmax, rms_norm,
+layer_norm and fused_add_rms_norm go through it (its counters and its grad_fn types say so); its outputs and
 gradients equal, bit for bit, those of the package's Python paths (the direct launch, the eager
 autograd Function, the custom op) and float64 gradcheck passes through it; it refuses what
 they refuse with the same messages, and leaves to them every call it does not take.
@@ -271,6 +271,80 @@ def test_modules_and_precompile_take_it():
     tile.precompile(tile.layer_norm, rand((2, 48)), weight=rand(48, seed=3), backward=True)
 
 
+# ---- fused_add_rms_norm ----
+
+FUSED_CASES = {
+    "plain": dict(), "weighted": dict(weight=True), "return_rstd": dict(weight=True, return_rstd=True),
+    "in_place": dict(weight=True, in_place=True), "in_place_rstd": dict(in_place=True, return_rstd=True),
+    "eps_int": dict(eps=0), "plan": dict(plan='{"workers_per_program": 32}'),
+    "residual_float32": dict(weight=True, residual_dtype=torch.float32),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FUSED_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_fused_add_rms_norm_outputs_equal_the_python_path(monkeypatch, dtype, case):
+    spec = dict(FUSED_CASES[case])
+    residual_dtype = spec.pop("residual_dtype", dtype)
+    if dtype == torch.float64:                  # a float64 call has every float operand in float64
+        residual_dtype = dtype
+    w = rand(48, dtype, 62, 1.0) if spec.pop("weight", False) else None
+    outs = []
+    for path in ("extension", "python"):
+        x, r = rand((3, 5, 48), dtype, 60), rand((3, 5, 48), residual_dtype, 61)
+        with (taken() if path == "extension" else python_paths(monkeypatch)):
+            got = tile.fused_add_rms_norm(x, r, w, **spec)
+        if spec.get("in_place"):
+            assert got[0] is x and got[1] is r
+        outs.append(got)
+    same(*outs)
+
+
+def _fused_gradients(inputs, dys):
+    leaves = [None if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    y, residual_out = tile.fused_add_rms_norm(*leaves, eps=1e-5)
+    torch.autograd.backward([y, residual_out], dys)
+    return (y, residual_out), tuple(t.grad for t in leaves if t is not None and t.requires_grad), y.grad_fn
+
+
+@pytest.mark.parametrize("grads", ["all", "x", "residual", "weight", "unweighted"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_add_rms_norm_gradients_equal_the_python_paths(monkeypatch, dtype, grads):
+    x = rand((7, 48), dtype, 36, requires_grad=grads in ("all", "x", "unweighted"))
+    r = rand((7, 48), dtype, 37, requires_grad=grads in ("all", "residual", "unweighted"))
+    w = None if grads == "unweighted" else rand(48, dtype, 38, 1.0, requires_grad=grads in ("all", "weight"))
+    dys = [rand((7, 48), dtype, 70), rand((7, 48), dtype, 71)]
+    with taken(nodes=1):
+        ext = _fused_gradients([x, r, w], dys)
+    assert type(ext[2]).__name__ == "TileFusedAddRmsNormBackward"
+    with python_paths(monkeypatch) as m:
+        eager = _fused_gradients([x, r, w], dys)
+        assert type(eager[2]).__name__.startswith("Eager_")
+        m.setattr(tile._torch_api, "eager_grad", lambda *arrays: False)
+        custom = _fused_gradients([x, r, w], dys)
+        assert type(custom[2]).__name__.startswith("GeneratedBackwardFor_tile_")
+    for other in (eager, custom):
+        same(tuple(o.detach() for o in ext[0]), tuple(o.detach() for o in other[0]))
+        same(ext[1], other[1])
+
+
+def test_fused_add_rms_norm_gradient_of_one_output_and_gradcheck():
+    x, r = rand((3, 17), torch.float64, 80, requires_grad=True), rand((3, 17), torch.float64, 81, requires_grad=True)
+    w = (rand(17, torch.float64, 82, 0.5) + 1.0).requires_grad_()
+    y, _ = tile.fused_add_rms_norm(x, r, w)
+    y.sum().backward()                          # residual_out's gradient: zeros, as a Function gets
+    assert x.grad is not None and torch.equal(x.grad, r.grad)
+    assert gradcheck(lambda *a: tile.fused_add_rms_norm(*a), (x, r, w), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def test_fused_add_rms_norm_module_takes_it():
+    norm = tile.nn.FusedAddRMSNorm(48)
+    x, r = rand((2, 48), requires_grad=True), rand((2, 48), seed=1)
+    with taken(nodes=1):
+        y, residual_out = norm(x, r)
+    assert type(y.grad_fn).__name__ == "TileFusedAddRmsNormBackward"
+
+
 # ---- errors: the Python paths' ----
 
 def _bad_calls():
@@ -298,6 +372,13 @@ def _bad_calls():
         "plan_json": lambda: tile.softmax(x, plan="{not json"),
         "plan_field": lambda: tile.softmax(x, plan='{"no_such_field": 1}'),
         "stats_grad_out": lambda: tile.layer_norm(xg, out=torch.empty(4, 16), return_stats=True),
+        "fused_in_place_grad": lambda: tile.fused_add_rms_norm(x, xg, in_place=True),
+        "fused_in_place_grad_weight": lambda: tile.fused_add_rms_norm(x, x.clone(), w.clone().requires_grad_(),
+                                                                      in_place=True),
+        "fused_residual_shape": lambda: tile.fused_add_rms_norm(x, rand((4, 15))),
+        "fused_weight_shape": lambda: tile.fused_add_rms_norm(x, x.clone(), rand(15)),
+        "fused_eps": lambda: tile.fused_add_rms_norm(x, x.clone(), eps=-1.0),
+        "fused_precision": lambda: tile.fused_add_rms_norm(x, rand((4, 16), torch.float64)),
     }
 
 
@@ -320,6 +401,9 @@ def test_errors_equal_the_python_paths(monkeypatch, case):
         m.setattr(tile._torch_api, "softmax", unreachable)
         m.setattr(tile._torch_api, "rms_norm", unreachable)
         m.setattr(tile._torch_api, "layer_norm", unreachable)
+        m.setattr(tile._torch_api, "TRAINING", {})
+        m.setattr(tile._torch_api, "_training", unreachable)
+        m.setattr(tile._training, "_run", unreachable)
         got = _outcome(fn)
     with python_paths(monkeypatch):
         want = _outcome(fn)
@@ -353,6 +437,12 @@ def _left_calls():
         "vmap": lambda: torch.func.vmap(tile.softmax)(rand((2, 4, 16))),
         "functorch_grad": lambda: torch.func.grad(lambda t: tile.softmax(t).pow(2).sum())(rand((4, 16))),
         "forward_ad": lambda: _dual_softmax(x),
+        "fused_return_rstd_grad": lambda: tile.fused_add_rms_norm(x.clone().requires_grad_(), x, return_rstd=True),
+        "fused_plan_grad": lambda: tile.fused_add_rms_norm(x.clone().requires_grad_(), x, plan=None),
+        "fused_stream": lambda: tile.fused_add_rms_norm(x, x.clone(), stream=0),
+        "fused_unknown_argument": lambda: tile.fused_add_rms_norm(x, x.clone(), alpha=1.0),
+        "fused_eps_none": lambda: tile.fused_add_rms_norm(x, x.clone(), eps=None),
+        "fused_numpy": lambda: tile.fused_add_rms_norm(x.numpy(), x.numpy().copy()),
         **_LEFT_NAMED,
     }
 

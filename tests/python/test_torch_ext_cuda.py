@@ -1,5 +1,5 @@
 """tile._torch_C on torch CUDA tensors (marked gpu): outputs and gradients equal, bit for bit,
-those of the package's Python paths; a repeated call is replayed; the launches go to the
+those of the package's Python paths (the four operators and fused_add_rms_norm); a repeated call is replayed; the launches go to the
 current stream of the tensors' device (a CUDA-graph capture records them, forward and
 backward), on that device whichever is current; errors are the Python paths'.
 
@@ -50,6 +50,30 @@ def test_outputs_and_gradients_equal_the_python_paths(monkeypatch, op, dtype, sh
         want = call(op, x, w, b)
         eager = step(op, x, w, b, dy)
     same(y, want)
+    same(ext[0], eager[0])
+    same(ext[1], eager[1])
+
+
+def _fused_step(x, r, w, dys):
+    leaves = [t.detach().clone().requires_grad_() for t in (x, r, w)]
+    outs = tile.fused_add_rms_norm(*leaves)
+    torch.autograd.backward(outs, dys)
+    return tuple(o.detach() for o in outs), tuple(t.grad for t in leaves)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_rms_norm_equals_the_python_path(monkeypatch, dtype, shape):
+    x, r, w = rand(shape, dtype, 1), rand(shape, dtype, 2), rand(shape[-1], dtype, 3, 1.0)
+    dys = [rand(shape, dtype, 4), rand(shape, dtype, 5)]
+    with taken():
+        got = tile.fused_add_rms_norm(x, r, w, return_rstd=True)
+    with taken(nodes=1):
+        ext = _fused_step(x, r, w, dys)
+    with python_paths(monkeypatch):
+        want = tile.fused_add_rms_norm(x, r, w, return_rstd=True)
+        eager = _fused_step(x, r, w, dys)
+    same(got, want)
     same(ext[0], eager[0])
     same(ext[1], eager[1])
 
