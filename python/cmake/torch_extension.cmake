@@ -61,7 +61,9 @@ function(tile_add_torch_extension)
   endforeach()
 
   # NOMINSIZE: -O3 rather than nanobind's default -Os; this module exists for its speed per call.
-  nanobind_add_module(_torch_C NOMINSIZE src/torch_ext.cpp)
+  # NB_DOMAIN: nanobind's exception translators are shared within a domain; this module's (for
+  # torch's errors) stays out of the calls of other nanobind modules, tile._tile's included.
+  nanobind_add_module(_torch_C NOMINSIZE NB_DOMAIN tile_torch src/torch_ext.cpp)
   target_include_directories(_torch_C PRIVATE "${TILE_ROOT}/src")
   target_include_directories(_torch_C SYSTEM PRIVATE ${TORCH_INCLUDE_DIRS})
   target_link_libraries(_torch_C PRIVATE ${tile_target} ${torch_libs})
