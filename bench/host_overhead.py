@@ -13,13 +13,14 @@ Variants: tile with out= given and tile allocating its output (taken in eager wh
 requires grad), tile through its custom op (torch.ops.tile.*, the path of torch.compile and of
 tensor subclasses), tile with x requiring grad (the forward's host time, its autograd node
 included), tile's training step (x requiring grad: forward, then backward with a fixed output
-gradient), torch eager with out= (softmax and log_softmax only: the norms have no out=), torch
-eager allocating, with x requiring grad, and its training step. tile_* take the package's
-default path: through tile._torch_C (C++ entry, C++ autograd node) where that extension is
-loaded (build_info()["torch_extension"] == "loaded"), else the Python paths (the direct launch
-of tile/__init__.py, the eager torch.autograd.Function). Where it is loaded, tile_*_py time the
-same calls with it switched off, so one run reports both. Shapes: the four seed shapes and
-decode sizes (1, 8, 64 rows x 4096 and 16384 columns).
+gradient; several kernels a step, the gradient's accumulation into x.grad included, so on large
+shapes the GPU may bound a sample), torch eager with out= (softmax and log_softmax only: the
+norms have no out=), torch eager allocating, with x requiring grad, and its training step.
+tile_* take the package's default path: through tile._torch_C (C++ entry, C++ autograd node)
+where that extension is loaded (build_info()["torch_extension"] == "loaded"), else the Python
+paths (the direct launch of tile/__init__.py, the eager torch.autograd.Function). Where it is
+loaded, tile_*_py time the same calls with it switched off, so one run reports both. Shapes:
+the four seed shapes and decode sizes (1, 8, 64 rows x 4096 and 16384 columns).
 
 Needs torch with a CUDA device and the tile package (the folder holding tile/ on PYTHONPATH);
 reads nothing else of bench/.
