@@ -9,12 +9,18 @@ thread. `calls` stays well under the launch queue's depth (about a thousand), so
 than the host never blocks the loop; wall_us also counts the synchronize (about max(host, GPU)).
 Each number is the median of `repeats` samples, with the garbage collector off while timing.
 
-Variants: tile with out= given and tile allocating its output (the direct path, taken in eager
-when no input requires grad), tile through its custom op (torch.ops.tile.*, the path of
-torch.compile and of tensor subclasses), tile with x requiring grad (the eager autograd path:
-a torch.autograd.Function; the forward's host time), torch eager with out= (softmax and log_softmax only: the norms
-have no out=), torch eager allocating, and torch eager with x requiring grad. Shapes: the four
-seed shapes and decode sizes (1, 8, 64 rows x 4096 and 16384 columns).
+Variants: tile with out= given and tile allocating its output (taken in eager when no input
+requires grad), tile through its custom op (torch.ops.tile.*, the path of torch.compile and of
+tensor subclasses), tile with x requiring grad (the forward's host time, its autograd node
+included), tile's training step (x requiring grad: forward, then backward with a fixed output
+gradient; several kernels a step, the gradient's accumulation into x.grad included, so on large
+shapes the GPU may bound a sample), torch eager with out= (softmax and log_softmax only: the
+norms have no out=), torch eager allocating, with x requiring grad, and its training step.
+tile_* take the package's default path: through tile._torch_C (C++ entry, C++ autograd node)
+where that extension is loaded (build_info()["torch_extension"] == "loaded"), else the Python
+paths (the direct launch of tile/__init__.py, the eager torch.autograd.Function). Where it is
+loaded, tile_*_py time the same calls with it switched off, so one run reports both. Shapes:
+the four seed shapes and decode sizes (1, 8, 64 rows x 4096 and 16384 columns).
 
 Needs torch with a CUDA device and the tile package (the folder holding tile/ on PYTHONPATH);
 reads nothing else of bench/.
@@ -38,11 +44,33 @@ def fail(why):
     sys.exit(2)
 
 
-VARIANTS = ("tile_out", "tile_alloc", "tile_op", "tile_grad", "torch_out", "torch_alloc", "torch_grad")
+VARIANTS = ("tile_out", "tile_alloc", "tile_op", "tile_grad", "tile_step", "tile_out_py", "tile_alloc_py",
+            "tile_grad_py", "tile_step_py", "torch_out", "torch_alloc", "torch_grad", "torch_step")
+# Timed with tile._torch_C switched off (tile._ext = None): the Python paths.
+PYTHON_PATHS = ("tile_out_py", "tile_alloc_py", "tile_grad_py", "tile_step_py")
 
 
 def variants(torch, tile, op, x, w, b, y):
-    """name -> a no-argument callable issuing one launch (with x requiring grad: the forward)."""
+    """name -> a no-argument callable issuing one launch (with x requiring grad: the forward;
+    a step: the forward and its backward)."""
+    out = _variants(torch, tile, op, x, w, b, y)
+    xg = x.detach().requires_grad_()
+    dy = torch.randn_like(x)
+    tile_fwd = {"softmax": lambda: tile.softmax(xg), "log_softmax": lambda: tile.log_softmax(xg),
+                "rms_norm": lambda: tile.rms_norm(xg, weight=w, eps=EPS.get(op)),
+                "layer_norm": lambda: tile.layer_norm(xg, weight=w, bias=b, eps=EPS.get(op))}[op]
+    F, cols = torch.nn.functional, x.shape[-1]
+    torch_fwd = {"softmax": lambda: torch.softmax(xg, -1), "log_softmax": lambda: torch.log_softmax(xg, -1),
+                 "rms_norm": lambda: F.rms_norm(xg, (cols,), w, EPS.get(op)),
+                 "layer_norm": lambda: F.layer_norm(xg, (cols,), w, b, EPS.get(op))}[op]
+    out["tile_step"] = lambda: tile_fwd().backward(dy)
+    out["torch_step"] = lambda: torch_fwd().backward(dy)
+    for name in PYTHON_PATHS:
+        out[name] = out[name[:-len("_py")]]
+    return out
+
+
+def _variants(torch, tile, op, x, w, b, y):
     F = torch.nn.functional
     ops = torch.ops.tile
     cols = x.shape[-1]
@@ -144,8 +172,10 @@ def main():
         fail(f"the tile package is not importable ({e}); put the folder holding tile/ on PYTHONPATH, "
              "e.g. PYTHONPATH=build/ci/python")
 
+    extension = tile._ext                       # tile._torch_C where loaded, else None
     if args.stub_launch:
         device_name = "cpu (launch stubbed: the Python side only)"
+        extension = tile._ext = None            # it launches in C++: the stub would not see its calls
 
         def stub(op, x, out, weight, bias, eps, plan, stream, dtype, record, stats=()):
             y = torch.empty_like(x) if out is None else out
@@ -167,7 +197,13 @@ def main():
             y = torch.empty_like(x)
             cells = {}
             for name, fn in variants(torch, tile, op, x, w, b, y).items():
-                host_us, wall_us = measure(torch, fn, args.calls, args.repeats, sync)
+                if name in PYTHON_PATHS and extension is None:
+                    continue                    # the same calls as tile_*: the Python paths already
+                tile._ext = None if name in PYTHON_PATHS else extension
+                try:
+                    host_us, wall_us = measure(torch, fn, args.calls, args.repeats, sync)
+                finally:
+                    tile._ext = extension
                 cells[name] = f"{host_us:8.2f} [{wall_us:8.2f}]"
                 rows.append({"op": op, "shape": list(shape), "variant": name, "host_us": round(host_us, 3),
                              "wall_us": round(wall_us, 3)})
@@ -176,6 +212,7 @@ def main():
 
     if args.out:
         result = {"what": "host microseconds per call (batched, time.perf_counter)", "dtype": args.dtype,
+                  "torch_extension": tile.build_info().get("torch_extension", "not in this version"),
                   "calls": args.calls, "repeats": args.repeats, "device": device_name,
                   "torch": torch.__version__, "python": sys.version.split()[0], "tile": tile.build_info(),
                   "rows": rows}

@@ -11,6 +11,8 @@
 #   TILE_GIT_COMMIT=<sha> scripts/build_python.sh  # names the tree's commit (wins over its .git)
 #   BUILD_DIR=build/my-python scripts/build_python.sh
 #   TILE_LIBRARY=build/cpu-only/libtile.so scripts/build_python.sh -DTILE_WITH_CUDA=OFF  # no CUDA headers
+#   TILE_TORCH_EXTENSION=ON scripts/build_python.sh   # also tile._torch_C, against that Python's torch
+#                                                     # (AUTO: where it imports torch; OFF: the default)
 #
 # The package lands in build/python-<major><minor>/tile/; put build/python-<major><minor> on
 # PYTHONPATH. Extra arguments go to the CMake configure step.
@@ -37,14 +39,16 @@ if command -v ninja >/dev/null; then generator=(-G Ninja); fi
 # tile.build_info() reports the commit given as TILE_GIT_COMMIT, else the checkout's HEAD.
 commit=()
 if [ -n "${TILE_GIT_COMMIT:-}" ]; then commit=(-DTILE_GIT_COMMIT="$TILE_GIT_COMMIT"); fi
+# The torch extension (python/cmake/torch_extension.cmake) is built only when asked.
+torch_ext=(-DTILE_TORCH_EXTENSION="${TILE_TORCH_EXTENSION:-OFF}")
 
 cmake -S python -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DTILE_ROOT="$PWD" -DTILE_LIBRARY="$library" -DPython_EXECUTABLE="$python" "${commit[@]}" "$@"
+  -DTILE_ROOT="$PWD" -DTILE_LIBRARY="$library" -DPython_EXECUTABLE="$python" "${commit[@]}" "${torch_ext[@]}" "$@"
 cmake --build "$build" -j "$(nproc)"
 
 cat <<EOF
 
-build_python: built $(ls "$build"/tile/_tile*.so)
+build_python: built $(ls "$build"/tile/_tile*.so "$build"/tile/_torch_C*.so 2>/dev/null | tr '\n' ' ')
   against $library
 Use it:
   PYTHONPATH=$PWD/$build $python -c 'import tile; print(tile.build_info())'

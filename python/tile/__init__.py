@@ -22,10 +22,14 @@ with the input's framework when not given.
 
 With torch: the operators differentiate when inputs require grad, are torch.library custom
 ops (torch.ops.tile.*) under torch.compile, and tile.nn holds drop-in modules (tile/_torch_ops.py,
-tile/nn.py). TILE_LOG=1 reports every JIT compile (tile/_log.py).
+tile/nn.py); where the optional extension tile._torch_C is built, their eager calls on torch
+tensors go through it in C++ (python/src/torch_ext.cpp). TILE_LOG=1 reports every JIT compile
+(tile/_log.py).
 """
 import functools
+import importlib
 import json
+import os
 import sys
 
 from . import _call, _log, _tile, monoid
@@ -71,6 +75,13 @@ _type_name = _call._type_name
 # while torch is not loaded.
 _torch_api = None
 _routed = None
+# tile._torch_C, the operators' C++ entry for torch tensors (python/src/torch_ext.cpp), where it
+# was built for the torch loaded: the operators call it first, outside torch.compile tracing,
+# and it returns None for a call it leaves to the paths here. `_ext_status` says why it is or
+# is not used (build_info()["torch_extension"]).
+_ext = None
+_ext_status = "not loaded: torch is not loaded"
+_is_compiling = None
 
 
 def _init_torch(torch):
@@ -86,6 +97,30 @@ def _init_torch(torch):
     from . import _torch_ops as api
     if hasattr(api, "route"):                   # else it is being imported; its last line calls this
         _torch_api, _routed = api, api.route
+        _load_torch_extension(torch)
+
+
+def _load_torch_extension(torch):
+    """Loads tile._torch_C where it was built for this torch and TILE_TORCH_EXTENSION does not
+    switch it off. Its backward nodes call the custom ops of _torch_ops (registered by now)."""
+    global _ext, _ext_status, _is_compiling
+    setting = os.environ.get("TILE_TORCH_EXTENSION", "").strip().lower()
+    if setting in ("0", "off", "false", "no"):
+        _ext_status = f"not used: TILE_TORCH_EXTENSION={os.environ['TILE_TORCH_EXTENSION']}"
+        return
+    try:
+        # import_module, not `from . import`: while the package is still being imported, the
+        # latter reports a missing module as a circular import.
+        _torch_C = importlib.import_module(f"{__name__}._torch_C")
+    except ImportError as e:
+        missing = isinstance(e, ModuleNotFoundError) and e.name == f"{__name__}._torch_C"
+        _ext_status = "not built (TILE_TORCH_EXTENSION=ON builds it)" if missing else f"not loaded: {e}"
+        return
+    if _torch_C.TORCH_VERSION != torch.__version__:
+        _ext_status = f"not used: built for torch {_torch_C.TORCH_VERSION}, this is torch {torch.__version__}"
+        return
+    _is_compiling = torch.compiler.is_compiling
+    _ext, _ext_status = _torch_C, "loaded"
 
 
 def _unsupported_torch(why, x=None, w=None, b=None):
@@ -330,6 +365,10 @@ def run(op, x, out=None, weight=None, bias=None, eps=None, plan=None, stream=Non
 
 def softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
     """``exp(x - max) / sum(exp(x - max))`` over the last dimension."""
+    if _ext is not None and not _is_compiling():
+        y = _ext.softmax(x, dim, out, plan, stream, dtype)
+        if y is not None:
+            return y
     if _routed is not None and _routed(x):
         return _torch_api.softmax(x, dim, out, plan, stream, dtype)
     if dim != -1:
@@ -339,6 +378,10 @@ def softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
 
 def log_softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
     """``x - max - log(sum(exp(x - max)))`` over the last dimension."""
+    if _ext is not None and not _is_compiling():
+        y = _ext.log_softmax(x, dim, out, plan, stream, dtype)
+        if y is not None:
+            return y
     if _routed is not None and _routed(x):
         return _torch_api.log_softmax(x, dim, out, plan, stream, dtype)
     if dim != -1:
@@ -350,6 +393,10 @@ def rms_norm(x, weight=None, eps=RMS_NORM_EPS, out=None, plan=None, stream=None,
     """``x * rsqrt(mean(x^2) + eps) [* weight]`` over the last dimension; with return_rstd, also
     ``rsqrt(mean(x^2) + eps)`` per row (float32, float64 for float64 x; shaped like x's rows):
     ``(out, rstd)``."""
+    if _ext is not None and not _is_compiling():
+        y = _ext.rms_norm(x, weight, eps, out, plan, stream, dtype, return_rstd)
+        if y is not None:
+            return y
     if _routed is not None and _routed(x, weight):
         return _torch_api.rms_norm(x, weight, eps, out, plan, stream, dtype, return_rstd)
     return _launch("rms_norm", x, out, weight, None, eps, plan, stream, dtype, False,
@@ -362,6 +409,10 @@ def layer_norm(x, weight=None, bias=None, eps=LAYER_NORM_EPS, out=None, plan=Non
     return_stats, also the mean and ``rsqrt(var + eps)`` per row (float32, float64 for float64 x;
     shaped like x's rows):
     ``(out, mean, rstd)``."""
+    if _ext is not None and not _is_compiling():
+        y = _ext.layer_norm(x, weight, bias, eps, out, plan, stream, dtype, return_stats)
+        if y is not None:
+            return y
     if _routed is not None and _routed(x, weight, bias):
         return _torch_api.layer_norm(x, weight, bias, eps, out, plan, stream, dtype, return_stats)
     return _launch("layer_norm", x, out, weight, bias, eps, plan, stream, dtype, False,
@@ -401,6 +452,8 @@ def source(op, x, weight=None, bias=None, out=None, plan=None, eps=None, dtype=N
 def clear_kernel_caches():
     """Forgets every lowered, compiled and loaded kernel of this process; the next call of each
     kernel lowers and compiles it afresh (or reads it from the disk cache, which is kept)."""
+    if _ext is not None:
+        _ext.clear_replays()
     _tile.clear_kernel_caches()
 
 
@@ -432,8 +485,12 @@ def device_info(device=0):
 
 def build_info():
     """version, git_commit (at configure time), library (the libtile.so loaded), nanobind, compiler,
-    cuda (False when built with TILE_WITH_CUDA=OFF: CUDA arrays and the NVRTC functions raise)."""
-    return _tile.build_info()
+    cuda (False when built with TILE_WITH_CUDA=OFF: CUDA arrays and the NVRTC functions raise),
+    torch_extension ("loaded" where the operators' eager calls on torch tensors enter tile._torch_C,
+    else why not)."""
+    info = _tile.build_info()
+    info["torch_extension"] = _ext_status
+    return info
 
 
 def precompile(fn, *args, backward=False, **kwargs):
@@ -480,7 +537,6 @@ def precompile(fn, *args, backward=False, **kwargs):
 def __getattr__(name):
     # tile.nn (torch modules) on first use, so that `import tile` never imports torch.
     if name == "nn":
-        import importlib
         return importlib.import_module(".nn", __name__)
     raise AttributeError(f"module 'tile' has no attribute {name!r}")
 
@@ -494,8 +550,14 @@ _TRAINING = ("fused_add_rms_norm", "cross_entropy", "softmax_backward", "log_sof
 
 
 def _differentiable(name, direct):
+    entry = name == "fused_add_rms_norm"        # the training operator tile._torch_C takes
+
     @functools.wraps(direct)
     def call(*args, **kwargs):
+        if entry and _ext is not None and not _is_compiling():
+            result = _ext.fused_add_rms_norm(args, kwargs)
+            if result is not None:
+                return result
         if _torch_api is not None and _torch_api.route_any(args, kwargs):
             return _torch_api.TRAINING[name](*args, **kwargs)
         if _routed is not None and _torch_api is None:   # a torch too old for the custom ops

@@ -22,6 +22,12 @@ NotImplementedError naming it. Nothing differentiable is ever dropped: statistic
 (rstd, mean, lse) are marked non-differentiable, out= and in-place forms refuse inputs that
 require grad, and so do row programs and tile.run.
 
+Where the optional extension tile._torch_C is loaded, tile.softmax, log_softmax, rms_norm,
+layer_norm and fused_add_rms_norm offer their eager calls to it first (tile/__init__.py, and
+call() below for the modules); it takes the direct and eager autograd calls it can read in
+C++, with C++ autograd nodes, and leaves the others to these paths (python.md, "The torch
+extension").
+
 Imported by tile once torch is loaded (tile._call.init_torch). Tests:
 tests/python/test_torch_*.py.
 """
@@ -756,7 +762,12 @@ def _none_for_empty(grads, *params):
 
 
 def call(name, *args, **kwargs):
-    """A training operator of the package, on the path route_any picks (the modules use this)."""
+    """A training operator of the package, on the path route_any picks (the modules use this);
+    fused_add_rms_norm through tile._torch_C first where it is loaded."""
+    if name == "fused_add_rms_norm" and _pkg._ext is not None and not _is_compiling():
+        result = _pkg._ext.fused_add_rms_norm(args, kwargs)
+        if result is not None:
+            return result
     if route_any(args, kwargs):
         return TRAINING[name](*args, **kwargs)
     return _training(name, f"tile.{name}")(*args, **kwargs)

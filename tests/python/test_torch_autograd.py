@@ -34,6 +34,13 @@ def twin(t):
     return t.detach().clone().requires_grad_()
 
 
+@pytest.fixture
+def python_paths(monkeypatch):
+    """The package's Python paths alone, for the tests about them: tile._torch_C, where it was
+    built, is not called (test_torch_ext.py checks it against these paths)."""
+    monkeypatch.setattr(tile, "_ext", None)
+
+
 def test_backward_operators_of_the_package():
     missing = [n for n in NAMES if getattr(tile, n, None) is None]
     if missing:
@@ -203,7 +210,7 @@ def test_every_input_requiring_grad_gets_a_gradient(training_ops, call):
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "rms_norm", "layer_norm"])
-def test_missing_backward_raises_naming_it(op, monkeypatch):
+def test_missing_backward_raises_naming_it(op, monkeypatch, python_paths):
     name = f"{op}_backward"
     monkeypatch.setattr(tile, name, None, raising=False)
     x = leaf((3, 16), torch.float32, 19)
@@ -248,7 +255,7 @@ def test_run_and_row_programs_refuse_grad():
     tile.builtin("softmax")(x=x.detach())
 
 
-def test_which_path_a_call_takes(monkeypatch):
+def test_which_path_a_call_takes(monkeypatch, python_paths):
     # No custom op is dispatched on the direct and eager autograd paths (the op would raise here;
     # nn.Parameter is eager too); a tensor subclass as x still takes it.
     def boom(*args, **kwargs):
@@ -272,6 +279,7 @@ def test_which_path_a_call_takes(monkeypatch):
 
 def _custom_op_path(monkeypatch):
     # Both tests of the eager path: the common call's (_plain_grad) and the general one's.
+    monkeypatch.setattr(tile, "_ext", None)
     monkeypatch.setattr(tile._torch_api, "_plain_grad", lambda x: False)
     monkeypatch.setattr(tile._torch_api, "eager_grad", lambda *arrays: False)
 
@@ -279,6 +287,7 @@ def _custom_op_path(monkeypatch):
 def _both_paths(monkeypatch, call, inputs, grads_of):
     """Runs call(*twins of inputs) on the eager autograd path, then on the custom-op path, each
     followed by a backward with the same output gradients; returns (outputs, gradients) of each."""
+    monkeypatch.setattr(tile, "_ext", None)       # the eager path of _torch_ops, not tile._torch_C
     results = []
     for path in ("eager", "custom op"):
         if path == "custom op":
@@ -357,7 +366,7 @@ def test_eager_cross_entropy_matches_the_custom_op_bitwise(training_ops, monkeyp
 
 @pytest.mark.parametrize("path", ["eager", "custom op"])
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "rms_norm", "layer_norm"])
-def test_double_backward_raises(training_ops, monkeypatch, op, path):
+def test_double_backward_raises(training_ops, monkeypatch, python_paths, op, path):
     if path == "custom op":
         _custom_op_path(monkeypatch)
     x = leaf((3, 16), torch.float32, 23)
@@ -368,7 +377,7 @@ def test_double_backward_raises(training_ops, monkeypatch, op, path):
 
 
 @pytest.mark.parametrize("path", ["eager", "custom op"])
-def test_missing_backward_raises_on_both_paths(monkeypatch, path):
+def test_missing_backward_raises_on_both_paths(monkeypatch, python_paths, path):
     if path == "custom op":
         _custom_op_path(monkeypatch)
     monkeypatch.setattr(tile, "rms_norm_backward", None, raising=False)
