@@ -81,7 +81,7 @@ _routed = None
 # is not used (build_info()["torch_extension"]).
 _ext = None
 _ext_status = "not loaded: torch is not loaded"
-_is_compiling = None
+_ext_off = None  # True for a call that must take the paths here (see _load_torch_extension)
 
 
 def _init_torch(torch):
@@ -103,7 +103,7 @@ def _init_torch(torch):
 def _load_torch_extension(torch):
     """Loads tile._torch_C where it was built for this torch and TILE_TORCH_EXTENSION does not
     switch it off. Its backward nodes call the custom ops of _torch_ops (registered by now)."""
-    global _ext, _ext_status, _is_compiling
+    global _ext, _ext_status, _ext_off
     setting = os.environ.get("TILE_TORCH_EXTENSION", "").strip().lower()
     if setting in ("0", "off", "false", "no"):
         _ext_status = f"not used: TILE_TORCH_EXTENSION={os.environ['TILE_TORCH_EXTENSION']}"
@@ -119,7 +119,15 @@ def _load_torch_extension(torch):
     if _torch_C.TORCH_VERSION != torch.__version__:
         _ext_status = f"not used: built for torch {_torch_C.TORCH_VERSION}, this is torch {torch.__version__}"
         return
-    _is_compiling = torch.compiler.is_compiling
+    # Calls take the paths here while torch.compile or torch.export traces, and while compile
+    # reports are wanted (tile.precompile collecting, the "tile" logger at INFO: TILE_LOG): the
+    # extension launches through libtile.so and reports no compile.
+    is_compiling, collectors, enabled = torch.compiler.is_compiling, _log._collectors, _log.logger.isEnabledFor
+
+    def ext_off():
+        return is_compiling() or bool(collectors) or enabled(20)  # 20: logging.INFO
+
+    _ext_off = ext_off
     _ext, _ext_status = _torch_C, "loaded"
 
 
@@ -365,7 +373,7 @@ def run(op, x, out=None, weight=None, bias=None, eps=None, plan=None, stream=Non
 
 def softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
     """``exp(x - max) / sum(exp(x - max))`` over the last dimension."""
-    if _ext is not None and not _is_compiling():
+    if _ext is not None and not _ext_off():
         y = _ext.softmax(x, dim, out, plan, stream, dtype)
         if y is not None:
             return y
@@ -378,7 +386,7 @@ def softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
 
 def log_softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
     """``x - max - log(sum(exp(x - max)))`` over the last dimension."""
-    if _ext is not None and not _is_compiling():
+    if _ext is not None and not _ext_off():
         y = _ext.log_softmax(x, dim, out, plan, stream, dtype)
         if y is not None:
             return y
@@ -393,7 +401,7 @@ def rms_norm(x, weight=None, eps=RMS_NORM_EPS, out=None, plan=None, stream=None,
     """``x * rsqrt(mean(x^2) + eps) [* weight]`` over the last dimension; with return_rstd, also
     ``rsqrt(mean(x^2) + eps)`` per row (float32, float64 for float64 x; shaped like x's rows):
     ``(out, rstd)``."""
-    if _ext is not None and not _is_compiling():
+    if _ext is not None and not _ext_off():
         y = _ext.rms_norm(x, weight, eps, out, plan, stream, dtype, return_rstd)
         if y is not None:
             return y
@@ -409,7 +417,7 @@ def layer_norm(x, weight=None, bias=None, eps=LAYER_NORM_EPS, out=None, plan=Non
     return_stats, also the mean and ``rsqrt(var + eps)`` per row (float32, float64 for float64 x;
     shaped like x's rows):
     ``(out, mean, rstd)``."""
-    if _ext is not None and not _is_compiling():
+    if _ext is not None and not _ext_off():
         y = _ext.layer_norm(x, weight, bias, eps, out, plan, stream, dtype, return_stats)
         if y is not None:
             return y
@@ -554,7 +562,7 @@ def _differentiable(name, direct):
 
     @functools.wraps(direct)
     def call(*args, **kwargs):
-        if entry and _ext is not None and not _is_compiling():
+        if entry and _ext is not None and not _ext_off():
             result = _ext.fused_add_rms_norm(args, kwargs)
             if result is not None:
                 return result

@@ -502,3 +502,25 @@ def test_clear_kernel_caches_keeps_it_working():
     tile.clear_kernel_caches()
     with taken():
         assert torch.equal(tile.softmax(x), y)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_calls_take_the_python_paths_while_compile_reports_are_wanted(op):
+    # The extension reports no JIT compile: while tile.precompile collects, or the "tile" logger
+    # reports at INFO (TILE_LOG), calls take the paths that do; otherwise the extension again.
+    import logging
+    from tile import _log
+    x = rand((3, 40))
+    w = rand((40,), seed=1) if "norm" in op else None
+    with not_taken(), _log.collect():
+        call(op, x, w)
+    level = _log.logger.level
+    _log.logger.setLevel(logging.INFO)
+    try:
+        with not_taken():
+            call(op, x, w)
+    finally:
+        _log.logger.setLevel(level)
+    if not _log.logger.isEnabledFor(logging.INFO):
+        with taken():
+            call(op, x, w)
