@@ -74,6 +74,12 @@ function(tile_add_torch_extension)
     LIBRARY_OUTPUT_DIRECTORY "${tile_package_dir}/tile"
     BUILD_RPATH "${tile_library_dir};${TORCH_INSTALL_PREFIX}/lib")
   add_dependencies(_torch_C tile_python_files)
+  if(SKBUILD)
+    # The wheel: libtile.so from beside the module; torch's libraries are loaded by `import
+    # torch` before the package loads this module, else found in a sibling torch/lib.
+    set_target_properties(_torch_C PROPERTIES INSTALL_RPATH "$ORIGIN;$ORIGIN/../torch/lib")
+    install(TARGETS _torch_C LIBRARY DESTINATION tile)
+  endif()
   message(STATUS "tile._torch_C: built against torch ${torch_version} (${TORCH_INSTALL_PREFIX})")
 endfunction()
 tile_add_torch_extension()
