@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 from torch.autograd import gradcheck  # noqa: E402
 
 import tile  # noqa: E402
-from test_torch_ext import NODES, call, python_paths, same, taken  # noqa: E402
+from test_torch_ext import NODES, _outcome, call, python_paths, same, taken  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -176,14 +176,6 @@ def test_float64_gradcheck_on_the_gpu(op):
     inputs = {"softmax": (x,), "log_softmax": (x,), "rms_norm": (x, w), "layer_norm": (x, w, b)}[op]
     assert type(call(op, *inputs).grad_fn).__name__ == NODES[op]
     assert gradcheck(lambda *a: call(op, *a), inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
-
-
-def _outcome(fn):
-    try:
-        fn()
-    except Exception as e:              # noqa: BLE001 - the type and message are compared
-        return type(e), str(e)
-    return None
 
 
 CUDA_ERRORS = {
