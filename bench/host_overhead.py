@@ -20,7 +20,9 @@ tile_* take the package's default path: through tile._torch_C (C++ entry, C++ au
 where that extension is loaded (build_info()["torch_extension"] == "loaded"), else the Python
 paths (the direct launch of tile/__init__.py, the eager torch.autograd.Function). Where it is
 loaded, tile_*_py time the same calls with it switched off, so one run reports both. Shapes:
-the four seed shapes and decode sizes (1, 8, 64 rows x 4096 and 16384 columns).
+the four seed shapes and decode sizes (1, 8, 64 rows x 4096 and 16384 columns). cross_entropy
+(rows of logits, a class per row, the mean loss; no out= on either side) has no tile_out and no
+torch_out; its tile_*_py path is the Python eager Function (the extension does not take it).
 
 Needs torch with a CUDA device and the tile package (the folder holding tile/ on PYTHONPATH);
 reads nothing else of bench/.
@@ -33,7 +35,7 @@ import statistics
 import sys
 import time
 
-OPS = ["softmax", "log_softmax", "rms_norm", "layer_norm"]
+OPS = ["softmax", "log_softmax", "rms_norm", "layer_norm", "cross_entropy"]
 SEED_SHAPES = [(37, 1537), (256, 3072), (768, 6144), (1024, 4096)]
 DECODE_SHAPES = [(rows, cols) for cols in (4096, 16384) for rows in (1, 8, 64)]
 EPS = {"rms_norm": 1e-6, "layer_norm": 1e-5}
@@ -56,6 +58,15 @@ def variants(torch, tile, op, x, w, b, y):
     out = _variants(torch, tile, op, x, w, b, y)
     xg = x.detach().requires_grad_()
     dy = torch.randn_like(x)
+    if op == "cross_entropy":
+        # The loss (mean over the rows) of every logits row; a step is the loss and its backward.
+        target = _targets(torch, x)
+        out["tile_step"] = lambda: tile.cross_entropy(xg, target).backward()
+        out["torch_step"] = lambda: torch.nn.functional.cross_entropy(xg, target).backward()
+        for name in PYTHON_PATHS:
+            if name[:-len("_py")] in out:
+                out[name] = out[name[:-len("_py")]]
+        return out
     tile_fwd = {"softmax": lambda: tile.softmax(xg), "log_softmax": lambda: tile.log_softmax(xg),
                 "rms_norm": lambda: tile.rms_norm(xg, weight=w, eps=EPS.get(op)),
                 "layer_norm": lambda: tile.layer_norm(xg, weight=w, bias=b, eps=EPS.get(op))}[op]
@@ -70,12 +81,25 @@ def variants(torch, tile, op, x, w, b, y):
     return out
 
 
+def _targets(torch, x):
+    """A class index per row of x (int64), from a fixed seed."""
+    g = torch.Generator(device=x.device).manual_seed(1)
+    return torch.randint(0, x.shape[-1], x.shape[:-1], generator=g, device=x.device)
+
+
 def _variants(torch, tile, op, x, w, b, y):
     F = torch.nn.functional
     ops = torch.ops.tile
     cols = x.shape[-1]
     eps = EPS.get(op)
     xg = x.detach().requires_grad_()
+    if op == "cross_entropy":  # no out= on either side; torch's is the causal-LM loss call
+        target = _targets(torch, x)
+        return {"tile_alloc": lambda: tile.cross_entropy(x, target),
+                "tile_op": lambda: ops.cross_entropy(x, target, -100, "mean", 0.0, 0.0, None),
+                "tile_grad": lambda: tile.cross_entropy(xg, target),
+                "torch_alloc": lambda: F.cross_entropy(x, target),
+                "torch_grad": lambda: F.cross_entropy(xg, target)}
     if op in ("softmax", "log_softmax"):
         tile_fn, torch_fn, op_fn = getattr(tile, op), getattr(torch, op), getattr(ops, op)
         out = {"tile_out": lambda: tile_fn(x, out=y), "tile_alloc": lambda: tile_fn(x), "tile_op": lambda: op_fn(x),
@@ -131,7 +155,7 @@ def measure(torch, fn, calls, repeats, sync):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ops", default=",".join(OPS), help="comma-separated operators (default: all four)")
+    parser.add_argument("--ops", default=",".join(OPS), help="comma-separated operators (default: all five)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--calls", type=int, default=200, help="launches per timed sample (default 200)")
     parser.add_argument("--repeats", type=int, default=25, help="samples per number; the median is kept")
