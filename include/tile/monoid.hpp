@@ -77,9 +77,10 @@ struct Monoid {
   std::vector<MonoidNode> nodes;
   std::vector<int> combine;  // one node per part: the merged state
   std::vector<int> chunk;    // one node per part: the state of a chunk of elements
-  // Optional worker fast path: one node per part, over all of a worker's elements (chunk_sum,
-  // chunk_max and count range over them, first reads the first of them), and a b1 node that
-  // holds where that state is exact enough. Empty when the monoid has none.
+  // Optional fast graph: one node per part, over any set of the row's elements — a worker's, or
+  // the whole row's on the program fast path (chunk_sum, chunk_max and count range over the
+  // set, first reads one element of it) — and a b1 node that holds where that state is exact
+  // enough. Empty when the monoid has none.
   std::vector<int> fast;
   int fast_exact = -1;
   // Throws tile::InternalError when the graphs are malformed (wrong kinds in a graph, types).
@@ -113,7 +114,7 @@ class MonoidBuilder {
   MonoidExpr binary(BinaryFn fn, MonoidExpr a, MonoidExpr b);
   MonoidExpr select(MonoidExpr cond, MonoidExpr a, MonoidExpr b);
   Monoid build(std::vector<MonoidExpr> combine, std::vector<MonoidExpr> chunk);
-  // With a worker fast path: `fast` (one per part) where `fast_exact` holds.
+  // With a fast graph: `fast` (one per part) where `fast_exact` holds.
   Monoid build(std::vector<MonoidExpr> combine, std::vector<MonoidExpr> chunk, std::vector<MonoidExpr> fast,
                MonoidExpr fast_exact);
 
