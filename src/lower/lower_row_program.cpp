@@ -917,11 +917,9 @@ std::vector<std::vector<int>> RowLowering::program_fast_states(std::vector<Stmt>
   };
   std::vector<Leaf> leaves;
   // The row's first element, for the fast graphs' `first` nodes: every worker loads the vector
-  // at column 0 (one address for the whole warp).
+  // at column 0 (one address for the whole warp), where reads_row_head (the cost model's count) says.
   Slot head;
-  bool any_first = false;
-  for (int red : reductions) any_first |= !fast_leaves(prog_.reductions()[red].monoid).firsts.empty();
-  if (any_first) {
+  if (reads_row_head(prog_, reductions, plan_)) {
     head.col = i64(0);
     load_slot(out, head, inputs, /*cache=*/false);
   }
