@@ -14,15 +14,18 @@ requires grad), tile through its custom op (torch.ops.tile.*, the path of torch.
 tensor subclasses), tile with x requiring grad (the forward's host time, its autograd node
 included), tile's training step (x requiring grad: forward, then backward with a fixed output
 gradient; several kernels a step, the gradient's accumulation into x.grad included, so on large
-shapes the GPU may bound a sample), torch eager with out= (softmax and log_softmax only: the
-norms have no out=), torch eager allocating, with x requiring grad, and its training step.
+shapes the GPU may bound a sample), tile's backward alone (tile_bwd: one backward pass through a
+retained graph, the forward run once before timing; the backward operators' host time, its
+accumulation into x.grad included), torch eager with out= (softmax and log_softmax only: the
+norms have no out=), torch eager allocating, with x requiring grad, its training step and its
+backward alone.
 tile_* take the package's default path: through tile._torch_C (C++ entry, C++ autograd node)
 where that extension is loaded (build_info()["torch_extension"] == "loaded"), else the Python
 paths (the direct launch of tile/__init__.py, the eager torch.autograd.Function). Where it is
 loaded, tile_*_py time the same calls with it switched off, so one run reports both. Shapes:
 the four seed shapes and decode sizes (1, 8, 64 rows x 4096 and 16384 columns). cross_entropy
 (rows of logits, a class per row, the mean loss; no out= on either side) has no tile_out and no
-torch_out; its tile_*_py path is the Python eager Function (the extension does not take it).
+torch_out.
 
 Needs torch with a CUDA device and the tile package (the folder holding tile/ on PYTHONPATH);
 reads nothing else of bench/.
@@ -46,10 +49,11 @@ def fail(why):
     sys.exit(2)
 
 
-VARIANTS = ("tile_out", "tile_alloc", "tile_op", "tile_grad", "tile_step", "tile_out_py", "tile_alloc_py",
-            "tile_grad_py", "tile_step_py", "torch_out", "torch_alloc", "torch_grad", "torch_step")
+VARIANTS = ("tile_out", "tile_alloc", "tile_op", "tile_grad", "tile_step", "tile_bwd", "tile_out_py", "tile_alloc_py",
+            "tile_grad_py", "tile_step_py", "tile_bwd_py", "torch_out", "torch_alloc", "torch_grad", "torch_step",
+            "torch_bwd")
 # Timed with tile._torch_C switched off (tile._ext = None): the Python paths.
-PYTHON_PATHS = ("tile_out_py", "tile_alloc_py", "tile_grad_py", "tile_step_py")
+PYTHON_PATHS = ("tile_out_py", "tile_alloc_py", "tile_grad_py", "tile_step_py", "tile_bwd_py")
 
 
 def variants(torch, tile, op, x, w, b, y):
@@ -57,28 +61,43 @@ def variants(torch, tile, op, x, w, b, y):
     a step: the forward and its backward)."""
     out = _variants(torch, tile, op, x, w, b, y)
     xg = x.detach().requires_grad_()
-    dy = torch.randn_like(x)
+    F, cols = torch.nn.functional, x.shape[-1]
     if op == "cross_entropy":
         # The loss (mean over the rows) of every logits row; a step is the loss and its backward.
         target = _targets(torch, x)
-        out["tile_step"] = lambda: tile.cross_entropy(xg, target).backward()
-        out["torch_step"] = lambda: torch.nn.functional.cross_entropy(xg, target).backward()
-        for name in PYTHON_PATHS:
-            if name[:-len("_py")] in out:
-                out[name] = out[name[:-len("_py")]]
-        return out
-    tile_fwd = {"softmax": lambda: tile.softmax(xg), "log_softmax": lambda: tile.log_softmax(xg),
-                "rms_norm": lambda: tile.rms_norm(xg, weight=w, eps=EPS.get(op)),
-                "layer_norm": lambda: tile.layer_norm(xg, weight=w, bias=b, eps=EPS.get(op))}[op]
-    F, cols = torch.nn.functional, x.shape[-1]
-    torch_fwd = {"softmax": lambda: torch.softmax(xg, -1), "log_softmax": lambda: torch.log_softmax(xg, -1),
-                 "rms_norm": lambda: F.rms_norm(xg, (cols,), w, EPS.get(op)),
-                 "layer_norm": lambda: F.layer_norm(xg, (cols,), w, b, EPS.get(op))}[op]
+        tile_fwd, torch_fwd = lambda: tile.cross_entropy(xg, target), lambda: F.cross_entropy(xg, target)
+        dy = None
+    else:
+        dy = torch.randn_like(x)
+        tile_fwd = {"softmax": lambda: tile.softmax(xg), "log_softmax": lambda: tile.log_softmax(xg),
+                    "rms_norm": lambda: tile.rms_norm(xg, weight=w, eps=EPS.get(op)),
+                    "layer_norm": lambda: tile.layer_norm(xg, weight=w, bias=b, eps=EPS.get(op))}[op]
+        torch_fwd = {"softmax": lambda: torch.softmax(xg, -1), "log_softmax": lambda: torch.log_softmax(xg, -1),
+                     "rms_norm": lambda: F.rms_norm(xg, (cols,), w, EPS.get(op)),
+                     "layer_norm": lambda: F.layer_norm(xg, (cols,), w, b, EPS.get(op))}[op]
     out["tile_step"] = lambda: tile_fwd().backward(dy)
     out["torch_step"] = lambda: torch_fwd().backward(dy)
+    out["tile_bwd"] = _backward_only(tile_fwd, dy)
+    out["torch_bwd"] = _backward_only(torch_fwd, dy)
     for name in PYTHON_PATHS:
-        out[name] = out[name[:-len("_py")]]
+        if name[:-len("_py")] in out:
+            out[name] = out[name[:-len("_py")]]
+    # Made on first call, so that the _py variant records its node with the extension off.
+    out["tile_bwd_py"] = _backward_only(tile_fwd, dy)
     return out
+
+
+def _backward_only(forward, dy):
+    """The backward alone, again and again through one retained graph: the forward runs once,
+    on the first call (outside the timed samples: measure() warms up), then each call is one
+    backward pass (its kernels and the gradient's accumulation into x.grad)."""
+    graph = []
+
+    def call():
+        if not graph:
+            graph.append(forward())
+        graph[0].backward(dy, retain_graph=True)
+    return call
 
 
 def _targets(torch, x):

@@ -660,7 +660,9 @@ nb::object launch_raw(const Program& p, nb::handle operands, const std::optional
   Bound b = convert(p, operands, labels, arrays, plan);
   std::shared_ptr<const tile::Replay> replay;
   nb::object result = execute(b, stream, record, events, workspace, keyed ? &replay : nullptr);
-  if (replay) {
+  // A replay needing a workspace is not kept: this call's workspace (the caller's allocator, or
+  // the library's) is not in its key, and the full path asks the allocator each call.
+  if (replay && replay->workspace_bytes() == 0) {
     auto& map = replays();
     if (map.size() >= kMaxReplays) map.clear();
     map[call_key] = ReplayEntry{nb::borrow(nb::find(&p)), std::move(replay)};

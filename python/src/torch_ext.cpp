@@ -1,7 +1,7 @@
 // tile._torch_C: the eager entry of Tile's operators for torch tensors, built against libtorch
 // (optional: TILE_TORCH_EXTENSION, python/cmake/torch_extension.cmake).
 //
-// tile.softmax, log_softmax, rms_norm, layer_norm and fused_add_rms_norm hand it their
+// tile.softmax, log_softmax, rms_norm, layer_norm, fused_add_rms_norm and cross_entropy hand it their
 // arguments as given. It takes a call whose tensors are plain torch.Tensor or nn.Parameter
 // objects, strided, of float32, float64, float16 or bfloat16, on the CPU or a CUDA device, with
 // no stream= and a plan given as None or JSON; for anything else it returns None and the
@@ -12,7 +12,8 @@
 // (tile::Replay, as launch_raw does), or on the CPU backend. Where an input requires grad with
 // grad mode on, it records a C++ autograd node (TileSoftmaxBackward, ...) whose backward runs
 // Tile's backward programs the same way, with the gradients the Python path computes.
-// cross_entropy, the backward operators and row programs keep their Python paths.
+// cross_entropy's node saves the count of rows not ignored with the lse, so its backward is one
+// call; the backward operators called directly and row programs keep their Python paths.
 // docs/source/python.md, "The torch extension"; tests: tests/python/test_torch_ext*.py.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -33,6 +34,7 @@
 #include <torch/csrc/autograd/saved_variable.h>
 
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -108,6 +110,8 @@ struct ProgramInfo {
 // The operands the entries and nodes set, by name; -1 where a program has none of that name.
 struct Slots {
   int x, y, weight, bias, eps, mean, rstd, dy, dx, dweight, dbias, residual, residual_out, dresidual_out, dresidual;
+  int logits, target, ignore_index, label_smoothing, z_loss, softcap, loss, loss_sum, loss_mean, lse, count, dloss,
+      dlogits;
   explicit Slots(const ProgramInfo& p)
       : x(p.slot("x")),
         y(p.slot("y")),
@@ -123,7 +127,20 @@ struct Slots {
         residual(p.slot("residual")),
         residual_out(p.slot("residual_out")),
         dresidual_out(p.slot("dresidual_out")),
-        dresidual(p.slot("dresidual")) {}
+        dresidual(p.slot("dresidual")),
+        logits(p.slot("logits")),
+        target(p.slot("target")),
+        ignore_index(p.slot("ignore_index")),
+        label_smoothing(p.slot("label_smoothing")),
+        z_loss(p.slot("z_loss")),
+        softcap(p.slot("softcap")),
+        loss(p.slot("loss")),
+        loss_sum(p.slot("loss_sum")),
+        loss_mean(p.slot("loss_mean")),
+        lse(p.slot("lse")),
+        count(p.slot("count")),
+        dloss(p.slot("dloss")),
+        dlogits(p.slot("dlogits")) {}
 };
 
 struct Program {
@@ -132,9 +149,24 @@ struct Program {
   Program(const tile::RowProgram& p, std::optional<tile::Op> op) : info(p, op), slots(info) {}
 };
 
+// cross_entropy's programs: [pass][label smoothing][softcap] (tile::cross_entropy_program).
+struct CrossEntropyPrograms {
+  std::unique_ptr<Program> forward[2][2], backward[2][2];
+  CrossEntropyPrograms() {
+    for (int ls = 0; ls < 2; ++ls)
+      for (int cap = 0; cap < 2; ++cap) {
+        forward[ls][cap] = std::make_unique<Program>(
+            tile::cross_entropy_program(tile::CrossEntropyPass::forward, ls, cap), std::nullopt);
+        backward[ls][cap] = std::make_unique<Program>(
+            tile::cross_entropy_program(tile::CrossEntropyPass::backward, ls, cap), std::nullopt);
+      }
+  }
+};
+
 struct Programs {
   Program softmax, log_softmax, rms_norm, layer_norm, fused_add_rms_norm;
   Program softmax_backward, log_softmax_backward, rms_norm_backward, layer_norm_backward, fused_add_rms_norm_backward;
+  CrossEntropyPrograms cross_entropy;
 };
 const Programs* programs = nullptr;  // made at import
 
@@ -147,13 +179,15 @@ struct Call {
   const std::string* plan = nullptr;
 
   explicit Call(const Program& p) : info(p.info) {}
+  // An absent operand (undefined, nullopt) is left unset, whether the program declares it or not.
   void set(int slot, const at::Tensor& t) {
+    if (!t.defined()) return;
     TILE_CHECK(slot >= 0, "program ", info.program->name(), " has no such operand");
-    if (t.defined()) tensors[slot] = &t;
+    tensors[slot] = &t;
   }
   void set(int slot, std::optional<double> v) {
-    TILE_CHECK(slot >= 0, "program ", info.program->name(), " has no such operand");
     if (!v) return;
+    TILE_CHECK(slot >= 0, "program ", info.program->name(), " has no such operand");
     scalars[slot] = *v;
     has_scalar[slot] = true;
   }
@@ -208,10 +242,23 @@ bool readable(const at::Tensor& t) {
          tile_dtype(t.scalar_type()) && !t.is_neg() && !t.is_conj() && !has_names(t);
 }
 
+// The class indices of cross_entropy: int32 or int64.
+std::optional<tile::DType> index_dtype(c10::ScalarType t) {
+  if (t == c10::ScalarType::Int) return tile::DType::i32;
+  if (t == c10::ScalarType::Long) return tile::DType::i64;
+  return std::nullopt;
+}
+
+// The element type of a tensor an entry passes: a float dtype Tile has, or class indices.
+tile::DType element_dtype(c10::ScalarType t) {
+  if (const auto d = tile_dtype(t)) return *d;
+  return index_dtype(t).value();
+}
+
 ArrayInfo array_info(const at::Tensor& t) {
   ArrayInfo a;
   a.data = t.data_ptr();
-  a.dtype = tile_py::dlpack_dtype(*tile_dtype(t.scalar_type()));
+  a.dtype = tile_py::dlpack_dtype(element_dtype(t.scalar_type()));
   a.ndim = size_t(t.dim());
   a.shape = t.sizes().data();
   a.strides = t.strides().data();
@@ -311,7 +358,8 @@ void check_context(const Bound& b, const std::string& op) {
 #endif
 }
 
-// The replays of CUDA calls (tile::Replay, as launch_raw keeps them), by a key of everything a
+// The replays of CUDA calls (tile::Replay, as launch_raw keeps them; those reducing over the
+// rows too, with a workspace from torch's allocator each call), by a key of everything a
 // call's resolution read but its data pointers. Guarded by a mutex: backward passes run on
 // autograd's threads without the GIL.
 constexpr size_t kMaxReplays = 4096;  // distinct calls kept; then the map starts afresh
@@ -386,10 +434,15 @@ void run_call(const Call& c) {
         if (it != r.map.end()) replay = it->second;
       }
       if (replay) {
+        // A reduction over the rows takes its partials' workspace from torch's allocator, as
+        // the full path below does; held until the launches are enqueued (stream-ordered).
+        at::Tensor workspace;
+        if (const int64_t bytes = replay->workspace_bytes(); bytes > 0)
+          workspace = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(lead.device()));
         bool launched = false;
         {
           WithoutGil release;
-          launched = replay->launch(data, stream);
+          launched = replay->launch(data, stream, workspace.defined() ? workspace.data_ptr() : nullptr);
         }
         if (launched) {
           counters.replays.fetch_add(1, std::memory_order_relaxed);
@@ -636,9 +689,57 @@ struct FusedAddRmsNormBackward final : ag::Node {
   }
 };
 
+// loss = cross_entropy(logits, target): dlogits from cross_entropy_backward with the lse (and,
+// for a mean, the count of rows not ignored) the forward call wrote, in logits' dtype.
+struct CrossEntropyBackward final : ag::Node {
+  ag::SavedVariable logits, target, lse, count;
+  int64_t ignore_index = -100;
+  std::string reduction;
+  double label_smoothing = 0, z_loss = 0;
+  std::optional<double> softcap;
+
+  std::string name() const override { return "TileCrossEntropyBackward"; }
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (ag::SavedVariable* v : {&logits, &target, &lse, &count}) v->reset_data();
+  }
+  ag::variable_list apply(ag::variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    counters.backward.fetch_add(1, std::memory_order_relaxed);
+    const at::Tensor z = logits.unpack(), t = target.unpack(), l = lse.unpack(getptr()), n = count.unpack(getptr());
+    const at::Tensor dloss = incoming(*this, grads[0]);
+    if (at::GradMode::is_enabled())
+      return {custom_op("tile::cross_entropy_backward")
+                  .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                                    c10::string_view, double, double, std::optional<double>)>()
+                  .call(dloss, z, t, l, ignore_index, reduction, label_smoothing, z_loss, softcap),
+              at::Tensor()};
+    at::Tensor dlogits = at::empty_like(z, at::MemoryFormat::Contiguous);
+    const at::IntArrayRef rows = z.sizes().slice(0, z.dim() - 1);
+    // One value for every row (a sum or a mean) as a stride-0 view: no copy, no synchronisation.
+    const at::Tensor per_row = reduction == "none" ? dloss : dloss.reshape({}).expand(rows);
+    const at::Tensor counted = n.defined() ? n.reshape({}).expand(rows) : at::Tensor();
+    const Program& program = *programs->cross_entropy.backward[label_smoothing != 0][softcap.has_value()];
+    const Slots& slots = program.slots;
+    Call c(program);
+    c.set(slots.logits, z);
+    c.set(slots.target, t);
+    c.set(slots.lse, l);
+    c.set(slots.dloss, per_row);
+    c.set(slots.count, counted);
+    c.set(slots.dlogits, dlogits);
+    c.set(slots.ignore_index, double(ignore_index));
+    c.set(slots.z_loss, z_loss);
+    if (label_smoothing != 0) c.set(slots.label_smoothing, label_smoothing);
+    c.set(slots.softcap, softcap);
+    run_call(c);
+    return {dlogits, at::Tensor()};
+  }
+};
+
 // The Python types of the nodes' grad_fn objects (type(y.grad_fn).__name__).
 PyTypeObject softmax_backward_type, log_softmax_backward_type, rms_norm_backward_type, layer_norm_backward_type,
-    fused_add_rms_norm_backward_type;
+    fused_add_rms_norm_backward_type, cross_entropy_backward_type;
 
 template <typename T>
 void register_node(nb::module_& m, PyTypeObject& type, const char* name) {
@@ -986,6 +1087,126 @@ nb::object fused_add_rms_norm(nb::handle args, nb::handle kwargs) {
   return nb::make_tuple(y_out, residual_obj, wrap(std::move(rstd)));
 }
 
+// Whether every host target is a class index in [0, cols) or ignore_index.
+bool targets_in_range(const at::Tensor& target, int64_t cols, int64_t ignore_index) {
+  const at::Tensor t = target.to(c10::ScalarType::Long).contiguous();
+  const int64_t* v = t.const_data_ptr<int64_t>();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i)
+    if (v[i] != ignore_index && (v[i] < 0 || v[i] >= cols)) return false;
+  return true;
+}
+
+// A number read as the Python path reads a scalar, finite (else: left to that path's checks).
+bool finite_number(PyObject* h, double& v) {
+  std::optional<double> n;
+  if (!number_arg(h, n) || !n || !std::isfinite(*n)) return false;
+  v = *n;
+  return true;
+}
+
+// tile.cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+// z_loss=0.0, softcap=None, return_lse=False, plan=None, stream=None), given as (args,
+// kwargs). It takes calls with rows (logits of two or more dimensions, none empty), int32 or
+// int64 targets shaped like the rows on the logits' device (host targets in range), and
+// options inside their ranges; anything else, and a
+// call with gradients that gives plan= or stream= (the custom-op path refuses them), goes to the
+// Python paths, which check and report it. With gradients the forward also writes the count of
+// rows not ignored (a mean's divisor), so the backward is one call.
+nb::object cross_entropy(nb::handle args, nb::handle kwargs) {
+  static const char* const names[] = {"logits",  "target",  "ignore_index", "reduction", "label_smoothing",
+                                      "z_loss",  "softcap", "return_lse",   "plan",      "stream"};
+  PyObject* a[10];
+  if (!bind_arguments(args, kwargs, names, 10, a) || !a[0] || !a[1]) return nb::none();
+  const auto given = [&](int i) { return a[i] != nullptr; };
+  const at::Tensor* logits = tensor_arg(a[0]);
+  if (!logits || logits->dim() < 2 || logits->numel() == 0 || logits->size(-1) > (int64_t(1) << 24)) return nb::none();
+  if (!THPVariable_CheckExact(a[1])) return nb::none();
+  const at::Tensor& target = THPVariable_Unpack(a[1]);
+  if (target.layout() != c10::kStrided || target.device() != logits->device() || !index_dtype(target.scalar_type()) ||
+      has_names(target) || target.sizes() != logits->sizes().slice(0, logits->dim() - 1))
+    return nb::none();
+  int64_t ignore_index = -100;
+  if (given(2)) {
+    if (!PyLong_CheckExact(a[2])) return nb::none();
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(a[2], &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return nb::none();
+    }
+    ignore_index = v;
+  }
+  std::string reduction = "mean";
+  if (given(3)) {
+    if (!PyUnicode_CheckExact(a[3])) return nb::none();
+    const char* r = PyUnicode_AsUTF8(a[3]);
+    if (!r) {
+      PyErr_Clear();
+      return nb::none();
+    }
+    reduction = r;
+    if (reduction != "mean" && reduction != "sum" && reduction != "none") return nb::none();
+  }
+  double label_smoothing = 0, z_loss = 0;
+  std::optional<double> softcap;
+  if (given(4) && (!finite_number(a[4], label_smoothing) || label_smoothing < 0 || label_smoothing > 1))
+    return nb::none();
+  if (given(5) && (!finite_number(a[5], z_loss) || z_loss < 0)) return nb::none();
+  if (given(6) && a[6] != Py_None) {
+    double cap = 0;
+    if (!finite_number(a[6], cap) || !(cap >= double(FLT_MIN))) return nb::none();
+    softcap = cap;
+  }
+  const int return_lse = given(7) ? PyObject_IsTrue(a[7]) : 0;
+  if (return_lse < 0) nb::raise_python_error();
+  std::optional<std::string> plan;
+  if ((given(8) && !plan_arg(a[8], plan)) || (given(9) && a[9] != Py_None) || functorch_active()) return nb::none();
+  const bool grad = at::GradMode::is_enabled() && logits->requires_grad();
+  if (grad && (given(8) || given(9) || forward_grad(logits))) return nb::none();
+  // Host targets out of [0, C) that are not ignored: the Python path names the first (on a GPU
+  // such a row's loss is NaN instead: no synchronisation).
+  if (!target.is_cuda() && !targets_in_range(target, logits->size(-1), ignore_index)) return nb::none();
+
+  const Program& program = *programs->cross_entropy.forward[label_smoothing != 0][softcap.has_value()];
+  const Slots& slots = program.slots;
+  const at::IntArrayRef rows = logits->sizes().slice(0, logits->dim() - 1);
+  const c10::ScalarType stat = stat_dtype(*logits);
+  at::Tensor loss = reduction == "none" ? empty(rows, stat, *logits) : empty({}, stat, *logits);
+  at::Tensor lse, count;
+  if (grad || return_lse) lse = empty(rows, stat, *logits);
+  if (grad && reduction == "mean") count = empty({}, stat, *logits);
+  Call c(program);
+  c.set(slots.logits, *logits);
+  c.set(slots.target, target);
+  c.set(reduction == "none" ? slots.loss : reduction == "sum" ? slots.loss_sum : slots.loss_mean, loss);
+  c.set(slots.lse, lse);
+  c.set(slots.count, count);
+  c.set(slots.ignore_index, double(ignore_index));
+  c.set(slots.z_loss, z_loss);
+  if (label_smoothing != 0) c.set(slots.label_smoothing, label_smoothing);
+  c.set(slots.softcap, softcap);
+  if (plan) c.plan = &*plan;
+  run_call(c);
+  counters.calls.fetch_add(1, std::memory_order_relaxed);
+  if (grad) {
+    auto node = make_node<CrossEntropyBackward>();
+    node->set_next_edges(ag::collect_next_edges(*logits, target));
+    ag::set_history(loss, node);
+    node->logits = ag::SavedVariable(*logits, false);
+    node->target = ag::SavedVariable(target, false);
+    node->lse = ag::SavedVariable(lse, /*is_output=*/true);
+    node->count = ag::SavedVariable(count, /*is_output=*/true);
+    node->ignore_index = ignore_index;
+    node->reduction = reduction;
+    node->label_smoothing = label_smoothing;
+    node->z_loss = z_loss;
+    node->softcap = softcap;
+    counters.nodes.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (!return_lse) return wrap(std::move(loss));
+  return nb::make_tuple(wrap(std::move(loss)), wrap(std::move(lse)));
+}
+
 // tile::Error and tile::InternalError as tile._tile raises them (convert.hpp), torch's own
 // errors (at::empty, the dispatcher) as torch raises them.
 void translate(const std::exception_ptr& p, void*) {
@@ -1020,12 +1241,14 @@ NB_MODULE(_torch_C, m) {
                           Program(tile::training_program("log_softmax_backward"), std::nullopt),
                           Program(tile::training_program("rms_norm_backward"), std::nullopt),
                           Program(tile::training_program("layer_norm_backward"), std::nullopt),
-                          Program(tile::training_program("fused_add_rms_norm_backward"), std::nullopt)};
+                          Program(tile::training_program("fused_add_rms_norm_backward"), std::nullopt),
+                          CrossEntropyPrograms()};
   register_node<SoftmaxBackward<false>>(m, softmax_backward_type, "TileSoftmaxBackward");
   register_node<SoftmaxBackward<true>>(m, log_softmax_backward_type, "TileLogSoftmaxBackward");
   register_node<RmsNormBackward>(m, rms_norm_backward_type, "TileRmsNormBackward");
   register_node<LayerNormBackward>(m, layer_norm_backward_type, "TileLayerNormBackward");
   register_node<FusedAddRmsNormBackward>(m, fused_add_rms_norm_backward_type, "TileFusedAddRmsNormBackward");
+  register_node<CrossEntropyBackward>(m, cross_entropy_backward_type, "TileCrossEntropyBackward");
   m.attr("TORCH_VERSION") = TILE_TORCH_VERSION;
 
   // Each entry returns None where it leaves the call to the Python paths; its arguments are
@@ -1055,6 +1278,7 @@ NB_MODULE(_torch_C, m) {
   // The training operator takes its call as (args, kwargs): the Python wrapper passes them on
   // untouched, so that a call left to the Python path meets its own signature.
   m.def("fused_add_rms_norm", &fused_add_rms_norm, nb::arg("args"), nb::arg("kwargs"));
+  m.def("cross_entropy", &cross_entropy, nb::arg("args"), nb::arg("kwargs"));
   m.def(
       "clear_replays",
       [] {

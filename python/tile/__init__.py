@@ -557,13 +557,17 @@ _TRAINING = ("fused_add_rms_norm", "cross_entropy", "softmax_backward", "log_sof
              "layer_norm_backward")
 
 
+# The training operators tile._torch_C takes (as (args, kwargs); None: the paths here take it).
+_EXT_TRAINING = ("fused_add_rms_norm", "cross_entropy")
+
+
 def _differentiable(name, direct):
-    entry = name == "fused_add_rms_norm"        # the training operator tile._torch_C takes
+    entry = name in _EXT_TRAINING
 
     @functools.wraps(direct)
     def call(*args, **kwargs):
         if entry and _ext is not None and not _ext_off():
-            result = _ext.fused_add_rms_norm(args, kwargs)
+            result = getattr(_ext, name)(args, kwargs)
             if result is not None:
                 return result
         if _torch_api is not None and _torch_api.route_any(args, kwargs):

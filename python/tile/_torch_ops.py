@@ -763,9 +763,10 @@ def _none_for_empty(grads, *params):
 
 def call(name, *args, **kwargs):
     """A training operator of the package, on the path route_any picks (the modules use this);
-    fused_add_rms_norm through tile._torch_C first where it is loaded."""
-    if name == "fused_add_rms_norm" and _pkg._ext is not None and not _pkg._ext_off():
-        result = _pkg._ext.fused_add_rms_norm(args, kwargs)
+    fused_add_rms_norm and cross_entropy through tile._torch_C first where it is loaded."""
+    if (name in _pkg._EXT_TRAINING and _pkg._ext is not None and not _pkg._ext_off()
+            and getattr(_pkg, name, None) is not None):   # None: this version has no such operator
+        result = getattr(_pkg._ext, name)(args, kwargs)
         if result is not None:
             return result
     if route_any(args, kwargs):

@@ -34,10 +34,15 @@ DeviceLimits with_caps(DeviceLimits limits, const TargetCaps& caps);
 class Replay {
  public:
   virtual ~Replay() = default;
-  // Launches with operand i's data at data[i] (declaration order) on `stream`. False, having
+  // The workspace each replay needs (a reduction over the rows: its partials), in bytes; 0
+  // for a call of one row kernel.
+  virtual int64_t workspace_bytes() const { return 0; }
+  // Launches with operand i's data at data[i] (declaration order) on `stream`; `workspace`
+  // holds workspace_bytes() bytes, aligned as run() requires, or is null (then the library's
+  // own workspace of that stream, as run() without CallOptions::workspace). False, having
   // launched nothing, when the call must take the full path instead: a pointer bind refuses
   // (bind then names it), or another current context.
-  virtual bool launch(const void* const* data, void* stream) const = 0;
+  virtual bool launch(const void* const* data, void* stream, void* workspace = nullptr) const = 0;
 };
 
 class Target {
@@ -53,7 +58,7 @@ class Target {
   virtual LaunchRecord launch(const PreparedKernel& kernel, const BoundCall& call,
                               const CallOptions& options) const = 0;
   // The call just launched as a Replay, or null where the target makes none (the CPU
-  // executor, calls that need a workspace).
+  // executor).
   virtual std::shared_ptr<const Replay> replay(std::shared_ptr<const PreparedKernel> /*kernel*/,
                                                const BoundCall& /*call*/, const CallOptions& /*options*/) const {
     return nullptr;

@@ -4,7 +4,8 @@
 // library's own; one too small, misaligned or null is refused before anything runs, on the CPU
 // backend, which uses a given workspace as CUDA does. WorkspaceGpu (api.workspace_gpu, label
 // gpu): a CUDA-graph capture on a fresh stream with a caller's workspace, replayed bitwise like
-// the eager call, and without one refused with its way out. Python: test_tile_workspace.py,
+// the eager call, and without one refused with its way out; a replay of such a call, with a
+// given workspace or the library's, bitwise like an eager call. Python: test_tile_workspace.py,
 // test_torch_compile.py.
 #include <gtest/gtest.h>
 
@@ -20,7 +21,12 @@
 #if TILE_WITH_CUDA
 #include <dlfcn.h>
 
+#include <map>
+#include <memory>
+#include <string>
+
 #include "backend/cuda/driver.hpp"
+#include "target/target.hpp"  // tile::Replay
 #endif
 
 namespace tile {
@@ -292,6 +298,49 @@ TEST_F(WorkspaceGpu, CaptureOnAFreshStreamWithACallersWorkspace) {
   EXPECT_TRUE(replayed.ok) << replayed.first_mismatch;
   TILE_CU_CHECK(graphs.exec_destroy(exec));
   TILE_CU_CHECK(graphs.destroy(graph));
+}
+
+// A call that reduces over the rows replays both its phases (target.hpp, Replay): on other
+// buffers, with a caller's workspace and with the library's, bit for bit what an eager call
+// on those buffers writes.
+TEST_F(WorkspaceGpu, ReplayRunsBothPhasesWithAGivenOrTheLibrarysWorkspace) {
+  RmsNormBackward host(300, 500);
+  DeviceRmsNormBackward first(host);
+  std::shared_ptr<const Replay> replay;
+  run(rms_backward(), first.args(), CallOptions{}, replay);
+  ASSERT_NE(replay, nullptr);
+  EXPECT_GT(replay->workspace_bytes(), 0);
+  EXPECT_EQ(replay->workspace_bytes(), workspace_bytes(rms_backward(), first.args()));
+
+  host.dy = random(host.dy.size(), 11);  // other inputs in other buffers: the replay reads these
+  host.x = random(host.x.size(), 12);
+  DeviceRmsNormBackward second(host);
+  run(rms_backward(), second.args(), CallOptions{});
+  TILE_CU_CHECK(cuda::driver().cuCtxSynchronize());
+  second.download();
+  const std::vector<float> dx_eager = host.dx, dw_eager = host.dw;
+  const OracleCheck ok = check_against_reference(rms_backward(), host.args());
+  EXPECT_TRUE(ok.ok) << ok.first_mismatch;
+
+  const void* data[16] = {};
+  const auto& decls = rms_backward().operands();
+  ASSERT_LE(decls.size(), 16u);
+  const std::map<std::string, const void*> by_name = {{"dy", second.dy.get()},     {"x", second.x.get()},
+                                                     {"weight", second.w.get()},  {"rstd", second.rstd.get()},
+                                                     {"dx", second.dx.get()},     {"dweight", second.dw.get()}};
+  for (size_t i = 0; i < decls.size(); ++i)
+    if (auto it = by_name.find(decls[i].name); it != by_name.end()) data[i] = it->second;
+  cuda::DeviceBuffer ws{static_cast<size_t>(replay->workspace_bytes())};
+  for (void* workspace : {static_cast<void*>(ws.get()), static_cast<void*>(nullptr)}) {
+    ws.fill_byte(0xff);
+    second.upload();  // outputs poisoned again
+    ASSERT_TRUE(replay->launch(data, nullptr, workspace));
+    TILE_CU_CHECK(cuda::driver().cuCtxSynchronize());
+    second.download();
+    const char* which = workspace ? "the caller's workspace" : "the library's workspace";
+    EXPECT_EQ(std::memcmp(host.dx.data(), dx_eager.data(), dx_eager.size() * 4), 0) << "dx, " << which;
+    EXPECT_EQ(std::memcmp(host.dw.data(), dw_eager.data(), dw_eager.size() * 4), 0) << "dweight, " << which;
+  }
 }
 
 TEST_F(WorkspaceGpu, CaptureWithoutAWorkspaceSaysHowToGiveOne) {

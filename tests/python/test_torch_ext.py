@@ -1,6 +1,6 @@
 """tile._torch_C, the operators' C++ entry for torch tensors, on torch CPU tensors (the CPU
 backend): where it is loaded, the eager calls of tile.softmax, log_softmax, rms_norm,
-layer_norm and fused_add_rms_norm go through it (its counters and its grad_fn types say so); its outputs and
+layer_norm, fused_add_rms_norm and cross_entropy go through it (its counters and its grad_fn types say so); its outputs and
 gradients equal, bit for bit, those of the package's Python paths (the direct launch, the eager
 autograd Function, the custom op) and float64 gradcheck passes through it; it refuses what
 they refuse with the same messages, and leaves to them every call it does not take.
@@ -390,6 +390,77 @@ def _outcome(fn):
     return None
 
 
+CE_OPTIONS = {
+    "plain": {},
+    "smoothing": {"label_smoothing": 0.1},
+    "z_loss_softcap": {"z_loss": 1e-3, "softcap": 30.0},
+    "ignore_7": {"ignore_index": 7},
+}
+
+
+def ce_inputs(rows, cols, dtype, seed=0, ignore_index=-100, device="cpu"):
+    """Logits and int64 targets: targets at both ends of the row and one ignored row."""
+    logits = rand((rows, cols), dtype, seed, scale=3.0).to(device)
+    g = torch.Generator().manual_seed(seed + 1)
+    target = torch.randint(0, cols, (rows,), generator=g)
+    target[0], target[1], target[2] = 0, cols - 1, ignore_index
+    return logits, target.to(device)
+
+
+def ce_step(logits, target, dloss, **kw):
+    """The loss and the gradient of the logits, through the package's default path."""
+    leaf = logits.detach().clone().requires_grad_()
+    loss = tile.cross_entropy(leaf, target, **kw)
+    loss.backward(dloss)
+    return loss.detach(), leaf.grad
+
+
+def check_cross_entropy(monkeypatch, dtype, reduction, options, rows, cols, device):
+    """cross_entropy through the extension (forward with its lse, and a step with its node)
+    equals the Python paths bit for bit."""
+    kw = dict(CE_OPTIONS[options], reduction=reduction)
+    logits, target = ce_inputs(rows, cols, dtype, ignore_index=kw.get("ignore_index", -100), device=device)
+    stat = torch.float64 if dtype == torch.float64 else torch.float32
+    dloss = (rand(rows, stat, 9) if reduction == "none" else torch.tensor(0.75, dtype=stat)).to(device)
+    with taken():
+        got = tile.cross_entropy(logits, target, return_lse=True, **kw)
+    with taken(nodes=1):
+        ext = ce_step(logits, target, dloss, **kw)
+    with taken(nodes=1):
+        assert type(tile.cross_entropy(logits.clone().requires_grad_(), target, **kw).grad_fn).__name__ == \
+            "TileCrossEntropyBackward"
+    with python_paths(monkeypatch):
+        want = tile.cross_entropy(logits, target, return_lse=True, **kw)
+        eager = ce_step(logits, target, dloss, **kw)
+    same(got, want)
+    same(ext, eager)
+
+
+@pytest.mark.parametrize("options", sorted(CE_OPTIONS))
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_cross_entropy_equals_the_python_paths(monkeypatch, dtype, reduction, options):
+    check_cross_entropy(monkeypatch, dtype, reduction, options, 9, 77, "cpu")
+
+
+def test_cross_entropy_float64_gradcheck_through_the_extension():
+    logits, target = ce_inputs(4, 13, torch.float64, seed=4)
+    for kw in ({}, {"reduction": "none", "label_smoothing": 0.2}, {"reduction": "sum", "softcap": 5.0, "z_loss": 0.1}):
+        x = logits.clone().requires_grad_()
+        assert type(tile.cross_entropy(x, target, **kw).grad_fn).__name__ == "TileCrossEntropyBackward"
+        assert gradcheck(lambda z: tile.cross_entropy(z, target, **kw), (x,), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def test_cross_entropy_lse_is_not_differentiable_and_double_backward_raises():
+    logits, target = ce_inputs(4, 13, torch.float32, seed=5)
+    x = logits.clone().requires_grad_()
+    loss, lse = tile.cross_entropy(x, target, return_lse=True)
+    assert loss.requires_grad and not lse.requires_grad
+    (g,) = torch.autograd.grad(loss, x, create_graph=True)
+    with pytest.raises(RuntimeError, match=r"tile\.cross_entropy_backward.*no autograd formula"):
+        g.pow(2).sum().backward()
+
+
 @pytest.mark.parametrize("case", sorted(_bad_calls()))
 def test_errors_equal_the_python_paths(monkeypatch, case):
     fn = _bad_calls()[case]
@@ -443,6 +514,21 @@ def _left_calls():
         "fused_unknown_argument": lambda: tile.fused_add_rms_norm(x, x.clone(), alpha=1.0),
         "fused_eps_none": lambda: tile.fused_add_rms_norm(x, x.clone(), eps=None),
         "fused_numpy": lambda: tile.fused_add_rms_norm(x.numpy(), x.numpy().copy()),
+        # cross_entropy: a host target out of range is the Python path's to name.
+        "cross_entropy_target_range": lambda: tile.cross_entropy(x, torch.tensor([0, 3, -100, 16])),
+        "cross_entropy_negative_target": lambda: tile.cross_entropy(x, torch.tensor([0, -3, 1, 15])),
+        "cross_entropy_one_dimensional": lambda: tile.cross_entropy(x[0], torch.tensor(3)),
+        "cross_entropy_float_target": lambda: tile.cross_entropy(x, torch.tensor([0.0, 3, 1, 15])),
+        "cross_entropy_target_shape": lambda: tile.cross_entropy(x, torch.tensor([0, 3, 1])),
+        "cross_entropy_reduction": lambda: tile.cross_entropy(x, torch.tensor([0, 3, 1, 15]), reduction="avg"),
+        "cross_entropy_smoothing_range": lambda: tile.cross_entropy(x, torch.tensor([0, 3, 1, 15]),
+                                                                    label_smoothing=1.5),
+        "cross_entropy_negative_softcap": lambda: tile.cross_entropy(x, torch.tensor([0, 3, 1, 15]), softcap=-1.0),
+        "cross_entropy_negative_z_loss": lambda: tile.cross_entropy(x, torch.tensor([0, 3, 1, 15]), z_loss=-0.5),
+        "cross_entropy_bool_ignore": lambda: tile.cross_entropy(x, torch.tensor([0, 3, 1, 15]), ignore_index=True),
+        "cross_entropy_plan_grad": lambda: tile.cross_entropy(x.clone().requires_grad_(), torch.tensor([0, 3, 1, 15]),
+                                                              plan=None),
+        "cross_entropy_empty_rows": lambda: tile.cross_entropy(rand((0, 16)), torch.zeros(0, dtype=torch.long)),
         **_LEFT_NAMED,
     }
 

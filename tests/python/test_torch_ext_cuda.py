@@ -1,5 +1,6 @@
 """tile._torch_C on torch CUDA tensors (marked gpu): outputs and gradients equal, bit for bit,
-those of the package's Python paths (the four operators and fused_add_rms_norm); a repeated call is replayed; the launches go to the
+those of the package's Python paths (the four operators, fused_add_rms_norm and
+cross_entropy); a repeated call is replayed, one reducing over the rows too; the launches go to the
 current stream of the tensors' device (a CUDA-graph capture records them, forward and
 backward), on that device whichever is current; errors are the Python paths'.
 
@@ -10,7 +11,8 @@ torch = pytest.importorskip("torch")
 from torch.autograd import gradcheck  # noqa: E402
 
 import tile  # noqa: E402
-from test_torch_ext import NODES, _outcome, call, python_paths, same, taken  # noqa: E402
+from test_torch_ext import CE_OPTIONS, NODES, _outcome, call, ce_step, check_cross_entropy, python_paths, same, taken  # noqa: E402
+from test_torch_ext import ce_inputs as _ce_inputs  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -105,6 +107,104 @@ def test_softmax_backward_is_replayed_too():
     before = tile._ext.counters()["replays"]
     tile.softmax(x).backward(dy)                 # the forward and the backward replayed
     assert tile._ext.counters()["replays"] == before + 2
+
+
+def test_backward_reducing_over_the_rows_is_replayed():
+    # rms_norm's backward sums dweight over the rows (two kernels and a workspace): replayed,
+    # with its workspace from torch's allocator, bit for bit the full path's.
+    x, w, dy = rand((64, 2048)).requires_grad_(), rand(2048, seed=1).requires_grad_(), rand((64, 2048), seed=2)
+    tile.rms_norm(x, weight=w).backward(dy)
+    first = (x.grad.clone(), w.grad.clone())
+    x.grad = w.grad = None
+    before = tile._ext.counters()["replays"]
+    tile.rms_norm(x, weight=w).backward(dy)      # the forward and the backward replayed
+    assert tile._ext.counters()["replays"] == before + 2
+    same((x.grad, w.grad), first)
+
+
+def ce_inputs(rows, cols, dtype, seed=0, ignore_index=-100):
+    return _ce_inputs(rows, cols, dtype, seed, ignore_index, "cuda")
+
+
+@pytest.mark.parametrize("options", sorted(CE_OPTIONS))
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cross_entropy_equals_the_python_paths(monkeypatch, dtype, reduction, options):
+    check_cross_entropy(monkeypatch, dtype, reduction, options, 37, 1537, "cuda")
+
+
+def test_cross_entropy_forward_and_backward_are_replayed(monkeypatch):
+    logits, target = ce_inputs(64, 5000, torch.bfloat16)
+    ce_step(logits, target, None)
+    before = tile._ext.counters()["replays"]
+    other, other_target = ce_inputs(64, 5000, torch.bfloat16, seed=3)
+    got = ce_step(other, other_target, None)      # the mean (two kernels) and its backward
+    assert tile._ext.counters()["replays"] == before + 2
+    with python_paths(monkeypatch):
+        same(got, ce_step(other, other_target, None))
+
+
+def test_cross_entropy_float64_gradcheck_on_the_gpu():
+    logits, target = ce_inputs(5, 300, torch.float64, seed=4)
+    for kw in ({}, {"reduction": "none", "label_smoothing": 0.2}, {"reduction": "sum", "softcap": 5.0, "z_loss": 0.1}):
+        x = logits.clone().requires_grad_()
+        assert tile.cross_entropy(x, target, **kw).grad_fn.name() == "TileCrossEntropyBackward"
+        assert gradcheck(lambda z: tile.cross_entropy(z, target, **kw), (x,), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def test_cross_entropy_is_captured_forward_and_backward(monkeypatch):
+    # The mean's count stays on the device: forward and backward capture, and a replay on new
+    # logits and targets gives their loss and gradient.
+    logits, target = ce_inputs(48, 3000, torch.float32, seed=5)
+    x = logits.clone().requires_grad_()
+    tile.precompile(lambda z: tile.cross_entropy(z, target), x, backward=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            tile.cross_entropy(x, target).backward()
+    torch.cuda.current_stream().wait_stream(side)
+    x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        loss = tile.cross_entropy(x, target)
+        loss.backward()
+    new_logits, new_target = ce_inputs(48, 3000, torch.float32, seed=6)
+    with torch.no_grad():
+        x.copy_(new_logits)
+        target.copy_(new_target)
+    graph.replay()
+    torch.cuda.synchronize()
+    with python_paths(monkeypatch):
+        want = ce_step(new_logits, new_target, None)
+    same((loss.detach().clone(), x.grad.clone()), want)
+
+
+# Calls with logits and targets (made in the test: collection must not touch the device).
+CE_LEFT_CALLS = {
+    "one_dimensional": lambda z, t: tile.cross_entropy(z[0], t[0]),
+    "target_on_the_cpu": lambda z, t: tile.cross_entropy(z, t.cpu()),
+    "float_target": lambda z, t: tile.cross_entropy(z, t.float()),
+    "target_shape": lambda z, t: tile.cross_entropy(z, t[:3]),
+    "reduction": lambda z, t: tile.cross_entropy(z, t, reduction="avg"),
+    "label_smoothing_range": lambda z, t: tile.cross_entropy(z, t, label_smoothing=1.5),
+    "negative_softcap": lambda z, t: tile.cross_entropy(z, t, softcap=-1.0),
+    "negative_z_loss": lambda z, t: tile.cross_entropy(z, t, z_loss=-0.5),
+    "bool_ignore_index": lambda z, t: tile.cross_entropy(z, t, ignore_index=True),
+    "plan_with_grad": lambda z, t: tile.cross_entropy(z.clone().requires_grad_(), t, plan=None),
+    "empty_rows": lambda z, t: tile.cross_entropy(z[:0], t[:0]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CE_LEFT_CALLS))
+def test_cross_entropy_calls_it_leaves_to_the_python_paths(monkeypatch, case):
+    logits, target = ce_inputs(4, 64, torch.float32)
+    fn = lambda: CE_LEFT_CALLS[case](logits, target)  # noqa: E731
+    before = tile._ext.counters()["calls"]
+    got = _outcome(fn)
+    assert tile._ext.counters()["calls"] == before, "the extension took a call it should leave to Python"
+    with python_paths(monkeypatch):
+        assert got == _outcome(fn)
 
 
 @pytest.mark.parametrize("op", OPS)

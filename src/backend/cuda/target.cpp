@@ -187,45 +187,62 @@ void launch_kernel(CUfunction fn, const LoweredKernel& lk, const ArgumentValues&
   launch_kernel(fn, lk, a.buffers.data(), a.buffers.size(), a.params.data(), a.params.size(), groups, stream);
 }
 
-// A call of one row kernel (no second phase, so no workspace) as the CUDA target replays it:
-// the function loaded in one context, its grid, and its scalar arguments, which depend on
-// the shapes and scalars only; the buffers are the operands' data pointers of each replay.
+// A call as the CUDA target replays it: the functions loaded in one context (the row kernel,
+// and the second phase of a reduction over the rows), their grids, and their scalar arguments,
+// which depend on the shapes and scalars only; the buffers are the operands' data pointers of
+// each replay and, for a second phase, the workspace the replay is given.
 class CudaReplay final : public Replay {
  public:
-  CudaReplay(std::shared_ptr<const PreparedKernel> pk, const BoundCall& call, LoadedKernel kernel, CUcontext context,
-             uint64_t context_id)
-      : pk_(std::move(pk)), call_(call), kernel_(std::move(kernel)), context_(context), context_id_(context_id) {
-    const LoweredKernel& lk = pk_->lowered.main;
+  CudaReplay(std::shared_ptr<const PreparedKernel> pk, const BoundCall& call, std::pair<LoadedKernel, LoadedKernel> kernels,
+             CUcontext context, uint64_t context_id)
+      : pk_(std::move(pk)), call_(call), kernels_(std::move(kernels)), context_(context), context_id_(context_id) {
+    const LoweredProgram& lp = pk_->lowered;
     groups_ = grid_groups(call_, pk_->plan);
-    params_ = argument_values(lk, call_, nullptr, 0, groups_ * pk_->plan.programs_per_group).params;
+    const int64_t slots = groups_ * pk_->plan.programs_per_group;
+    params_ = argument_values(lp.main, call_, nullptr, 0, slots).params;
+    if (lp.finish) {
+      workspace_elems_ = workspace_elems(*pk_, call_);
+      finish_groups_ = finish_groups(*lp.finish, call_.cols);
+      finish_params_ = argument_values(*lp.finish, call_, nullptr, 0, slots).params;
+    }
   }
 
-  bool launch(const void* const* data, void* stream) const override {
+  int64_t workspace_bytes() const override { return workspace_elems_ * pk_->lowered.workspace_elem_bytes(); }
+
+  bool launch(const void* const* data, void* stream, void* workspace) const override {
     CUcontext current = nullptr;
     if (cuda::driver().cuCtxGetCurrent(&current) != CUDA_SUCCESS || current != context_) return false;
     // A handle may be reused by a later context, an id never is.
     unsigned long long id = 0;
     if (cuda::driver().cuCtxGetId(current, &id) != CUDA_SUCCESS || id != context_id_) return false;
     if (!pointers_bind(call_, data)) return false;
-    if (groups_ == 0) return true;
-    const LoweredKernel& lk = pk_->lowered.main;
-    constexpr size_t kMax = 64;
-    void* buffers[kMax];
-    TILE_CHECK(lk.buffers.size() <= kMax, "kernel ", lk.kernel.name, " has too many arguments");
-    for (size_t b = 0; b < lk.buffers.size(); ++b) buffers[b] = const_cast<void*>(data[lk.buffers[b]]);
-    launch_kernel(kernel_.function, lk, buffers, lk.buffers.size(), params_.data(), params_.size(), groups_,
-                  static_cast<CUstream>(stream));
+    const LoweredProgram& lp = pk_->lowered;
+    const CUstream s = static_cast<CUstream>(stream);
+    if (lp.finish && workspace_elems_ > 0 && !workspace)
+      workspace = workspace_for(s, size_t(workspace_bytes()), lp.main.kernel.name);
+    if (groups_ > 0) launch_one(kernels_.first.function, lp.main, data, workspace, params_, groups_, s);
+    if (lp.finish) launch_one(kernels_.second.function, *lp.finish, data, workspace, finish_params_, finish_groups_, s);
     return true;
   }
 
  private:
+  static void launch_one(CUfunction fn, const LoweredKernel& lk, const void* const* data, void* workspace,
+                         const std::vector<ArgumentValues::Scalar>& params, int64_t groups, CUstream stream) {
+    constexpr size_t kMax = 64;
+    void* buffers[kMax];
+    TILE_CHECK(lk.buffers.size() <= kMax, "kernel ", lk.kernel.name, " has too many arguments");
+    for (size_t b = 0; b < lk.buffers.size(); ++b)
+      buffers[b] = lk.buffers[b] < 0 ? workspace : const_cast<void*>(data[lk.buffers[b]]);
+    launch_kernel(fn, lk, buffers, lk.buffers.size(), params.data(), params.size(), groups, stream);
+  }
+
   std::shared_ptr<const PreparedKernel> pk_;
   BoundCall call_;  // the call resolved: shapes, strides, scalars; its data pointers are not read
-  LoadedKernel kernel_;
+  std::pair<LoadedKernel, LoadedKernel> kernels_;  // (row kernel, second phase)
   CUcontext context_;
   uint64_t context_id_;
-  int64_t groups_ = 0;
-  std::vector<ArgumentValues::Scalar> params_;
+  int64_t groups_ = 0, workspace_elems_ = 0, finish_groups_ = 0;
+  std::vector<ArgumentValues::Scalar> params_, finish_params_;
 };
 
 class CudaTarget final : public Target {
@@ -263,18 +280,15 @@ class CudaTarget final : public Target {
 
   std::shared_ptr<const Replay> replay(std::shared_ptr<const PreparedKernel> pk, const BoundCall& call,
                                        const CallOptions& options) const override {
-    if (pk->lowered.finish) return nullptr;  // a reduction over the rows: a workspace each call
-    for (int operand : pk->lowered.main.buffers)
-      if (operand < 0) return nullptr;
     CudaState& st = state_of(*pk);
     const CUcontext context = cuda::ensure_context(options.device);
     const uint64_t id = cuda::context_id(context);
-    LoadedKernel loaded;
+    std::pair<LoadedKernel, LoadedKernel> loaded;
     {
       std::lock_guard<std::mutex> lock(st.mutex);
       auto it = st.loaded.find(id);
       if (it == st.loaded.end()) return nullptr;
-      loaded = it->second.first;
+      loaded = it->second;
     }
     return std::make_shared<CudaReplay>(std::move(pk), call, std::move(loaded), context, id);
   }
