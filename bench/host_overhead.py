@@ -7,16 +7,19 @@ One sample issues `calls` launches back to back, timed with time.perf_counter, t
 once outside the timed span: host microseconds per call, what the Python API costs the calling
 thread. `calls` stays well under the launch queue's depth (about a thousand), so a GPU slower
 than the host never blocks the loop; wall_us also counts the synchronize (about max(host, GPU)).
-Each number is the median of `repeats` samples, with the garbage collector off while timing.
+Each number is the median of `repeats` samples, with the garbage collector off while timing; the
+variants of a shape take turns, one sample each per round, so that drift over the run falls on
+all of them alike.
 
 Variants: tile with out= given and tile allocating its output (taken in eager when no input
 requires grad), tile through its custom op (torch.ops.tile.*, the path of torch.compile and of
 tensor subclasses), tile with x requiring grad (the forward's host time, its autograd node
-included), tile's training step (x requiring grad: forward, then backward with a fixed output
-gradient; several kernels a step, the gradient's accumulation into x.grad included, so on large
+included), tile's training step (x, and the norms' weight and bias, requiring grad: forward, then
+backward with a fixed output gradient; several kernels a step, the gradients' accumulation into
+.grad included, so on large
 shapes the GPU may bound a sample), tile's backward alone (tile_bwd: one backward pass through a
-retained graph, the forward run once before timing; the backward operators' host time, its
-accumulation into x.grad included), torch eager with out= (softmax and log_softmax only: the
+retained graph, the forward run once before timing; the backward operators' host time, the
+accumulation into .grad included), torch eager with out= (softmax and log_softmax only: the
 norms have no out=), torch eager allocating, with x requiring grad, its training step and its
 backward alone.
 tile_* take the package's default path: through tile._torch_C (C++ entry, C++ autograd node)
@@ -68,13 +71,15 @@ def variants(torch, tile, op, x, w, b, y):
         tile_fwd, torch_fwd = lambda: tile.cross_entropy(xg, target), lambda: F.cross_entropy(xg, target)
         dy = None
     else:
-        dy = torch.randn_like(x)
+        # A training step's: the weight and bias require grad too (their gradients are summed
+        # over the rows, on both sides).
+        dy, wg, bg = torch.randn_like(x), w.detach().requires_grad_(), b.detach().requires_grad_()
         tile_fwd = {"softmax": lambda: tile.softmax(xg), "log_softmax": lambda: tile.log_softmax(xg),
-                    "rms_norm": lambda: tile.rms_norm(xg, weight=w, eps=EPS.get(op)),
-                    "layer_norm": lambda: tile.layer_norm(xg, weight=w, bias=b, eps=EPS.get(op))}[op]
+                    "rms_norm": lambda: tile.rms_norm(xg, weight=wg, eps=EPS.get(op)),
+                    "layer_norm": lambda: tile.layer_norm(xg, weight=wg, bias=bg, eps=EPS.get(op))}[op]
         torch_fwd = {"softmax": lambda: torch.softmax(xg, -1), "log_softmax": lambda: torch.log_softmax(xg, -1),
-                     "rms_norm": lambda: F.rms_norm(xg, (cols,), w, EPS.get(op)),
-                     "layer_norm": lambda: F.layer_norm(xg, (cols,), w, b, EPS.get(op))}[op]
+                     "rms_norm": lambda: F.rms_norm(xg, (cols,), wg, EPS.get(op)),
+                     "layer_norm": lambda: F.layer_norm(xg, (cols,), wg, bg, EPS.get(op))}[op]
     out["tile_step"] = lambda: tile_fwd().backward(dy)
     out["torch_step"] = lambda: torch_fwd().backward(dy)
     out["tile_bwd"] = _backward_only(tile_fwd, dy)
@@ -147,29 +152,36 @@ def _variants(torch, tile, op, x, w, b, y):
             "torch_grad": lambda: F.layer_norm(xg, (cols,), w, b, eps)}
 
 
-def measure(torch, fn, calls, repeats, sync):
-    """(host_us, wall_us) per call: medians over `repeats` samples of `calls` launches."""
-    for _ in range(20):  # compile, load and settle the caches
-        fn()
+def measure(fns, calls, repeats, sync, switch):
+    """name -> (host_us, wall_us) per call: medians over `repeats` samples of `calls` launches.
+    The variants take turns, one sample each per round, so that a drift of the machine over the
+    run (clocks, the allocator, other tenants) falls on all of them alike rather than on
+    whichever was timed in that stretch; `switch(name)` sets the path before each sample."""
+    for name, fn in fns.items():
+        switch(name)
+        for _ in range(20):  # compile, load and settle the caches
+            fn()
     sync()
-    host, wall = [], []
+    samples = {name: ([], []) for name in fns}
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         for _ in range(repeats):
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            t1 = time.perf_counter()
-            sync()
-            t2 = time.perf_counter()
-            host.append((t1 - t0) / calls * 1e6)
-            wall.append((t2 - t0) / calls * 1e6)
+            for name, fn in fns.items():
+                switch(name)
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                t1 = time.perf_counter()
+                sync()
+                t2 = time.perf_counter()
+                samples[name][0].append((t1 - t0) / calls * 1e6)
+                samples[name][1].append((t2 - t0) / calls * 1e6)
     finally:
         if gc_was_enabled:
             gc.enable()
-    return statistics.median(host), statistics.median(wall)
+    return {name: (statistics.median(h), statistics.median(w)) for name, (h, w) in samples.items()}
 
 
 def main():
@@ -239,14 +251,17 @@ def main():
             b = torch.randn(shape[-1], generator=g, device=device).to(dtype)
             y = torch.empty_like(x)
             cells = {}
-            for name, fn in variants(torch, tile, op, x, w, b, y).items():
-                if name in PYTHON_PATHS and extension is None:
-                    continue                    # the same calls as tile_*: the Python paths already
+            # Without the extension, tile_*_py are the same calls as tile_*: not timed twice.
+            fns = {name: fn for name, fn in variants(torch, tile, op, x, w, b, y).items()
+                   if not (name in PYTHON_PATHS and extension is None)}
+
+            def switch(name):
                 tile._ext = None if name in PYTHON_PATHS else extension
-                try:
-                    host_us, wall_us = measure(torch, fn, args.calls, args.repeats, sync)
-                finally:
-                    tile._ext = extension
+            try:
+                times = measure(fns, args.calls, args.repeats, sync, switch)
+            finally:
+                tile._ext = extension
+            for name, (host_us, wall_us) in times.items():
                 cells[name] = f"{host_us:8.2f} [{wall_us:8.2f}]"
                 rows.append({"op": op, "shape": list(shape), "variant": name, "host_us": round(host_us, 3),
                              "wall_us": round(wall_us, 3)})
