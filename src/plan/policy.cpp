@@ -153,13 +153,24 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // as needed. H200, bf16 x 16384 (bench/results/train-regret-h200-ed4c333-subset.json): 1024
   // workers caching took rms_norm_backward from 709 to 407 us and layer_norm_backward from 2085
   // to 729 against re-reading with 256.
+  //
+  // Such a program runs about two groups an SM (the grid limit below), so it starts at 512
+  // workers (or one a vector, for rows of fewer) to keep 32 warps an SM in flight: H200, N =
+  // 4096 (bench/results/train-regret-h200-9503a07-subset.json), 512 workers rather than 256
+  // took rms_norm_backward from 390 to 305 us (bf16) and 393 to 231 (f32), layer_norm_backward
+  // from 745 to 390 and 499 to 238, fused_add_rms_norm_backward from 874 to 415 (bf16).
+  // Programs reading several rows want fewer stripes a worker (below, stripes_for_inputs).
+  const int64_t stripes_for_inputs = std::max<int64_t>(1, kTargetStripes / std::max(1, in.row_inputs()));
   int rows_cache_width = 0;
   if (in.rows_reduction_parts > 0 && cluster == 1 && vectors > 16 && !req.workers_per_program && !req.stripes &&
       req.programs_per_group.value_or(1) == 1 && req.caching.value_or(InputCaching::registers) == InputCaching::registers) {
     const int64_t budget = req.private_budget.value_or(64);
     const int64_t widest = std::min<int64_t>(1024, limits.max_threads_per_group);
-    // The usual width (about kTargetStripes vectors a worker), then twice that, ..., then the widest.
-    for (int64_t w = std::clamp<int64_t>(round_up(ceil_div(vectors, kTargetStripes), 32), 32, kMaxAutomaticWidth);;
+    const int64_t occupancy_width = std::min<int64_t>(kMaxAutomaticWidth, round_up(vectors, 32));
+    // The usual width (about stripes_for_inputs vectors a worker, at least occupancy_width),
+    // then twice that, ..., then the widest.
+    for (int64_t w = std::clamp<int64_t>(round_up(ceil_div(vectors, stripes_for_inputs), 32), occupancy_width,
+                                         kMaxAutomaticWidth);;
          w *= 2) {
       const int64_t width = std::min(w, widest);
       if (ceil_div(vectors, width) * p.vector_elems * per_elem <= budget) rows_cache_width = int(width);
@@ -190,7 +201,11 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     p.workers_per_program = int(std::clamp<int64_t>(w, 32, limits.max_threads_per_group));
     p.width_mode = WidthMode::automatic;
   } else {
-    int64_t stripes_wanted = req.stripes ? *req.stripes : kTargetStripes;
+    // About kTargetStripes vectors a worker for one row input, fewer for several: a worker's
+    // loads of y and dy (x and the residual) are all in flight at once. H200, N = 4096 (the
+    // same subset): softmax_backward bf16 186 us with 256 workers of 2 stripes against 260 with
+    // 128 of 4, log_softmax_backward 202 against 314; f32 and fused_add_rms_norm within 1 %.
+    int64_t stripes_wanted = req.stripes ? *req.stripes : stripes_for_inputs;
     if (vectors <= 16 && !req.stripes && cluster == 1)
       p.workers_per_program = pow2_at_least(vectors);
     else  // a cluster's groups share the row's vectors
