@@ -15,6 +15,8 @@ namespace {
 // Stripes a multi-warp program aims for: enough independent 16-byte loads in flight per
 // worker to cover memory latency, few enough that the cached row fits the private budget.
 constexpr int64_t kTargetStripes = 4;
+// Columns a worker of a program reducing over the rows starts from (see rows_cache_width).
+constexpr int64_t kRowsReducingElems = 8;
 // Widest automatic program: __launch_bounds__(1024) leaves 64 registers a thread, too few for a
 // cached row slice plus its index math (ptxas spills); 512 threads leave 128.
 constexpr int kMaxAutomaticWidth = 512;
@@ -154,12 +156,15 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // workers caching took rms_norm_backward from 709 to 407 us and layer_norm_backward from 2085
   // to 729 against re-reading with 256.
   //
-  // Such a program runs about two groups an SM (the grid limit below), so it starts at 512
-  // workers (or one a vector, for rows of fewer) to keep 32 warps an SM in flight: H200, N =
-  // 4096 (bench/results/train-regret-h200-9503a07-subset.json), 512 workers rather than 256
-  // took rms_norm_backward from 390 to 305 us (bf16) and 393 to 231 (f32), layer_norm_backward
-  // from 745 to 390 and 499 to 238, fused_add_rms_norm_backward from 874 to 415 (bf16).
-  // Programs reading several rows want fewer stripes a worker (below, stripes_for_inputs).
+  // Such a program starts at about kRowsReducingElems columns a worker, whatever the dtype (one
+  // bf16 vector, two f32 ones), at least 512 workers (or one a vector, for rows of fewer) and
+  // at most the widest: each worker's slice of several rows and its accumulators stay few
+  // registers, and with about two groups an SM (the grid limit below) 512 or more workers keep
+  // 32 warps an SM in flight. H200 (bench/results/train-regret-h200-9503a07-subset.json,
+  // -f42e783-subset.json): at N = 4096, 512 workers rather than 256 took rms_norm_backward
+  // from 390 to 305 us (bf16) and 393 to 231 (f32), layer_norm_backward from 745 to 390 and
+  // 499 to 238; at N = 8192, 1024 rather than 512 took layer_norm_backward from 784 to 460
+  // (bf16) and 641 to 278 (f32), fused_add_rms_norm_backward from 855 to 485 and 865 to 364.
   const int64_t stripes_for_inputs = std::max<int64_t>(1, kTargetStripes / std::max(1, in.row_inputs()));
   int rows_cache_width = 0;
   if (in.rows_reduction_parts > 0 && cluster == 1 && vectors > 16 && !req.workers_per_program && !req.stripes &&
@@ -167,10 +172,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     const int64_t budget = req.private_budget.value_or(64);
     const int64_t widest = std::min<int64_t>(1024, limits.max_threads_per_group);
     const int64_t occupancy_width = std::min<int64_t>(kMaxAutomaticWidth, round_up(vectors, 32));
-    // The usual width (about stripes_for_inputs vectors a worker, at least occupancy_width),
-    // then twice that, ..., then the widest.
-    for (int64_t w = std::clamp<int64_t>(round_up(ceil_div(vectors, stripes_for_inputs), 32), occupancy_width,
-                                         kMaxAutomaticWidth);;
+    // The usual width, then twice that, ..., then the widest.
+    for (int64_t w = std::clamp<int64_t>(round_up(ceil_div(cols, kRowsReducingElems), 32), occupancy_width, widest);;
          w *= 2) {
       const int64_t width = std::min(w, widest);
       if (ceil_div(vectors, width) * p.vector_elems * per_elem <= budget) rows_cache_width = int(width);
@@ -263,9 +266,14 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   p.resident_groups =
       req.resident_groups.value_or(cluster == 1 && threads <= 512 ? int(std::max<int64_t>(1, 1024 / threads)) : 1);
   // Reductions over the rows keep one partial per program slot: about two groups per SM
-  // bound that extra memory (slots x cols x parts) while filling the device.
+  // bound that extra memory (slots x cols x parts) while filling the device; groups of fewer
+  // than 512 threads get more, about 1024 threads an SM (H200, bf16 x 2048, 256 workers: four
+  // groups an SM took rms_norm_backward from 437 to 310 us, layer_norm_backward from 533 to 407,
+  // fused_add_rms_norm_backward from 547 to 408). Such groups come from short rows, so the
+  // partials stay small.
+  const int64_t groups_per_sm = 2 * std::max<int64_t>(1, 512 / std::max<int64_t>(threads, 1));
   p.grid_limit = req.grid_limit.value_or(
-      in.reduces_rows ? int(std::max<int64_t>(1, ceil_div(2 * limits.sm_count, p.programs_per_group))) : 0);
+      in.reduces_rows ? int(std::max<int64_t>(1, ceil_div(groups_per_sm * limits.sm_count, p.programs_per_group))) : 0);
   // The second phase reads slots x columns partials, one column per worker: 256 workers keep
   // a group's reads coalesced across a whole row of slots and leave 8 groups an SM.
   p.finish_workers = req.finish_workers.value_or(256);

@@ -61,9 +61,9 @@ TEST(Policy, RowsReducingProgramsCacheTheirRowWideningUpTo1024Workers) {
   EXPECT_EQ(p.caching, InputCaching::registers);
   EXPECT_EQ(p.workers_per_program, 1024);
   EXPECT_EQ(p.stripes, 2);
-  p = choose_plan(two_inputs(8192, 8192, 2), {});  // LayerNorm's two accumulators: 2 x 8 x 4 = 64
+  p = choose_plan(two_inputs(8192, 8192, 2), {});  // LayerNorm's two accumulators: 1 x 8 x 4 = 32
   EXPECT_EQ(p.caching, InputCaching::registers);
-  EXPECT_EQ(p.workers_per_program, 512);
+  EXPECT_EQ(p.workers_per_program, 1024);
   // Where no width up to 1024 holds it, the row is re-read.
   p = choose_plan(two_inputs(8192, 32768, 1), {});
   EXPECT_EQ(p.caching, InputCaching::reread);
@@ -76,30 +76,42 @@ TEST(Policy, RowsReducingProgramsCacheTheirRowWideningUpTo1024Workers) {
   EXPECT_EQ(choose_plan(two_inputs(8192, 16384, 1), narrow).caching, InputCaching::reread);
 }
 
-TEST(Policy, RowsReducingProgramsStartAt512WorkersToFillTheSms) {
-  // About two groups an SM: 512 workers keep 32 warps an SM (H200, N = 4096: rms_norm_backward
-  // bf16 305 us against 390 with 256 workers, f32 231 against 393).
+PlanInputs f32_inputs(int64_t rows, int64_t cols, int row_inputs, int accumulators) {
+  PlanInputs in = PlanInputs::for_rows(DType::f32, DType::f32, rows, cols);
+  while (int(in.row_operands.size()) < row_inputs) in.row_operands.push_back(in.row_operands.front());
+  in.rows_reduction_parts = accumulators;
+  in.reduces_rows = accumulators > 0;
+  return in;
+}
+
+TEST(Policy, RowsReducingProgramsStartAtEightColumnsAWorker) {
+  // Eight columns a worker (one bf16 vector, two f32 ones), at least 512 workers, at most 1024
+  // (H200: rms_norm_backward bf16 x 4096 305 us with 512 workers against 390 with 256;
+  // layer_norm_backward f32 x 8192 278 us with 1024 against 641 with 512).
   MappingPlan p = choose_plan(two_inputs(32768, 4096, 1), {});
   EXPECT_EQ(p.caching, InputCaching::registers);
   EXPECT_EQ(p.workers_per_program, 512);
   EXPECT_EQ(p.stripes, 1);
-  PlanInputs f32 = PlanInputs::for_rows(DType::f32, DType::f32, 16384, 4096);
-  f32.row_operands.push_back(f32.row_operands.front());
-  f32.rows_reduction_parts = 1;
-  f32.reduces_rows = true;
-  p = choose_plan(f32, {});
+  p = choose_plan(f32_inputs(16384, 4096, 2, 1), {});
   EXPECT_EQ(p.workers_per_program, 512);
   EXPECT_EQ(p.stripes, 2);
-  // Three row inputs (fused_add_rms_norm_backward) want one stripe a worker, but the automatic
-  // width stops at 512 where the budget holds the slice.
-  f32.row_operands.push_back(f32.row_operands.front());
-  p = choose_plan(f32, {});
-  EXPECT_EQ(p.workers_per_program, 512);
+  p = choose_plan(two_inputs(16384, 8192, 1), {});
+  EXPECT_EQ(p.workers_per_program, 1024);
+  EXPECT_EQ(p.stripes, 1);
+  p = choose_plan(f32_inputs(8192, 8192, 3, 1), {});  // fused_add_rms_norm_backward's three rows
+  EXPECT_EQ(p.workers_per_program, 1024);
   EXPECT_EQ(p.stripes, 2);
-  // Rows of fewer vectors than 512: one worker a vector.
-  p = choose_plan(two_inputs(32768, 2048, 1), {});
+  const int grid_512 = choose_plan(two_inputs(32768, 4096, 1), {}).grid_limit;
+  EXPECT_EQ(grid_512, 2 * DeviceLimits{}.sm_count);  // about two groups an SM
+  // Rows of fewer vectors than 512: one worker a vector, and twice the groups an SM, about 1024
+  // threads (H200, bf16 x 2048: rms_norm_backward 310 us against 437 with two groups an SM).
+  p = choose_plan(two_inputs(65536, 2048, 1), {});
   EXPECT_EQ(p.workers_per_program, 256);
   EXPECT_EQ(p.stripes, 1);
+  EXPECT_EQ(p.grid_limit, 2 * grid_512);
+  PlanRequest grid;
+  grid.grid_limit = 7;  // a requested grid limit is kept
+  EXPECT_EQ(choose_plan(two_inputs(65536, 2048, 1), grid).grid_limit, 7);
 }
 
 TEST(Policy, SeveralRowInputsTakeFewerStripesAWorker) {
