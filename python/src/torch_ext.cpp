@@ -689,14 +689,31 @@ struct FusedAddRmsNormBackward final : ag::Node {
   }
 };
 
+// cross_entropy's options as a call gives them: which program variant runs, and its scalars.
+struct CrossEntropyOptions {
+  int64_t ignore_index = -100;
+  std::string reduction = "mean";
+  double label_smoothing = 0, z_loss = 0;
+  std::optional<double> softcap;
+
+  const Program& program(bool backward) const {
+    const CrossEntropyPrograms& p = programs->cross_entropy;
+    return *(backward ? p.backward : p.forward)[label_smoothing != 0][softcap.has_value()];
+  }
+  // A program without label_smoothing computes as if it were 0: it is set only where nonzero.
+  void set_scalars(Call& c, const Slots& slots) const {
+    c.set(slots.ignore_index, double(ignore_index));
+    c.set(slots.z_loss, z_loss);
+    if (label_smoothing != 0) c.set(slots.label_smoothing, label_smoothing);
+    c.set(slots.softcap, softcap);
+  }
+};
+
 // loss = cross_entropy(logits, target): dlogits from cross_entropy_backward with the lse (and,
 // for a mean, the count of rows not ignored) the forward call wrote, in logits' dtype.
 struct CrossEntropyBackward final : ag::Node {
   ag::SavedVariable logits, target, lse, count;
-  int64_t ignore_index = -100;
-  std::string reduction;
-  double label_smoothing = 0, z_loss = 0;
-  std::optional<double> softcap;
+  CrossEntropyOptions options;
 
   std::string name() const override { return "TileCrossEntropyBackward"; }
   void release_variables() override {
@@ -712,14 +729,15 @@ struct CrossEntropyBackward final : ag::Node {
       return {custom_op("tile::cross_entropy_backward")
                   .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
                                     c10::string_view, double, double, std::optional<double>)>()
-                  .call(dloss, z, t, l, ignore_index, reduction, label_smoothing, z_loss, softcap),
+                  .call(dloss, z, t, l, options.ignore_index, options.reduction, options.label_smoothing,
+                        options.z_loss, options.softcap),
               at::Tensor()};
     at::Tensor dlogits = at::empty_like(z, at::MemoryFormat::Contiguous);
     const at::IntArrayRef rows = z.sizes().slice(0, z.dim() - 1);
     // One value for every row (a sum or a mean) as a stride-0 view: no copy, no synchronisation.
-    const at::Tensor per_row = reduction == "none" ? dloss : dloss.reshape({}).expand(rows);
+    const at::Tensor per_row = options.reduction == "none" ? dloss : dloss.reshape({}).expand(rows);
     const at::Tensor counted = n.defined() ? n.reshape({}).expand(rows) : at::Tensor();
-    const Program& program = *programs->cross_entropy.backward[label_smoothing != 0][softcap.has_value()];
+    const Program& program = options.program(/*backward=*/true);
     const Slots& slots = program.slots;
     Call c(program);
     c.set(slots.logits, z);
@@ -728,10 +746,7 @@ struct CrossEntropyBackward final : ag::Node {
     c.set(slots.dloss, per_row);
     c.set(slots.count, counted);
     c.set(slots.dlogits, dlogits);
-    c.set(slots.ignore_index, double(ignore_index));
-    c.set(slots.z_loss, z_loss);
-    if (label_smoothing != 0) c.set(slots.label_smoothing, label_smoothing);
-    c.set(slots.softcap, softcap);
+    options.set_scalars(c, slots);
     run_call(c);
     return {dlogits, at::Tensor()};
   }
@@ -1125,7 +1140,7 @@ nb::object cross_entropy(nb::handle args, nb::handle kwargs) {
   if (target.layout() != c10::kStrided || target.device() != logits->device() || !index_dtype(target.scalar_type()) ||
       has_names(target) || target.sizes() != logits->sizes().slice(0, logits->dim() - 1))
     return nb::none();
-  int64_t ignore_index = -100;
+  CrossEntropyOptions o;
   if (given(2)) {
     if (!PyLong_CheckExact(a[2])) return nb::none();
     int overflow = 0;
@@ -1134,9 +1149,8 @@ nb::object cross_entropy(nb::handle args, nb::handle kwargs) {
       PyErr_Clear();
       return nb::none();
     }
-    ignore_index = v;
+    o.ignore_index = v;
   }
-  std::string reduction = "mean";
   if (given(3)) {
     if (!PyUnicode_CheckExact(a[3])) return nb::none();
     const char* r = PyUnicode_AsUTF8(a[3]);
@@ -1144,18 +1158,16 @@ nb::object cross_entropy(nb::handle args, nb::handle kwargs) {
       PyErr_Clear();
       return nb::none();
     }
-    reduction = r;
-    if (reduction != "mean" && reduction != "sum" && reduction != "none") return nb::none();
+    o.reduction = r;
+    if (o.reduction != "mean" && o.reduction != "sum" && o.reduction != "none") return nb::none();
   }
-  double label_smoothing = 0, z_loss = 0;
-  std::optional<double> softcap;
-  if (given(4) && (!finite_number(a[4], label_smoothing) || label_smoothing < 0 || label_smoothing > 1))
+  if (given(4) && (!finite_number(a[4], o.label_smoothing) || o.label_smoothing < 0 || o.label_smoothing > 1))
     return nb::none();
-  if (given(5) && (!finite_number(a[5], z_loss) || z_loss < 0)) return nb::none();
+  if (given(5) && (!finite_number(a[5], o.z_loss) || o.z_loss < 0)) return nb::none();
   if (given(6) && a[6] != Py_None) {
     double cap = 0;
     if (!finite_number(a[6], cap) || !(cap >= double(FLT_MIN))) return nb::none();
-    softcap = cap;
+    o.softcap = cap;
   }
   const int return_lse = given(7) ? PyObject_IsTrue(a[7]) : 0;
   if (return_lse < 0) nb::raise_python_error();
@@ -1165,26 +1177,23 @@ nb::object cross_entropy(nb::handle args, nb::handle kwargs) {
   if (grad && (given(8) || given(9) || forward_grad(logits))) return nb::none();
   // Host targets out of [0, C) that are not ignored: the Python path names the first (on a GPU
   // such a row's loss is NaN instead: no synchronisation).
-  if (!target.is_cuda() && !targets_in_range(target, logits->size(-1), ignore_index)) return nb::none();
+  if (!target.is_cuda() && !targets_in_range(target, logits->size(-1), o.ignore_index)) return nb::none();
 
-  const Program& program = *programs->cross_entropy.forward[label_smoothing != 0][softcap.has_value()];
+  const Program& program = o.program(/*backward=*/false);
   const Slots& slots = program.slots;
   const at::IntArrayRef rows = logits->sizes().slice(0, logits->dim() - 1);
   const c10::ScalarType stat = stat_dtype(*logits);
-  at::Tensor loss = reduction == "none" ? empty(rows, stat, *logits) : empty({}, stat, *logits);
+  at::Tensor loss = o.reduction == "none" ? empty(rows, stat, *logits) : empty({}, stat, *logits);
   at::Tensor lse, count;
   if (grad || return_lse) lse = empty(rows, stat, *logits);
-  if (grad && reduction == "mean") count = empty({}, stat, *logits);
+  if (grad && o.reduction == "mean") count = empty({}, stat, *logits);
   Call c(program);
   c.set(slots.logits, *logits);
   c.set(slots.target, target);
-  c.set(reduction == "none" ? slots.loss : reduction == "sum" ? slots.loss_sum : slots.loss_mean, loss);
+  c.set(o.reduction == "none" ? slots.loss : o.reduction == "sum" ? slots.loss_sum : slots.loss_mean, loss);
   c.set(slots.lse, lse);
   c.set(slots.count, count);
-  c.set(slots.ignore_index, double(ignore_index));
-  c.set(slots.z_loss, z_loss);
-  if (label_smoothing != 0) c.set(slots.label_smoothing, label_smoothing);
-  c.set(slots.softcap, softcap);
+  o.set_scalars(c, slots);
   if (plan) c.plan = &*plan;
   run_call(c);
   counters.calls.fetch_add(1, std::memory_order_relaxed);
@@ -1196,11 +1205,7 @@ nb::object cross_entropy(nb::handle args, nb::handle kwargs) {
     node->target = ag::SavedVariable(target, false);
     node->lse = ag::SavedVariable(lse, /*is_output=*/true);
     node->count = ag::SavedVariable(count, /*is_output=*/true);
-    node->ignore_index = ignore_index;
-    node->reduction = reduction;
-    node->label_smoothing = label_smoothing;
-    node->z_loss = z_loss;
-    node->softcap = softcap;
+    node->options = o;
     counters.nodes.fetch_add(1, std::memory_order_relaxed);
   }
   if (!return_lse) return wrap(std::move(loss));

@@ -43,14 +43,19 @@ TEST(Policy, LongRowsGetMultiWarpProgramsWithCachedRows) {
   EXPECT_EQ(p.stripes * p.vector_elems, 64);
 }
 
-// Two bf16 row inputs (a backward pass's dy and x, or fused_add_rms_norm's x and residual),
-// with `accumulators` per-element accumulators of reductions over the rows (weight gradients).
-PlanInputs two_inputs(int64_t rows, int64_t cols, int accumulators) {
-  PlanInputs in = PlanInputs::for_rows(DType::bf16, DType::bf16, rows, cols);
-  in.row_operands.push_back(in.row_operands.front());
+// `row_inputs` row inputs of one dtype (a backward pass's dy and x, fused_add_rms_norm's x and
+// residual, fused_add_rms_norm_backward's three), with `accumulators` per-element accumulators
+// of reductions over the rows (weight gradients).
+PlanInputs several_inputs(DType dtype, int64_t rows, int64_t cols, int row_inputs, int accumulators) {
+  PlanInputs in = PlanInputs::for_rows(dtype, dtype, rows, cols);
+  for (int i = 1; i < row_inputs; ++i) in.row_operands.push_back(in.row_operands.front());  // front(): x
   in.rows_reduction_parts = accumulators;
   in.reduces_rows = accumulators > 0;
   return in;
+}
+
+PlanInputs two_inputs(int64_t rows, int64_t cols, int accumulators) {
+  return several_inputs(DType::bf16, rows, cols, 2, accumulators);
 }
 
 TEST(Policy, RowsReducingProgramsCacheTheirRowWideningUpTo1024Workers) {
@@ -76,14 +81,6 @@ TEST(Policy, RowsReducingProgramsCacheTheirRowWideningUpTo1024Workers) {
   EXPECT_EQ(choose_plan(two_inputs(8192, 16384, 1), narrow).caching, InputCaching::reread);
 }
 
-PlanInputs f32_inputs(int64_t rows, int64_t cols, int row_inputs, int accumulators) {
-  PlanInputs in = PlanInputs::for_rows(DType::f32, DType::f32, rows, cols);
-  while (int(in.row_operands.size()) < row_inputs) in.row_operands.push_back(in.row_operands.front());
-  in.rows_reduction_parts = accumulators;
-  in.reduces_rows = accumulators > 0;
-  return in;
-}
-
 TEST(Policy, RowsReducingProgramsStartAtEightColumnsAWorker) {
   // Eight columns a worker (one bf16 vector, two f32 ones), at least 512 workers, at most 1024
   // (H200: rms_norm_backward bf16 x 4096 305 us with 512 workers against 390 with 256;
@@ -92,13 +89,13 @@ TEST(Policy, RowsReducingProgramsStartAtEightColumnsAWorker) {
   EXPECT_EQ(p.caching, InputCaching::registers);
   EXPECT_EQ(p.workers_per_program, 512);
   EXPECT_EQ(p.stripes, 1);
-  p = choose_plan(f32_inputs(16384, 4096, 2, 1), {});
+  p = choose_plan(several_inputs(DType::f32, 16384, 4096, 2, 1), {});
   EXPECT_EQ(p.workers_per_program, 512);
   EXPECT_EQ(p.stripes, 2);
   p = choose_plan(two_inputs(16384, 8192, 1), {});
   EXPECT_EQ(p.workers_per_program, 1024);
   EXPECT_EQ(p.stripes, 1);
-  p = choose_plan(f32_inputs(8192, 8192, 3, 1), {});  // fused_add_rms_norm_backward's three rows
+  p = choose_plan(several_inputs(DType::f32, 8192, 8192, 3, 1), {});  // fused_add_rms_norm_backward's three rows
   EXPECT_EQ(p.workers_per_program, 1024);
   EXPECT_EQ(p.stripes, 2);
   const int grid_512 = choose_plan(two_inputs(32768, 4096, 1), {}).grid_limit;
