@@ -338,7 +338,10 @@ TRAINING_CAPTURES = ["rms_norm_backward", "layer_norm_backward", "fused_add_rms_
 @pytest.mark.parametrize("name", TRAINING_CAPTURES)
 def test_capture_of_a_training_operator_after_precompile_only(name, monkeypatch):
     # Kernels built by precompile alone; the capture on a stream no call has used (the library
-    # has no workspace of its own there), with the workspace each call needs from torch.
+    # has no workspace of its own there, and allocates none during a capture), with the
+    # workspace each call needs from torch: on the Python paths through tile._call's allocator;
+    # where tile._torch_C takes the call (cross_entropy), through at::empty, which a successful
+    # capture then proves, since the library's own would have raised.
     tile.clear_kernel_caches()
     case = _Case(name)
     built = tile.precompile(case.call)
@@ -349,9 +352,12 @@ def test_capture_of_a_training_operator_after_precompile_only(name, monkeypatch)
     case.fill(10)
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
+    taken_before = tile._ext.counters()["calls"] if tile._ext is not None else 0
     with torch.cuda.graph(graph, stream=stream):
         captured = case.call()
-    assert asked and all(n > 0 for n in asked), "no workspace was taken from torch during the capture"
+    by_extension = tile._ext is not None and tile._ext.counters()["calls"] > taken_before
+    if not by_extension:
+        assert asked and all(n > 0 for n in asked), "no workspace was taken from torch during the capture"
     for seed in (20, 30):
         case.fill(seed)
         graph.replay()
