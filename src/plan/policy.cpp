@@ -165,7 +165,6 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // from 390 to 305 us (bf16) and 393 to 231 (f32), layer_norm_backward from 745 to 390 and
   // 499 to 238; at N = 8192, 1024 rather than 512 took layer_norm_backward from 784 to 460
   // (bf16) and 641 to 278 (f32), fused_add_rms_norm_backward from 855 to 485 and 865 to 364.
-  const int64_t stripes_for_inputs = std::max<int64_t>(1, kTargetStripes / std::max(1, in.row_inputs()));
   int rows_cache_width = 0;
   if (in.rows_reduction_parts > 0 && cluster == 1 && vectors > 16 && !req.workers_per_program && !req.stripes &&
       req.programs_per_group.value_or(1) == 1 && req.caching.value_or(InputCaching::registers) == InputCaching::registers) {
@@ -208,7 +207,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     // loads of y and dy (x and the residual) are all in flight at once. H200, N = 4096 (the
     // same subset): softmax_backward bf16 186 us with 256 workers of 2 stripes against 260 with
     // 128 of 4, log_softmax_backward 202 against 314; f32 and fused_add_rms_norm within 1 %.
-    int64_t stripes_wanted = req.stripes ? *req.stripes : stripes_for_inputs;
+    int64_t stripes_wanted =
+        req.stripes ? *req.stripes : std::max<int64_t>(1, kTargetStripes / std::max(1, in.row_inputs()));
     if (vectors <= 16 && !req.stripes && cluster == 1)
       p.workers_per_program = pow2_at_least(vectors);
     else  // a cluster's groups share the row's vectors
