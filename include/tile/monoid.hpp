@@ -23,7 +23,9 @@
 // the worker's elements (accumulated by addition from chunk to chunk, so a re-read loop carries no
 // per-chunk merge), the state derived from them once, and a test (`fast_exact`) of whether that
 // state is as exact as the chunk graph's. A worker whose test fails folds its elements with
-// `chunk` and `combine` instead; a worker's state is the same either way, up to rounding.
+// `chunk` and `combine` instead; a worker's state is the same either way, up to rounding and to
+// its representation (the scaled monoids' fast states sit at exponent 0, which their tests
+// keep in range: a constant part folds away where the lowering uses the state directly).
 #pragma once
 
 #include <cstdint>

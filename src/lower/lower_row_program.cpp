@@ -95,10 +95,38 @@ class Emitter {
     if (fn == BinaryFn::mul && is_const(a, 1.0)) return b;
     if ((fn == BinaryFn::add || fn == BinaryFn::sub) && is_const(b, 0.0)) return a;
     if (fn == BinaryFn::add && is_const(a, 0.0)) return b;
+    if (fn == BinaryFn::ldexp && (is_const(b, 0.0) || is_const(b, -0.0))) return a;
+    if (ExprPtr folded = fold(fn, a, b)) return folded;
     static const BinOp ops[] = {BinOp::add, BinOp::sub, BinOp::mul, BinOp::div, BinOp::max, BinOp::min,
                                 BinOp::lt,  BinOp::le,  BinOp::eq,  BinOp::ne,  BinOp::and_, BinOp::or_,
                                 BinOp::ldexp};
     return binary(ops[int(fn)], std::move(a), std::move(b));
+  }
+
+  // Two finite constants: +, -, * rounded once to the kernel's type (exact in double, or
+  // double-rounded for f32 operands, which still rounds correctly), min and max; ldexp of 1 by
+  // an integer where 2^n is a normal value of the type. Anything else stays an operation.
+  ExprPtr fold(BinaryFn fn, const ExprPtr& a, const ExprPtr& b) const {
+    auto finite_const = [](const ExprPtr& e) { return e->kind == Expr::Kind::constant && is_real(e->type) && std::isfinite(e->f); };
+    if (!finite_const(a) || !finite_const(b)) return nullptr;
+    const double x = a->f, y = b->f;
+    auto typed = [&](double v) -> ExprPtr {
+      if (!f64()) v = double(float(v));
+      return std::isfinite(v) ? fc(v) : nullptr;
+    };
+    switch (fn) {
+      case BinaryFn::add: return typed(x + y);
+      case BinaryFn::sub: return typed(x - y);
+      case BinaryFn::mul: return typed(x * y);
+      case BinaryFn::max: return x == y && std::signbit(x) != std::signbit(y) ? nullptr : fc(std::max(x, y));
+      case BinaryFn::min: return x == y && std::signbit(x) != std::signbit(y) ? nullptr : fc(std::min(x, y));
+      case BinaryFn::ldexp: {
+        const int lo = f64() ? -1022 : -126, hi = f64() ? 1023 : 127;
+        if (x != 1.0 || y != std::trunc(y) || y < lo || y > hi) return nullptr;
+        return fc(std::ldexp(1.0, int(y)));
+      }
+      default: return nullptr;
+    }
   }
 
   // regs[i] = values[i] for every i at once: a value that is one of `regs` is copied first, so
@@ -355,8 +383,20 @@ class RowLowering {
   bool program_fast(const std::vector<int>& reductions) const;
   std::vector<std::vector<int>> exact_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
                                              const std::set<int>& inputs, bool worker_fast);
+  // The program fast path up to its exactness tests: each reduction's fast state (expressions over
+  // registers and constants), the worker's own program's test and the group's (or program's).
+  struct FastSplit {
+    std::vector<std::vector<ExprPtr>> fast;
+    ExprPtr own_exact, all_exact;
+    int programs = 1;
+  };
+  FastSplit program_fast_split(std::vector<Stmt>& out, const std::vector<int>& reductions, const std::set<int>& inputs);
   std::vector<std::vector<int>> program_fast_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
                                                     const std::set<int>& inputs);
+  void split_pass(std::vector<Stmt>& out, const std::vector<int>& reductions);
+  std::set<int> level_inputs(std::vector<Stmt>& out, const std::vector<int>& reductions);
+  void bind_results(const std::vector<int>& reductions, const std::vector<std::vector<ExprPtr>>& states);
+  void rest_of_row(std::vector<Stmt>& body);
   std::vector<std::vector<ExprPtr>> fold_leaves(std::vector<Stmt>& out, const std::vector<std::pair<LeafKind, int>>& partials,
                                                 bool all_programs);
   std::vector<std::vector<int>> merge_across_workers(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
@@ -791,6 +831,45 @@ std::vector<ChunkGroup> RowLowering::slot_groups(std::vector<Stmt>& out, std::ve
 // One pass over the row for the reductions of one level: the program fast path where it
 // applies, else per-worker chunk states and one merge of every part across the program.
 void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& reductions) {
+  std::set<int> inputs = level_inputs(out, reductions);
+  std::vector<std::vector<int>> states = program_fast(reductions) ? program_fast_states(out, reductions, inputs)
+                                                                  : exact_states(out, reductions, inputs, true);
+  std::vector<std::vector<ExprPtr>> values(states.size());
+  for (size_t i = 0; i < states.size(); ++i)
+    for (int reg : states[i]) values[i].push_back(r(reg));
+  bind_results(reductions, values);
+}
+
+// The last level on the program fast path: the rest of the row is lowered twice, once from the
+// fast states where every program read passed its test (their constant parts fold, e.g. the
+// norms' exponent 0 removes every scaling from the normalisation) and once after the exact path.
+void RowLowering::split_pass(std::vector<Stmt>& out, const std::vector<int>& reductions) {
+  std::set<int> inputs = level_inputs(out, reductions);
+  FastSplit split = program_fast_split(out, reductions, inputs);
+  const std::map<int, ExprPtr> row_values = row_values_;
+  const std::vector<Slot> cached = cached_;
+  std::vector<Stmt> fast{comment("every program read passed its test: the rest of the row from the fast states")};
+  std::vector<std::vector<ExprPtr>> values(split.fast.size());
+  for (size_t i = 0; i < split.fast.size(); ++i)
+    for (const ExprPtr& v : split.fast[i]) values[i].push_back(em_.keep(fast, v, "acc"));
+  bind_results(reductions, values);
+  rest_of_row(fast);
+  row_values_ = row_values;
+  cached_ = cached;
+  std::vector<Stmt> slow{comment("the fast path is not exact enough here: the exact path")};
+  std::vector<std::vector<int>> exact = exact_states(slow, reductions, inputs, false);
+  for (size_t i = 0; i < exact.size(); ++i) {
+    values[i].clear();
+    for (size_t k = 0; k < exact[i].size(); ++k)
+      values[i].push_back(split.programs == 1 ? r(exact[i][k])
+                                              : em_.keep(slow, select(split.own_exact, split.fast[i][k], r(exact[i][k])), "acc"));
+  }
+  bind_results(reductions, values);
+  rest_of_row(slow);
+  out.push_back(if_(split.all_exact, std::move(fast), std::move(slow)));
+}
+
+std::set<int> RowLowering::level_inputs(std::vector<Stmt>& out, const std::vector<int>& reductions) {
   std::string names;
   for (int red : reductions) names += (names.empty() ? "" : ", ") + prog_.reductions()[red].monoid.name;
   out.push_back(comment("reductions over the row: " + names));
@@ -800,11 +879,13 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
       hoist_row_values(out, in);
       row_inputs_of(in, inputs);
     }
-  std::vector<std::vector<int>> states = program_fast(reductions) ? program_fast_states(out, reductions, inputs)
-                                                                  : exact_states(out, reductions, inputs, true);
+  return inputs;
+}
+
+void RowLowering::bind_results(const std::vector<int>& reductions, const std::vector<std::vector<ExprPtr>>& states) {
   for (size_t i = 0; i < reductions.size(); ++i) {
     const RowReduction& rr = prog_.reductions()[reductions[i]];
-    for (size_t q = 0; q < rr.results.size(); ++q) row_values_[rr.results[q]] = r(states[i][q]);
+    for (size_t q = 0; q < rr.results.size(); ++q) row_values_[rr.results[q]] = states[i][q];
   }
 }
 
@@ -906,8 +987,8 @@ std::vector<std::vector<int>> RowLowering::exact_states(std::vector<Stmt>& out, 
 // program and every worker evaluates the fast graphs on the totals. Where a program's totals
 // fail their exactness test (huge, tiny or non-finite elements: rare), the exact path runs
 // under a uniform condition and that program takes its states.
-std::vector<std::vector<int>> RowLowering::program_fast_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
-                                                               const std::set<int>& inputs) {
+RowLowering::FastSplit RowLowering::program_fast_split(std::vector<Stmt>& out, const std::vector<int>& reductions,
+                                                       const std::set<int>& inputs) {
   out.push_back(comment("program fast path: plain sums and maxima merged across the program"));
   struct Leaf {
     size_t reduction;
@@ -1003,17 +1084,30 @@ std::vector<std::vector<int>> RowLowering::program_fast_states(std::vector<Stmt>
     for (size_t l = 0; l < leaves.size(); ++l) own_sums[l] = em_.keep(out, select(mine, totals[q][l], own_sums[l]));
     own_exact = em_.keep(out, select(mine, exact, own_exact));
   }
-  std::vector<std::vector<ExprPtr>> own_state(reductions.size());
-  evaluate(own_sums, &own_state);
+  FastSplit split;
+  split.fast.resize(reductions.size());
+  evaluate(own_sums, &split.fast);
+  split.own_exact = own_exact;
+  split.all_exact = all_exact;
+  split.programs = P;
+  return split;
+}
+
+// The program fast path of a level before the last: the fast states in registers, replaced by
+// the exact path's where a program read failed its test.
+std::vector<std::vector<int>> RowLowering::program_fast_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
+                                                               const std::set<int>& inputs) {
+  FastSplit split = program_fast_split(out, reductions, inputs);
   std::vector<std::vector<int>> regs(reductions.size());
   for (size_t i = 0; i < reductions.size(); ++i)
-    for (const ExprPtr& v : own_state[i]) regs[i].push_back(assign_new(out, "acc", v));
+    for (const ExprPtr& v : split.fast[i]) regs[i].push_back(assign_new(out, "acc", v));
   std::vector<Stmt> slow{comment("the fast path is not exact enough here: the exact path")};
   std::vector<std::vector<int>> exact = exact_states(slow, reductions, inputs, false);
   for (size_t i = 0; i < reductions.size(); ++i)
     for (size_t k = 0; k < regs[i].size(); ++k)
-      slow.push_back(assign(regs[i][k], P == 1 ? r(exact[i][k]) : select(own_exact, r(regs[i][k]), r(exact[i][k]))));
-  out.push_back(if_(unary(UnOp::not_, all_exact), std::move(slow)));
+      slow.push_back(assign(regs[i][k], split.programs == 1 ? r(exact[i][k])
+                                                            : select(split.own_exact, r(regs[i][k]), r(exact[i][k]))));
+  out.push_back(if_(unary(UnOp::not_, split.all_exact), std::move(slow)));
   return regs;
 }
 
@@ -1433,7 +1527,20 @@ std::vector<Stmt> RowLowering::row_body() {
       cached_.push_back(std::move(slot));
     }
   }
-  for (const std::vector<int>& level : levels_) level_pass(body, level);
+  for (size_t l = 0; l < levels_.size(); ++l) {
+    if (l + 1 == levels_.size() && program_fast(levels_[l])) {
+      split_pass(body, levels_[l]);
+      return body;
+    }
+    level_pass(body, levels_[l]);
+  }
+  rest_of_row(body);
+  return body;
+}
+
+// After the reductions over the row: per-row outputs, row values reduced over the rows, and the
+// output pass (row outputs and element contributions to reductions over the rows).
+void RowLowering::rest_of_row(std::vector<Stmt>& body) {
   store_row_scalars(body);
   // Row values reduced over the rows: one contribution per real row.
   for (int red : rows_reductions_) {
@@ -1467,7 +1574,7 @@ std::vector<Stmt> RowLowering::row_body() {
         hoist_row_values(body, in);
         row_inputs_of(in, inputs);
       }
-  if (!element_work) return body;
+  if (!element_work) return;
   body.push_back(comment("output pass"));
   if (plan_.caching == InputCaching::registers) {
     // Element values stay memoised across passes: the output reuses what a reduction pass
@@ -1479,7 +1586,6 @@ std::vector<Stmt> RowLowering::row_body() {
          }))
       body.push_back(std::move(s));
   }
-  return body;
 }
 
 // The second phase of reductions over the rows: one worker per column folds the slots'

@@ -310,17 +310,18 @@ Monoid scaled_sum_squares() {
                           zero);
   MonoidExpr chunk_s = b.binary(BinaryFn::ldexp, q, zero - two * (k + e));
 
-  // A worker's fast path: the plain Σ x^2 (one multiply-add an element, no exponent before the
-  // sum). Where 2^-60 <= Σ x^2 < inf no square overflowed and those that underflow (below 2^-126
-  // each) are negligible, so it is the state at e = exponent(sqrt(Σ x^2)) + 1 (s in [1/16, 1),
-  // |x| < 2^e: the bounds the exact state keeps). Elsewhere (huge, tiny or zero x, ±inf, NaN)
-  // the worker takes the exact chunk graph; a worker without elements keeps the identity.
+  // A worker's fast path: the plain S = Σ x^2 (one multiply-add an element, no exponent before
+  // the sum). Where 2^-60 <= S < 2^100 no square overflowed and those that underflow (below
+  // 2^-126 each) are negligible, so it is the state at exponent 0: (0, S). Those bounds keep
+  // what reads the state finite without the exponent's scalings (the normalisation's S / n +
+  // eps, a merge of up to 2^20 such states) and let the exponent fold away where the state is
+  // used directly. Elsewhere (huge, tiny or zero x, ±inf, NaN) the worker takes the exact chunk
+  // graph; a worker without elements keeps the identity. In f64: 2^-956 <= S < 2^900.
   MonoidExpr n = b.count();
-  MonoidExpr fast_e = b.select(b.binary(BinaryFn::lt, zero, plain),
-                               b.unary(UnaryFn::exponent, b.unary(UnaryFn::sqrt, plain)) + b.constant(1.0), zero);
-  MonoidExpr fast_s = b.binary(BinaryFn::ldexp, plain, zero - two * fast_e);
+  MonoidExpr fast_e = zero;
+  MonoidExpr fast_s = plain;
   MonoidExpr in_range = b.binary(BinaryFn::logical_and, b.binary(BinaryFn::le, b.constant(0x1p-60, 0x1p-956), plain),
-                                 b.binary(BinaryFn::lt, plain, b.constant(kInf)));
+                                 b.binary(BinaryFn::lt, plain, b.constant(0x1p100, 0x1p900)));
   MonoidExpr exact = b.binary(BinaryFn::logical_or, b.binary(BinaryFn::eq, n, zero), in_range);
   return b.build({merged, sum}, {e, chunk_s}, {fast_e, fast_s}, exact);
 }
@@ -378,38 +379,40 @@ Monoid scaled_mean_m2() {
   MonoidExpr chunk_m2 = b.chunk_sum(d * d) * b.constant(4.0);
 
   // A worker's fast path: sums shifted by the worker's first element K, S1 = Σ (x - K) and
-  // S2 = Σ (x - K)^2 (three operations an element, no exponent, no per-chunk merge); then
-  // mean = K + S1 / n and m2 = S2 - S1^2 / n. Exact enough where
-  //  - S2 < 2^100: no deviation or sum overflowed (and no x or K is ±inf or NaN);
+  // S2 = Σ (x - K)^2 (three operations an element, no exponent, no per-chunk merge); then the
+  // state at exponent 0: mean = K + S1 / n and m2 = S2 - S1^2 / n. Exact enough where
+  //  - S2 < 2^60 and |K| < 2^30: no deviation or sum overflowed (and no x or K is ±inf or NaN),
+  //    and what reads the state stays finite without the exponent's scalings (Chan's merge of
+  //    such states: deviations of means below 2^32, their squares times a count below 2^95);
   //  - 2^-60 <= S2 or 2^-30 <= |K|: squares that underflow are negligible beside S2, or there
   //    are none (x and K of magnitude 2^-31 or more differ by 2^-54 or more, or not at all);
   //  - S1^2 / n <= 64 m2: the subtraction cancels at most 6 bits (K is one of the elements,
   //    so this always holds for up to 65 elements; K lies more than 8 standard deviations
   //    from the worker's mean otherwise).
   // A constant worker has S1 = S2 = 0: its exact mean K and m2 = 0, as the chunk graph gives.
-  // The state's exponent bounds |K| + sqrt(S2) >= every |x| (clamped as e is).
+  // In f64: S2 < 2^900 and |K| < 2^440 (the squares of deviations of means, times a count,
+  // below 2^933), 2^-956 <= S2 or 2^-400 <= |K|.
   MonoidExpr shift = b.first(b.element());
   MonoidExpr dev = b.element() - shift;
   MonoidExpr s1 = b.chunk_sum(dev), s2 = b.chunk_sum(dev * dev);
   MonoidExpr q = s1 / b.binary(BinaryFn::max, k, one);
   MonoidExpr fast_m2 = b.binary(BinaryFn::max, s2 - s1 * q, zero);
-  MonoidExpr bound = b.unary(UnaryFn::abs, shift) + b.unary(UnaryFn::sqrt, s2);
-  MonoidExpr fast_e = b.select(b.binary(BinaryFn::lt, zero, k),
-                               b.binary(BinaryFn::min, b.unary(UnaryFn::exponent, bound) + one, max_exponent(b)), zero);
-  MonoidExpr fast_mean = b.binary(BinaryFn::ldexp, shift + q, zero - fast_e);
-  MonoidExpr fast_m2s = b.binary(BinaryFn::ldexp, b.binary(BinaryFn::ldexp, fast_m2, zero - fast_e), zero - fast_e);
+  MonoidExpr fast_e = zero;
+  MonoidExpr fast_mean = shift + q;
   auto all = [&](std::vector<MonoidExpr> cs) {
     MonoidExpr r = cs[0];
     for (size_t i = 1; i < cs.size(); ++i) r = b.binary(BinaryFn::logical_and, r, cs[i]);
     return r;
   };
+  MonoidExpr magnitude = b.unary(UnaryFn::abs, shift);
   MonoidExpr exact = b.binary(
       BinaryFn::logical_or, b.binary(BinaryFn::eq, k, zero),
-      all({b.binary(BinaryFn::lt, s2, b.constant(0x1p100, 0x1p996)),
+      all({b.binary(BinaryFn::lt, s2, b.constant(0x1p60, 0x1p900)),
+           b.binary(BinaryFn::lt, magnitude, b.constant(0x1p30, 0x1p440)),
            b.binary(BinaryFn::logical_or, b.binary(BinaryFn::le, b.constant(0x1p-60, 0x1p-956), s2),
-                    b.binary(BinaryFn::le, b.constant(0x1p-30, 0x1p-400), b.unary(UnaryFn::abs, shift))),
+                    b.binary(BinaryFn::le, b.constant(0x1p-30, 0x1p-400), magnitude)),
            b.binary(BinaryFn::le, s1 * q, b.constant(64.0) * fast_m2)}));
-  return b.build({total, exponent, mean, m2}, {k, e, chunk_mean, chunk_m2}, {k, fast_e, fast_mean, fast_m2s}, exact);
+  return b.build({total, exponent, mean, m2}, {k, e, chunk_mean, chunk_m2}, {k, fast_e, fast_mean, fast_m2}, exact);
 }
 
 }  // namespace monoid
