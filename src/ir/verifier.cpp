@@ -79,7 +79,7 @@ class RangeOf : public IRVisitor<RangeOf, std::optional<Interval>> {
 
 class Verifier : public IRVisitor<Verifier, unsigned> {
  public:
-  explicit Verifier(const Kernel& k) : k_(k), uni_(k.regs.size(), kUniform) {
+  explicit Verifier(const Kernel& k) : k_(k), uni_(k.regs.size(), kUniform), lanes_(k.regs.size(), 31u) {
     const int W = k.workers_per_program;
     // A group-uniform value is cluster-uniform when a cluster is one group; a program-uniform
     // value is warp-uniform when programs span whole warps and group-uniform when a group is
@@ -272,11 +272,15 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
             std::to_string(r.elems) + ")");
   }
 
-  void define(int reg, unsigned u) {
+  // A definition of `reg` with uniformity u; `lanes` as butterfly_lanes (a warp-uniform value
+  // agrees across every lane).
+  void define(int reg, unsigned u, unsigned lanes = 0) {
     if (reg < 0 || reg >= int(uni_.size())) return;
     unsigned next = uni_[reg] & u;
-    if (next != uni_[reg]) {
+    unsigned next_lanes = lanes_[reg] & ((u & kWarp) ? 31u : lanes);
+    if (next != uni_[reg] || next_lanes != lanes_[reg]) {
       uni_[reg] = next;
+      lanes_[reg] = next_lanes;
       changed_ = true;
     }
   }
@@ -294,12 +298,41 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
       error(what + ": register " + k_.regs[reg].name + " is " + type_name(k_.regs[reg].type) + ", expected " + type_name(t));
   }
 
-  // Statements, under control flow whose uniformity is `control`.
+  // Statements, under control flow whose uniformity is `control`. Each statement's predecessor
+  // in its block is known while it is checked (a butterfly step spans two statements).
+  void visit_block(const std::vector<Stmt>& body, unsigned control) {
+    for (size_t i = 0; i < body.size(); ++i) {
+      prev_ = i ? &body[i - 1] : nullptr;
+      visit(body[i], control);
+    }
+    prev_ = nullptr;
+  }
   void visit_assign(const Stmt& s, unsigned control) {
+    const Stmt* prev = prev_;
     unsigned u = visit(*s.value);
     expect_reg(s.dst, s.value->type, "assignment of '" + print(*s.value) + "'");
-    define(s.dst, u & control);
+    const unsigned lanes = butterfly_lanes(s, prev);
+    // A value the same in every lane of the warp (a complete butterfly) is warp-uniform.
+    define(s.dst, (lanes == 31u ? u | warp_ : u) & control, lanes);
   }
+  // A butterfly step: `t = shfl_xor(v, o)` (width 32) and right after it `m = v op t` with op
+  // commutative (add, mul, max, min) give lanes i and i ^ o the same bits of m, and every pair
+  // of lanes v already agreed on: m agrees across the xor-masks of v's and o. The lanes a
+  // register agrees across (a bit set per xor-mask bit) are the meet over its definitions.
+  unsigned butterfly_lanes(const Stmt& s, const Stmt* prev) const {
+    if (!prev || prev->kind != Stmt::Kind::shfl_xor || prev->width != 32) return 0;
+    const Expr& e = *s.value;
+    if (e.kind != Expr::Kind::binary || e.args.size() != 2 ||
+        (e.binop != BinOp::add && e.binop != BinOp::mul && e.binop != BinOp::max && e.binop != BinOp::min))
+      return 0;
+    const Expr &a = *e.args[0], &b = *e.args[1];
+    if (a.kind != Expr::Kind::reg || b.kind != Expr::Kind::reg) return 0;
+    const int v = prev->src, t = prev->dst;
+    if (!((a.id == v && b.id == t) || (a.id == t && b.id == v)) || s.dst == v || s.dst == t || v == t) return 0;
+    if (v < 0 || v >= int(lanes_.size())) return 0;
+    return (lanes_[v] | unsigned(prev->offset)) & 31u;
+  }
+
   void visit_load(const Stmt& s, unsigned control) { access(s, control, /*is_load=*/true); }
   void visit_store(const Stmt& s, unsigned control) { access(s, control, /*is_load=*/false); }
   void access(const Stmt& s, unsigned control, bool is_load) {
@@ -407,6 +440,8 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
 
   const Kernel& k_;
   std::vector<unsigned> uni_;
+  std::vector<unsigned> lanes_;  // xor-masks of lanes a register agrees across (butterfly_lanes)
+  const Stmt* prev_ = nullptr;
   unsigned group_ = 0, program_ = 0, warp_ = 0;
   bool changed_ = false;
   bool check_ = false;  // report errors (the last walk, once uniformity is a fixed point)

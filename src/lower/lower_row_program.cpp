@@ -890,7 +890,7 @@ void RowLowering::bind_results(const std::vector<int>& reductions, const std::ve
 }
 
 // The program fast path serves a level whose monoids all have a fast graph, in programs of
-// whole warps (at least two) of one group: there the sums and maxima its fast graphs read are
+// whole warps (one or more) of one group: there the sums and maxima its fast graphs read are
 // merged across the program as plain sums and maxima, and the program's (or the group's)
 // exactness test is uniform, so the exact path can run under it, barriers and all.
 bool RowLowering::program_fast(const std::vector<int>& reductions) const {
@@ -1050,8 +1050,10 @@ RowLowering::FastSplit RowLowering::program_fast_split(std::vector<Stmt>& out, c
   std::vector<std::pair<LeafKind, int>> partials;
   for (const Leaf& l : leaves) partials.push_back({l.kind, l.reg});
   // totals[q][leaf] of the programs read: all of the group's under a group barrier, else the
-  // worker's own (then q = 0 is its program).
-  const bool all_programs = merge_scope() == Scope::group;
+  // worker's own (then q = 0 is its program). A program of one warp reads its own from its
+  // butterfly: its exact path holds no barrier (one warp merges by shuffles), so a condition
+  // uniform across the warp suffices.
+  const bool all_programs = merge_scope() == Scope::group && plan_.workers_per_program >= 64;
   std::vector<std::vector<ExprPtr>> totals = fold_leaves(out, partials, all_programs);
   const int P = all_programs ? plan_.programs_per_group : 1;
   // Every program's exactness test; the worker's own totals by a select chain over the
@@ -1130,6 +1132,12 @@ std::vector<std::vector<ExprPtr>> RowLowering::fold_leaves(std::vector<Stmt>& ou
       reg = assign_new(out, "m", binary(kind == LeafKind::sum ? BinOp::add : BinOp::max, r(reg), r(t)));
     }
     mine.push_back(reg);
+  }
+  // A program of one warp has its totals from the butterfly, the same bits in every lane.
+  if (warps == 1 && !all_programs) {
+    std::vector<ExprPtr> row;
+    for (int reg : mine) row.push_back(r(reg));
+    return {row};
   }
   std::vector<Stmt> stores;
   std::vector<int> regions;
@@ -1697,7 +1705,7 @@ LoweredKernel RowLowering::lower_finish() {
 
 bool program_fast_path(const RowProgram& program, const std::vector<int>& level, const MappingPlan& plan) {
   const int W = plan.workers_per_program;
-  if (plan.ctas_per_program != 1 || W < 64 || W % 32 != 0) return false;
+  if (plan.ctas_per_program != 1 || W < 32 || W % 32 != 0) return false;
   for (int red : level)
     if (program.reductions()[red].monoid.fast.empty()) return false;
   return true;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+
 #include "backend/cpu/executor.hpp"
 #include "support/cluster_kernel.hpp"
 
@@ -191,6 +193,42 @@ TEST(VerifierProof, RejectsShuffleUnderLaneDependentControlFlow) {
   Kernel k = row_sum(Scope::group, false, false, 2);
   k.body.push_back(if_(binary(BinOp::lt, special(Special::lane), i32_const(16)), {shfl_xor(1, 1, 1, 32)}));
   EXPECT_TRUE(mentions(verify(k), "shfl_xor"));
+}
+
+// A complete butterfly (t = shfl_xor(v, o) and right after it m = v op t, op commutative, for
+// o = 16 .. 1) leaves the same bits in every lane: a shuffle may run under a test of the result.
+// An incomplete one, a statement between the shuffle and its use, or a non-commutative op may not.
+Kernel butterfly_guard(std::vector<int> offsets, bool gap, BinOp op) {
+  Kernel k = row_sum(Scope::group, false, false, 2);
+  const int v = 1, t = 2;
+  if (k.regs[v].name != "v" || k.regs[t].name != "t") throw std::logic_error("row_sum's registers moved");
+  int cur = k.add_reg("m", Type::f32);  // v differs from lane to lane (a load per worker)
+  k.body.push_back(assign(cur, binary(BinOp::mul, reg(v, Type::f32), f32_const(2))));
+  for (int off : offsets) {
+    const int next = k.add_reg("m", Type::f32);
+    k.body.push_back(shfl_xor(t, cur, off, 32));
+    if (gap) k.body.push_back(assign(v, f32_const(1)));
+    k.body.push_back(assign(next, binary(op, reg(cur, Type::f32), reg(t, Type::f32))));
+    cur = next;
+  }
+  k.body.push_back(if_(binary(BinOp::lt, f32_const(0), reg(cur, Type::f32)), {shfl_xor(t, cur, 1, 32)}));
+  return k;
+}
+
+TEST(VerifierProof, AcceptsAShuffleUnderACompleteButterflysValue) {
+  for (BinOp op : {BinOp::add, BinOp::max, BinOp::min, BinOp::mul}) {
+    Kernel k = butterfly_guard({16, 8, 4, 2, 1}, false, op);
+    EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
+  }
+  Kernel reordered = butterfly_guard({1, 4, 16, 2, 8}, false, BinOp::add);
+  EXPECT_TRUE(verify(reordered).empty()) << verify(reordered)[0];
+}
+
+TEST(VerifierProof, RejectsAShuffleUnderAnIncompleteButterfly) {
+  EXPECT_TRUE(mentions(verify(butterfly_guard({16, 8, 4, 2}, false, BinOp::add)), "not uniform across the warp"));
+  EXPECT_TRUE(mentions(verify(butterfly_guard({16, 8, 4, 2, 2}, false, BinOp::add)), "not uniform across the warp"));
+  EXPECT_TRUE(mentions(verify(butterfly_guard({16, 8, 4, 2, 1}, true, BinOp::add)), "not uniform across the warp"));
+  EXPECT_TRUE(mentions(verify(butterfly_guard({16, 8, 4, 2, 1}, false, BinOp::sub)), "not uniform across the warp"));
 }
 
 // A value read from shared memory at a uniform index is uniform only as far as the region is
