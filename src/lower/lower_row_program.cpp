@@ -1073,6 +1073,13 @@ RowLowering::FastSplit RowLowering::program_fast_split(std::vector<Stmt>& out, c
     }
     return exact;
   };
+  FastSplit split;
+  split.fast.resize(reductions.size());
+  split.programs = P;
+  if (P == 1) {  // the worker's own totals only: the test and the state share one evaluation
+    split.own_exact = split.all_exact = evaluate(totals[0], &split.fast);
+    return split;
+  }
   std::vector<ExprPtr> own_sums = totals[0];
   ExprPtr own_exact, all_exact;
   for (int q = 0; q < P; ++q) {
@@ -1086,12 +1093,9 @@ RowLowering::FastSplit RowLowering::program_fast_split(std::vector<Stmt>& out, c
     for (size_t l = 0; l < leaves.size(); ++l) own_sums[l] = em_.keep(out, select(mine, totals[q][l], own_sums[l]));
     own_exact = em_.keep(out, select(mine, exact, own_exact));
   }
-  FastSplit split;
-  split.fast.resize(reductions.size());
   evaluate(own_sums, &split.fast);
   split.own_exact = own_exact;
   split.all_exact = all_exact;
-  split.programs = P;
   return split;
 }
 

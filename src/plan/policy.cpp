@@ -263,8 +263,22 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // one: 9.2 us against 6.6 (ncu); ptxas spills a few bytes instead, to L1.
   // A cluster program's group caches up to kClusterSliceScalars a worker: one group per SM.
   const int64_t threads = p.threads_per_group();
-  p.resident_groups =
-      req.resident_groups.value_or(cluster == 1 && threads <= 512 ? int(std::max<int64_t>(1, 1024 / threads)) : 1);
+  int64_t resident_threads = 1024;
+  // Except where a row's statistics merge five or more sums and maxima (LayerNorm's) over a
+  // cached slice of 32 scalars or more, in programs of two warps or more: at 64 registers
+  // ptxas spilled 56-72 bytes a thread (bf16 LayerNorm x 4096 and x 2048, groups of 256).
+  // There 768 threads' worth (at most 80 registers) wins once the grid spans two waves or
+  // more (H200: 8192 x 4096 42.0 us against 46.7, 16384 x 2048 44.1 against 47.2); one wave
+  // keeps 1024 threads' worth (1024 x 4096: 8.7 us against 9.3).
+  const int64_t cached_scalars = int64_t(p.stripes) * p.vector_elems * per_elem /
+                                 (p.cache_format == CacheFormat::packed ? 2 : 1);
+  if (p.caching == InputCaching::registers && !in.reduces_rows && in.merge_parts >= 5 && cached_scalars >= 32 &&
+      p.workers_per_program >= 64 && threads <= 256 && cluster == 1) {
+    const int64_t groups = ceil_div(in.rows, std::max(1, p.programs_per_group));
+    if (groups >= 2 * limits.sm_count * (1024 / threads)) resident_threads = 768;
+  }
+  p.resident_groups = req.resident_groups.value_or(
+      cluster == 1 && threads <= 512 ? int(std::max<int64_t>(1, resident_threads / threads)) : 1);
   // Reductions over the rows keep one partial per program slot: about two groups per SM
   // bound that extra memory (slots x cols x parts) while filling the device; groups of fewer
   // than 512 threads get more, about 1024 threads an SM (H200, bf16 x 2048, 256 workers: four
