@@ -1,0 +1,125 @@
+// Times one generated kernel from a cubin, the way many back-to-back launches see it: the input
+// rotates over enough buffers to exceed the L2 cache (at least 160 MiB, at most 64 buffers), 50
+// launches warm up, then 9 event-timed batches of N launches; the median microseconds per
+// launch is printed with the spread and a checksum of the first output buffer (so variants of
+// one kernel can be compared for identical results). Inputs are bf16 N(0, 1) rows; the norms'
+// weight ~ 1 + 0.1 N(0, 1), bias 0.1 N(0, 1). Built and driven by bench/cubin_time.sh.
+//
+//   cubin_time CUBIN KERNEL softmax|rms|ln ROWS COLS GRID BLOCK [LAUNCHES]
+#include <cuda.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+void check(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return;
+  const char* s = "unknown error";
+  cuGetErrorString(r, &s);
+  std::fprintf(stderr, "cubin_time: %s: %s\n", what, s);
+  std::exit(1);
+}
+
+unsigned short to_bf16(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fff + ((u >> 16) & 1);  // round to nearest even
+  return u >> 16;
+}
+
+float from_bf16(unsigned short h) {
+  unsigned u = unsigned(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 8) {
+    std::fprintf(stderr, "usage: cubin_time CUBIN KERNEL softmax|rms|ln ROWS COLS GRID BLOCK [LAUNCHES]\n");
+    return 2;
+  }
+  const std::string kind = argv[3];
+  if (kind != "softmax" && kind != "rms" && kind != "ln") {
+    std::fprintf(stderr, "cubin_time: kind: expected softmax, rms or ln, got '%s'\n", argv[3]);
+    return 2;
+  }
+  long long rows = std::atoll(argv[4]), cols = std::atoll(argv[5]);
+  const int grid = std::atoi(argv[6]), block = std::atoi(argv[7]), launches = argc > 8 ? std::atoi(argv[8]) : 200;
+  if (rows < 1 || cols < 1 || grid < 1 || block < 1 || launches < 1) {
+    std::fprintf(stderr, "cubin_time: rows, cols, grid, block and launches must be positive\n");
+    return 2;
+  }
+  check(cuInit(0), "cuInit");
+  CUdevice dev;
+  check(cuDeviceGet(&dev, 0), "cuDeviceGet");
+  CUcontext ctx;
+  check(cuCtxCreate(&ctx, nullptr, 0, dev), "cuCtxCreate");
+  CUmodule mod;
+  check(cuModuleLoad(&mod, argv[1]), argv[1]);
+  CUfunction fn;
+  check(cuModuleGetFunction(&fn, mod, argv[2]), argv[2]);
+
+  const size_t n = size_t(rows) * size_t(cols), bytes = n * 2;
+  const int buffers = int(std::clamp<size_t>((size_t(160) << 20) / bytes + 1, 2, 64));
+  std::vector<CUdeviceptr> xs(buffers), ys(buffers);
+  std::vector<unsigned short> host(n);
+  std::mt19937 gen(1);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (auto& v : host) v = to_bf16(normal(gen));
+  for (int i = 0; i < buffers; ++i) {
+    check(cuMemAlloc(&xs[i], bytes), "cuMemAlloc x");
+    check(cuMemAlloc(&ys[i], bytes), "cuMemAlloc y");
+    check(cuMemcpyHtoD(xs[i], host.data(), bytes), "copy x");
+  }
+  std::vector<unsigned short> weight(cols), bias(cols);
+  for (auto& v : weight) v = to_bf16(1.f + 0.1f * normal(gen));
+  for (auto& v : bias) v = to_bf16(0.1f * normal(gen));
+  CUdeviceptr w, b;
+  check(cuMemAlloc(&w, cols * 2), "cuMemAlloc weight");
+  check(cuMemAlloc(&b, cols * 2), "cuMemAlloc bias");
+  check(cuMemcpyHtoD(w, weight.data(), cols * 2), "copy weight");
+  check(cuMemcpyHtoD(b, bias.data(), cols * 2), "copy bias");
+  float eps = kind == "ln" ? 1e-5f : 1e-6f;
+  // The generated kernels' parameters: x, y, [weight, [bias]], rows, cols, x stride, y stride, [eps].
+  auto launch = [&](int i) {
+    std::vector<void*> args{&xs[i], &ys[i]};
+    if (kind != "softmax") args.push_back(&w);
+    if (kind == "ln") args.push_back(&b);
+    for (long long* p : {&rows, &cols, &cols, &cols}) args.push_back(p);
+    if (kind != "softmax") args.push_back(&eps);
+    check(cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, nullptr, args.data(), nullptr), "cuLaunchKernel");
+  };
+  for (int i = 0; i < 50; ++i) launch(i % buffers);
+  check(cuCtxSynchronize(), "warm-up");
+  CUevent e0, e1;
+  check(cuEventCreate(&e0, 0), "cuEventCreate");
+  check(cuEventCreate(&e1, 0), "cuEventCreate");
+  std::vector<float> us;
+  for (int batch = 0; batch < 9; ++batch) {
+    check(cuEventRecord(e0, nullptr), "cuEventRecord");
+    for (int i = 0; i < launches; ++i) launch(i % buffers);
+    check(cuEventRecord(e1, nullptr), "cuEventRecord");
+    check(cuEventSynchronize(e1), "cuEventSynchronize");
+    float ms;
+    check(cuEventElapsedTime(&ms, e0, e1), "cuEventElapsedTime");
+    us.push_back(ms * 1000.f / float(launches));
+  }
+  std::sort(us.begin(), us.end());
+  std::vector<unsigned short> out(n);
+  check(cuMemcpyDtoH(out.data(), ys[0], bytes), "copy y");
+  double sum = 0;
+  for (unsigned short v : out) sum += from_bf16(v);
+  std::printf("%s %s %lldx%lld: median %.3f us (min %.3f, max %.3f), output sum %.6f\n", argv[1], kind.c_str(), rows,
+              cols, us[us.size() / 2], us.front(), us.back(), sum);
+  return 0;
+}
