@@ -187,6 +187,14 @@ Stmt shfl_xor(int dst, int src, int offset, int width) {
   s.width = width;
   return s;
 }
+Stmt shfl_idx(int dst, int src, int lane, int width) {
+  Stmt s{Stmt::Kind::shfl_idx};
+  s.dst = dst;
+  s.src = src;
+  s.offset = lane;
+  s.width = width;
+  return s;
+}
 Stmt shared_store(int region, ExprPtr index, ExprPtr value) {
   Stmt s{Stmt::Kind::shared_store};
   s.region = region;

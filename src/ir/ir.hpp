@@ -6,7 +6,8 @@
 // (`ctas_per_cluster` > 1) may read another group's copy of its cluster (`remote_shared_load`).
 // Synchronisation is explicit: `barrier` statements (cluster scope = every worker of every group
 // of the cluster; group scope = every worker of the group; program scope = every worker of one
-// packed program) and `shfl_xor` (all 32 lanes of a warp exchange a register). Control flow is structured
+// packed program), `shfl_xor` (all 32 lanes of a warp exchange a register) and `shfl_idx` (every
+// lane reads one lane's register). Control flow is structured
 // (`if_`, `for_`). The CPU backend (src/backend/cpu/executor.cpp) defines what each node
 // means; the CUDA emitter prints the same nodes as CUDA C++; the verifier proves the rules
 // listed in src/ir/verifier.hpp.
@@ -104,6 +105,7 @@ struct Stmt {
                    // (registers are the kernel's float type for float buffers, i64 for
                    // integer buffers)
     shfl_xor,      // regs[dst] = regs[src] of lane (lane ^ offset) within segments of `width`
+    shfl_idx,      // regs[dst] = regs[src] of lane `offset` of the lane's segment of `width`
     shared_store,  // shared[region][index] = value
     shared_load,   // regs[dst] = shared[region][index]
     remote_shared_load,  // regs[dst] = shared[region][index] of the group of rank `cta` (i32)
@@ -122,8 +124,8 @@ struct Stmt {
   ExprPtr value, index, valid, aligned, cond, begin, end;
   ExprPtr cta;     // remote_shared_load: rank of the group read
   int buffer = -1;
-  int width = 1;   // vector width (load/store) or segment width (shfl_xor)
-  int offset = 0;  // shfl_xor lane offset
+  int width = 1;   // vector width (load/store) or segment width (shfl_xor, shfl_idx)
+  int offset = 0;  // shfl_xor lane offset, shfl_idx source lane
   int region = -1; // shared region
   bool clamp = false;
   bool raw = false;  // load: dsts are i32 registers holding the bits of element pairs
@@ -210,6 +212,7 @@ Stmt load(std::vector<int> dsts, int buffer, ExprPtr index, ExprPtr valid, ExprP
 Stmt load_raw(std::vector<int> words, int buffer, ExprPtr index, ExprPtr valid, ExprPtr aligned, bool clamp);
 Stmt store(std::vector<int> srcs, int buffer, ExprPtr index, ExprPtr valid, ExprPtr aligned);
 Stmt shfl_xor(int dst, int src, int offset, int width);
+Stmt shfl_idx(int dst, int src, int lane, int width);
 Stmt shared_store(int region, ExprPtr index, ExprPtr value);
 Stmt shared_load(int dst, int region, ExprPtr index);
 Stmt remote_shared_load(int dst, int region, ExprPtr index, ExprPtr cta);

@@ -78,6 +78,11 @@ void IRPrinter::visit_shfl_xor(const Stmt& s) {
        ", width " + std::to_string(s.width) + ")");
 }
 
+void IRPrinter::visit_shfl_idx(const Stmt& s) {
+  line(reg_name(s.dst) + " = shfl_idx(" + reg_name(s.src) + ", lane " + std::to_string(s.offset) +
+       ", width " + std::to_string(s.width) + ")");
+}
+
 void IRPrinter::visit_shared_store(const Stmt& s) {
   line("shared " + k_.shared[s.region].name + "[" + visit(*s.index) + "] = " + visit(*s.value));
 }

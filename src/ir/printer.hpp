@@ -40,6 +40,7 @@ class IRPrinter : public IRVisitor<IRPrinter, std::string> {
   virtual void visit_load(const Stmt& s);
   virtual void visit_store(const Stmt& s);
   virtual void visit_shfl_xor(const Stmt& s);
+  virtual void visit_shfl_idx(const Stmt& s);
   virtual void visit_shared_store(const Stmt& s);
   virtual void visit_shared_load(const Stmt& s);
   virtual void visit_remote_shared_load(const Stmt& s);

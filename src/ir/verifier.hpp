@@ -4,7 +4,7 @@
 //   every float value, register, parameter and shared slot has the kernel's float type (`real`);
 // - a group barrier sits on control flow uniform across the whole group, so guard programs
 //   (rows past the last) still arrive; a program barrier on control flow uniform across its
-//   program; a shfl_xor on control flow uniform across its warp;
+//   program; a shfl_xor or shfl_idx on control flow uniform across its warp;
 // - a cluster barrier sits on control flow uniform across the cluster (every group of it, those
 //   past the last row too), and appears only in kernels whose groups form clusters;
 // - shared regions of packed programs do not overlap and every shared index provably lies

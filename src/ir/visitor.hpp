@@ -1,7 +1,7 @@
 // IRVisitor: the one traversal of the raw IR (src/ir/ir.hpp).
 //
 // A consumer derives from IRVisitor<Self, ExprResult> (CRTP) and defines a handler for each
-// node kind it treats: visit_assign, visit_load, visit_store, visit_shfl_xor,
+// node kind it treats: visit_assign, visit_load, visit_store, visit_shfl_xor, visit_shfl_idx,
 // visit_shared_store, visit_shared_load, visit_remote_shared_load, visit_barrier, visit_if, visit_for, visit_comment
 // for statements (returning void); visit_constant, visit_reg, visit_special, visit_param,
 // visit_unary, visit_binary, visit_select, visit_cast, visit_row_aligned, visit_unpack16 for
@@ -40,6 +40,7 @@ class IRVisitor {
       case Stmt::Kind::load: return self.visit_load(s, ctx...);
       case Stmt::Kind::store: return self.visit_store(s, ctx...);
       case Stmt::Kind::shfl_xor: return self.visit_shfl_xor(s, ctx...);
+      case Stmt::Kind::shfl_idx: return self.visit_shfl_idx(s, ctx...);
       case Stmt::Kind::shared_store: return self.visit_shared_store(s, ctx...);
       case Stmt::Kind::shared_load: return self.visit_shared_load(s, ctx...);
       case Stmt::Kind::remote_shared_load: return self.visit_remote_shared_load(s, ctx...);
@@ -99,6 +100,7 @@ class IRVisitor {
   template <typename... Ctx> void visit_load(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_store(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_shfl_xor(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
+  template <typename... Ctx> void visit_shfl_idx(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_shared_store(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_shared_load(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_remote_shared_load(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }

@@ -998,8 +998,10 @@ RowLowering::FastSplit RowLowering::program_fast_split(std::vector<Stmt>& out, c
   };
   std::vector<Leaf> leaves;
   // The row's first element, for the fast graphs' `first` nodes: every worker loads the vector
-  // at column 0 (one address for the whole warp), where reads_row_head (the cost model's count) says.
+  // at column 0 (one address for the whole warp), where reads_row_head (the cost model's count)
+  // says; a register-cached program of one warp broadcasts it from lane 0's cache instead.
   Slot head;
+  const bool broadcast = head_in_cache(plan_);
   if (reads_row_head(prog_, reductions, plan_)) {
     head.col = i64(0);
     load_slot(out, head, inputs, /*cache=*/false);
@@ -1011,6 +1013,15 @@ RowLowering::FastSplit RowLowering::program_fast_split(std::vector<Stmt>& out, c
     FastLeaves fl = fast_leaves(m);
     for (int id : fl.counts) leaves.push_back({i, id, LeafKind::uniform, row_count});
     for (int id : fl.firsts) {
+      if (broadcast) {
+        // Worker 0's first cached element is the row's column 0 (0 where the row is empty).
+        ChunkEvaluator mine(em_, out, m, slot_groups(out, {&cached_.at(0)}, rr.inputs));
+        const int src = em_.materialize(out, mine.first(m.nodes[id].a), "first");
+        const int dst = k_.add_reg("first" + std::to_string(k_.regs.size()), real());
+        out.push_back(shfl_idx(dst, src, 0, 32));
+        leaves.push_back({i, id, LeafKind::uniform, dst});
+        continue;
+      }
       ChunkEvaluator at_head(em_, out, m, slot_groups(out, {&head}, rr.inputs));
       leaves.push_back({i, id, LeafKind::uniform, em_.materialize(out, at_head.first(m.nodes[id].a), "first")});
     }
@@ -1715,8 +1726,12 @@ bool program_fast_path(const RowProgram& program, const std::vector<int>& level,
   return true;
 }
 
+bool head_in_cache(const MappingPlan& plan) {
+  return plan.caching == InputCaching::registers && plan.workers_per_program == 32 && plan.ctas_per_program == 1;
+}
+
 bool reads_row_head(const RowProgram& program, const std::vector<int>& level, const MappingPlan& plan) {
-  if (!program_fast_path(program, level, plan)) return false;
+  if (!program_fast_path(program, level, plan) || head_in_cache(plan)) return false;
   for (int red : level)
     if (!fast_leaves(program.reductions()[red].monoid).firsts.empty()) return true;
   return false;

@@ -72,8 +72,11 @@ LoweredProgram lower_row_program(const RowProgram& program, const KernelSignatur
 std::vector<std::vector<int>> reduction_levels(const RowProgram& program);
 
 // Whether a level takes the program fast path (see level_pass), and whether that path loads
-// the row's head (the vector at column 0, in every worker) for a fast graph's `first` node.
+// the row's head (the vector at column 0, in every worker) for a fast graph's `first` node:
+// not where head_in_cache (a register-cached program of one warp, whose lane 0 holds column 0
+// and broadcasts it with one shuffle).
 bool program_fast_path(const RowProgram& program, const std::vector<int>& level, const MappingPlan& plan);
+bool head_in_cache(const MappingPlan& plan);
 bool reads_row_head(const RowProgram& program, const std::vector<int>& level, const MappingPlan& plan);
 
 }  // namespace tile

@@ -388,7 +388,9 @@ Monoid scaled_mean_m2() {
   //    are none (x and K of magnitude 2^-31 or more differ by 2^-54 or more, or not at all);
   //  - S1^2 / n <= 64 m2: the subtraction cancels at most 6 bits (K is one of the elements,
   //    so this always holds for up to 65 elements; K lies more than 8 standard deviations
-  //    from the worker's mean otherwise).
+  //    from the worker's mean otherwise). Tested as 65 S1^2 <= 64 n S2 (the same where
+  //    m2 = S2 - S1^2 / n, and both products finite under the bounds above): no division, so
+  //    a group that tests every program's totals divides only for its own state.
   // A constant worker has S1 = S2 = 0: its exact mean K and m2 = 0, as the chunk graph gives.
   // In f64: S2 < 2^900 and |K| < 2^440 (the squares of deviations of means, times a count,
   // below 2^933), 2^-956 <= S2 or 2^-400 <= |K|.
@@ -411,7 +413,7 @@ Monoid scaled_mean_m2() {
            b.binary(BinaryFn::lt, magnitude, b.constant(0x1p30, 0x1p440)),
            b.binary(BinaryFn::logical_or, b.binary(BinaryFn::le, b.constant(0x1p-60, 0x1p-956), s2),
                     b.binary(BinaryFn::le, b.constant(0x1p-30, 0x1p-400), magnitude)),
-           b.binary(BinaryFn::le, s1 * q, b.constant(64.0) * fast_m2)}));
+           b.binary(BinaryFn::le, b.constant(65.0) * s1 * s1, b.constant(64.0) * k * s2)}));
   return b.build({total, exponent, mean, m2}, {k, e, chunk_mean, chunk_m2}, {k, fast_e, fast_mean, fast_m2}, exact);
 }
 

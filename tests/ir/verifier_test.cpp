@@ -231,6 +231,34 @@ TEST(VerifierProof, RejectsAShuffleUnderAnIncompleteButterfly) {
   EXPECT_TRUE(mentions(verify(butterfly_guard({16, 8, 4, 2, 1}, false, BinOp::sub)), "not uniform across the warp"));
 }
 
+// A value every lane reads from lane 0 (shfl_idx over the whole warp) is warp-uniform: a shuffle
+// may run under a test of it. Over a segment of 16 lanes it is not, and a shfl_idx under
+// lane-dependent control flow or with its lane outside its width is rejected.
+Kernel broadcast_guard(int width) {
+  Kernel k = row_sum(Scope::group, false, false, 2);
+  const int v = 1, t = 2;
+  if (k.regs[v].name != "v" || k.regs[t].name != "t") throw std::logic_error("row_sum's registers moved");
+  const int b = k.add_reg("b", Type::f32);
+  k.body.push_back(shfl_idx(b, v, 0, width));
+  k.body.push_back(if_(binary(BinOp::lt, f32_const(0), reg(b, Type::f32)), {shfl_xor(t, v, 1, 32)}));
+  return k;
+}
+
+TEST(VerifierProof, AcceptsAShuffleUnderABroadcastValue) {
+  Kernel k = broadcast_guard(32);
+  EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
+  EXPECT_TRUE(mentions(verify(broadcast_guard(16)), "not uniform across the warp"));
+}
+
+TEST(VerifierProof, RejectsABroadcastUnderLaneDependentControlFlowOrOutsideItsWidth) {
+  Kernel k = row_sum(Scope::group, false, false, 2);
+  k.body.push_back(if_(binary(BinOp::lt, special(Special::lane), i32_const(16)), {shfl_idx(1, 1, 0, 32)}));
+  EXPECT_TRUE(mentions(verify(k), "shfl_idx of"));
+  Kernel wide = row_sum(Scope::group, false, false, 2);
+  wide.body.push_back(shfl_idx(1, 1, 16, 16));
+  EXPECT_TRUE(mentions(verify(wide), "shfl_idx lane 16 outside its width 16"));
+}
+
 // A value read from shared memory at a uniform index is uniform only as far as the region is
 // shared: a packed program's own slice differs from program to program, a group-wide region
 // (program stride 0) does not. A barrier may depend on the second only.

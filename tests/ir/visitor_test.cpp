@@ -35,6 +35,7 @@ Kernel every_kind() {
   loop.push_back(load_raw({w}, 0, at, param(0, Type::i64), row_aligned(0, at, 4), false));
   loop.push_back(assign(v, unary(UnOp::neg, unpack16(DType::bf16, reg(w, Type::i32), 1))));
   loop.push_back(shfl_xor(t, v, 1, 32));
+  loop.push_back(shfl_idx(v, t, 0, 32));
   loop.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)),
                      {shared_store(0, i32_const(0), reg(t, Type::f32))},
                      {assign(t, select(b1_const(true), f32_const(1.0), reg(v, Type::f32)))}));
@@ -60,6 +61,7 @@ class KindRecorder : public IRVisitor<KindRecorder> {
   void visit_load(const Stmt& s) { seen(s, Stmt::Kind::load); }
   void visit_store(const Stmt& s) { seen(s, Stmt::Kind::store); }
   void visit_shfl_xor(const Stmt& s) { seen(s, Stmt::Kind::shfl_xor); }
+  void visit_shfl_idx(const Stmt& s) { seen(s, Stmt::Kind::shfl_idx); }
   void visit_shared_store(const Stmt& s) { seen(s, Stmt::Kind::shared_store); }
   void visit_shared_load(const Stmt& s) { seen(s, Stmt::Kind::shared_load); }
   void visit_remote_shared_load(const Stmt& s) { seen(s, Stmt::Kind::remote_shared_load); }
@@ -226,6 +228,7 @@ TEST(Visitor, CountsAgreeWithAHandCountAndThePrintedIR) {
     const std::string text = to_string(k);
     EXPECT_EQ(occurrences(text, "barrier."), size_t(stmts[int(Stmt::Kind::barrier)]));
     EXPECT_EQ(occurrences(text, "= shfl_xor("), size_t(stmts[int(Stmt::Kind::shfl_xor)]));
+    EXPECT_EQ(occurrences(text, "= shfl_idx("), size_t(stmts[int(Stmt::Kind::shfl_idx)]));
     EXPECT_EQ(occurrences(text, "} = load"), size_t(stmts[int(Stmt::Kind::load)]));
     EXPECT_EQ(occurrences(text, "for ("), size_t(stmts[int(Stmt::Kind::for_)]));
   }
@@ -255,6 +258,7 @@ TEST(Visitor, PrinterAndCudaEmitterWalkTheSameStatements) {
     EXPECT_EQ(occurrences(body, "__syncthreads();"), occurrences(ir, "barrier.group"));
     EXPECT_EQ(occurrences(body, "tile_named_barrier("), occurrences(ir, "barrier.program"));
     EXPECT_EQ(occurrences(body, "__shfl_xor_sync("), occurrences(ir, "= shfl_xor("));
+    EXPECT_EQ(occurrences(body, "__shfl_sync("), occurrences(ir, "= shfl_idx("));
     EXPECT_EQ(occurrences(body, "for ("), occurrences(ir, "for ("));
     EXPECT_EQ(occurrences(body, "tile_cluster_barrier();"), occurrences(ir, "barrier.cluster"));
     EXPECT_EQ(occurrences(body, " = tile_remote_shared_load(&tile_shared["), occurrences(ir, "] of cta "));

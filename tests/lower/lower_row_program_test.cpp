@@ -310,6 +310,52 @@ TEST(LowerRowProgram, OptionalRowInputsPresentOrAbsent) {
     }
 }
 
+// Statements of `kind` (of buffer `buffer` where it is a load), nested ones included.
+int count_stmts(const std::vector<ir::Stmt>& body, ir::Stmt::Kind kind, int buffer = -1) {
+  int n = 0;
+  for (const ir::Stmt& s : body) {
+    n += s.kind == kind && (buffer < 0 || s.buffer == buffer);
+    n += count_stmts(s.body, kind, buffer) + count_stmts(s.else_body, kind, buffer);
+  }
+  return n;
+}
+
+// LayerNorm's program fast path shifts its sums by the row's first element: a register-cached
+// program of one warp broadcasts it from lane 0's cache (one shfl_idx, no load), wider ones
+// load it. Rows whose first element is huge, tiny, NaN or the only large one take the exact
+// path or not, and every plan matches the float64 oracle.
+TEST(LowerRowProgram, RowHeadIsBroadcastFromTheCacheOfAOneWarpProgram) {
+  const RowProgram& p = builtin_program(Op::layer_norm);
+  std::mt19937_64 rng(21);
+  testing::HostMatrix x(DType::bf16, 6, 300, 300), y(DType::bf16, 6, 300, 300);
+  testing::HostVector w(DType::bf16, 300), b(DType::bf16, 300);
+  x.fill_random(rng), w.fill_random(rng, 1.0, 0.5), b.fill_random(rng, 0.0, 1.0);
+  for (auto [row, v] : {std::pair{1, 1e30}, {2, 1e-30}, {3, std::nan("")}, {4, 1e4}}) store_from_double(x.data(), row * 300, DType::bf16, v);
+  Args args;
+  args.set("x", x.view()).set("y", y.view()).set("weight", w.view()).set("bias", b.view());
+  const Reference want = reference(p, args);
+  const BoundCall call = bind(p, args);
+  for (int workers : {32, 64})
+    for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
+      PlanRequest req;
+      req.workers_per_program = workers, req.caching = caching;
+      const MappingPlan plan = choose_plan(call.plan_inputs(), req);
+      SCOPED_TRACE(plan.to_json());
+      const ir::Kernel k = lower_row_program(p, call.signature(), plan).main.kernel;
+      int xb = 0;
+      while (k.buffers[xb].name != "x") ++xb;
+      const bool broadcast = workers == 32 && caching == InputCaching::registers;
+      EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::shfl_idx), broadcast ? 1 : 0);
+      if (caching == InputCaching::registers) {  // the cache's stripes, and the head unless broadcast
+        EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::load, xb), plan.stripes + (broadcast ? 0 : 1));
+      }
+      y.poison();
+      run(p, args, {req, nullptr, Backend::cpu});
+      const OracleCheck check = check_against_reference(p, args, want);
+      EXPECT_TRUE(check.ok) << check.first_mismatch;
+    }
+}
+
 // Reductions over the rows are bitwise identical from run to run and across plans of the same
 // grid (partials folded in slot order).
 TEST(LowerRowProgram, ReductionsOverRowsAreBitwiseRepeatable) {

@@ -46,7 +46,8 @@ enum class Op : uint8_t {
   shared_load,  // d = shared[region b][a]
   shared_store, // shared[region b][a] = d
   remote_load,  // d = shared[region b][a] of the cluster's group of rank c
-  shfl,         // d = src a of lane ^ (b & 255), segment width b >> 8, label c
+  shfl,         // d = src a of lane ^ (b & 255) (of lane b & 255 of the segment where b & 65536),
+                // segment width (b >> 8) & 255, label c
   group_barrier, program_barrier, cluster_barrier,  // a = sync label
   halt,
 };
@@ -75,12 +76,13 @@ struct Code {
   std::vector<Ins> ins;
   std::vector<MemOp> mem;
   std::vector<int32_t> lists;
-  std::vector<std::string> labels;  // names of barrier and shfl_xor statements
+  std::vector<std::string> labels;  // names of barrier and shuffle statements
   std::vector<std::pair<int32_t, Slot>> consts;
   int32_t special_base = 0, param_base = 0, num_slots = 0;
 };
 
 constexpr int kSpecials = 8;
+constexpr int32_t kShflIdx = 1 << 16;  // Op::shfl's b: read one lane of the segment, not lane ^ offset
 
 std::string ranges(const std::vector<int>& ids) {  // sorted ids -> "1-31, 33"
   std::ostringstream os;
@@ -391,6 +393,17 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
     int32_t l = label("shfl_xor #" + std::to_string(shfls_++) + " of '" + k_.regs[s.src].name + "' (offset " +
                       std::to_string(s.offset) + ", width " + std::to_string(s.width) + ")");
     code_.ins.push_back({Op::shfl, d, s.src, s.offset | (s.width << 8), l});
+  }
+  void visit_shfl_idx(const Stmt& s) {
+    need(s.src >= 0 && s.src < int(k_.regs.size()), "shfl_idx of a register that does not exist");
+    Type t = k_.regs[s.src].type;
+    int32_t d = reg_slot(s.dst, t, "shfl_idx");
+    need(s.width >= 1 && s.width <= 32 && (s.width & (s.width - 1)) == 0, "shfl_idx width ", s.width,
+         " is not a power of two <= 32");
+    need(s.offset >= 0 && s.offset < s.width, "shfl_idx lane ", s.offset, " is not in [0, ", s.width, ")");
+    int32_t l = label("shfl_idx #" + std::to_string(shfls_++) + " of '" + k_.regs[s.src].name + "' (lane " +
+                      std::to_string(s.offset) + ", width " + std::to_string(s.width) + ")");
+    code_.ins.push_back({Op::shfl, d, s.src, s.offset | (s.width << 8) | kShflIdx, l});
   }
   void visit_shared_store(const Stmt& s) { shared(s, true); }
   void visit_shared_load(const Stmt& s) { shared(s, false); }
@@ -991,12 +1004,13 @@ class Runner {
         if (state_[w0] != kWaiting || code[pc].op != Op::shfl || !all_waiting_at(w0, w0 + n, pc))
           continue;
         const Ins& in = code[pc];
-        const int offset = in.b & 255, width = in.b >> 8;
+        const int offset = in.b & 255, width = (in.b >> 8) & 255;
+        const bool idx = (in.b & kShflIdx) != 0;
         Slot src[32];
         for (int l = 0; l < n; ++l) src[l] = slots_[size_t(w0 + l) * S_ + in.a];
         for (int l = 0; l < n; ++l) {
-          int j = l ^ offset;
-          if (j > (l | (width - 1))) j = l;  // a later segment: own value (PTX shfl.bfly)
+          int j = idx ? (l & ~(width - 1)) | offset : l ^ offset;
+          if (!idx && j > (l | (width - 1))) j = l;  // a later segment: own value (PTX shfl.bfly)
           if (j >= n)
             fail(w0 + l, code_.labels[in.c] + " reads lane " + std::to_string(j) + " of a warp of " +
                              std::to_string(n) + " lanes");

@@ -6,8 +6,8 @@
 // expression temporaries), with structured control flow lowered to jumps. Clusters (groups,
 // when ctas_per_cluster is 1) run one after another; the groups of a cluster run together, each
 // with its own shared memory, their workers lane by lane: one worker runs until it reaches a
-// barrier or shfl_xor or finishes, then the next; a barrier is released when every worker of
-// its scope waits at that same statement, a shfl_xor when every lane of the warp does. It
+// barrier or shuffle or finishes, then the next; a barrier is released when every worker of
+// its scope waits at that same statement, a shuffle when every lane of the warp does. It
 // reports, as ExecutionError, out-of-bounds and misaligned accesses, shared-memory data races
 // (remote ones too: a remote read and its owner's write with no cluster barrier between),
 // skipped barriers and shuffles, a group exiting while another may still read its shared

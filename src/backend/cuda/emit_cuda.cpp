@@ -416,6 +416,11 @@ class CudaEmitter : public IRPrinter {
          ", " + std::to_string(s.width) + ");");
   }
 
+  void visit_shfl_idx(const Stmt& s) override {
+    line(reg_name(s.dst) + " = __shfl_sync(0xffffffffu, " + reg_name(s.src) + ", " + std::to_string(s.offset) + ", " +
+         std::to_string(s.width) + ");");
+  }
+
   std::string shared_slot(const Stmt& s) {
     const SharedRegion& r = k_.shared[s.region];
     return "tile_shared[" + std::to_string(r.base) + " + program_in_group * " + std::to_string(r.program_stride) +

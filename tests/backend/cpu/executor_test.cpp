@@ -422,6 +422,36 @@ TEST(Executor, SubWarpShuffleStaysInItsSegment) {
   for (int l = 0; l < 32; ++l) EXPECT_EQ(y[l], float((l & 8) ? l ^ 8 : l)) << l;
 }
 
+// Every lane stores the lane number of lane `source` of its segment, read through shfl_idx.
+std::vector<float> broadcast(int source, int width) {
+  Kernel k = make_kernel(1, 32);
+  k.buffers = {{"y", DType::f32, true}};
+  const int v = k.add_reg("v", Type::f32), t = k.add_reg("t", Type::f32);
+  k.body = {assign(v, lane_f32()), shfl_idx(t, v, source, width),
+            store({t}, 0, wide(Special::lane), i64_const(1), b1_const(true))};
+  std::vector<float> y(32, -1.0f);
+  const ExecStats st = execute(k, {1, {{y.data(), 0, 32}}, {}});
+  EXPECT_EQ(st.shuffles, 1);
+  return y;
+}
+
+TEST(Executor, IndexedShuffleReadsOneLaneOfEachSegment) {
+  std::vector<float> y = broadcast(0, 32);
+  for (int l = 0; l < 32; ++l) EXPECT_EQ(y[l], 0.0f) << l;
+  y = broadcast(5, 32);
+  for (int l = 0; l < 32; ++l) EXPECT_EQ(y[l], 5.0f) << l;
+  y = broadcast(3, 8);
+  for (int l = 0; l < 32; ++l) EXPECT_EQ(y[l], float((l & ~7) | 3)) << l;
+}
+
+TEST(Executor, IndexedShuffleOutsideItsWidthIsAnError) {
+  Kernel k = make_kernel(1, 32);
+  const int v = k.add_reg("v", Type::f32);
+  k.body = {shfl_idx(v, v, 8, 8)};
+  const std::string err = error_of([&] { execute(k, {1, {}, {}}); });
+  EXPECT_NE(err.find("shfl_idx lane 8 is not in [0, 8)"), std::string::npos) << err;
+}
+
 TEST(Executor, ShuffleSkippedByPartOfTheWarpIsReported) {
   Kernel k = make_kernel(1, 64);
   const int v = k.add_reg("v", Type::f32);
