@@ -277,12 +277,14 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     const int64_t groups = ceil_div(in.rows, std::max(1, p.programs_per_group));
     if (groups >= 2 * limits.sm_count * (1024 / threads)) resident_threads = 768;
   }
-  // A slice of 16 cached scalars or fewer (rows of 256-512 elements in 16-bit types, one warp a
-  // row) asks for 1536 threads' worth (at most 40 registers): at 1024 ptxas took 43-52 registers
-  // and the SM held five groups of 256 or fewer instead of six (H200, x 512 bf16, kernels timed
-  // alone: softmax 36.4 us against 35.1, RMSNorm 36.2 against 35.7, LayerNorm 40.7 against 40.1;
-  // at 1024 columns the same request spilled 96-152 bytes and lost 40 %).
-  if (p.caching == InputCaching::registers && !in.reduces_rows && cached_scalars <= 16 && threads <= 256 && cluster == 1)
+  // One 16-bit row input cached in 16 scalars or fewer a worker (rows of up to 512 elements, one
+  // warp a row), without LayerNorm's five merged parts, asks for 1536 threads' worth (at most 40
+  // registers): at 1024 ptxas took 43-48 registers and the SM held five groups of 256 instead of
+  // six (H200, bf16 x 512, kernels timed alone: softmax 36.4 us against 35.1, RMSNorm 36.2
+  // against 35.7). Not elsewhere: LayerNorm spilled 20 bytes and lost 3 %, fp32 rows of 16
+  // scalars (x 2048 and x 4096) spilled and lost 15-50 %, and x 1024 bf16 lost 40 %.
+  if (p.caching == InputCaching::registers && !in.reduces_rows && in.row_inputs() == 1 && xes == 2 &&
+      in.merge_parts < 5 && cached_scalars <= 16 && threads <= 256 && cluster == 1)
     resident_threads = 1536;
   p.resident_groups = req.resident_groups.value_or(
       cluster == 1 && threads <= 512 ? int(std::clamp<int64_t>(resident_threads / threads, 1, 32)) : 1);
