@@ -188,11 +188,8 @@ Stmt shfl_xor(int dst, int src, int offset, int width) {
   return s;
 }
 Stmt shfl_idx(int dst, int src, int lane, int width) {
-  Stmt s{Stmt::Kind::shfl_idx};
-  s.dst = dst;
-  s.src = src;
-  s.offset = lane;
-  s.width = width;
+  Stmt s = shfl_xor(dst, src, lane, width);
+  s.kind = Stmt::Kind::shfl_idx;
   return s;
 }
 Stmt shared_store(int region, ExprPtr index, ExprPtr value) {

@@ -383,27 +383,23 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
   }
   void visit_load(const Stmt& s) { mem(s, true); }
   void visit_store(const Stmt& s) { mem(s, false); }
-  void visit_shfl_xor(const Stmt& s) {
-    need(s.src >= 0 && s.src < int(k_.regs.size()), "shfl_xor of a register that does not exist");
+  void visit_shfl_xor(const Stmt& s) { shuffle(s, false); }
+  void visit_shfl_idx(const Stmt& s) { shuffle(s, true); }
+  // shfl_xor (lane ^ offset) or shfl_idx (lane `offset` of the segment): one Op::shfl.
+  void shuffle(const Stmt& s, bool idx) {
+    const char* name = idx ? "shfl_idx" : "shfl_xor";
+    need(s.src >= 0 && s.src < int(k_.regs.size()), name, " of a register that does not exist");
     Type t = k_.regs[s.src].type;
-    int32_t d = reg_slot(s.dst, t, "shfl_xor");
-    need(s.width >= 1 && s.width <= 32 && (s.width & (s.width - 1)) == 0, "shfl_xor width ", s.width,
+    int32_t d = reg_slot(s.dst, t, name);
+    need(s.width >= 1 && s.width <= 32 && (s.width & (s.width - 1)) == 0, name, " width ", s.width,
          " is not a power of two <= 32");
-    need(s.offset >= 0 && s.offset < 32, "shfl_xor offset ", s.offset, " is not in [0, 32)");
-    int32_t l = label("shfl_xor #" + std::to_string(shfls_++) + " of '" + k_.regs[s.src].name + "' (offset " +
-                      std::to_string(s.offset) + ", width " + std::to_string(s.width) + ")");
-    code_.ins.push_back({Op::shfl, d, s.src, s.offset | (s.width << 8), l});
-  }
-  void visit_shfl_idx(const Stmt& s) {
-    need(s.src >= 0 && s.src < int(k_.regs.size()), "shfl_idx of a register that does not exist");
-    Type t = k_.regs[s.src].type;
-    int32_t d = reg_slot(s.dst, t, "shfl_idx");
-    need(s.width >= 1 && s.width <= 32 && (s.width & (s.width - 1)) == 0, "shfl_idx width ", s.width,
-         " is not a power of two <= 32");
-    need(s.offset >= 0 && s.offset < s.width, "shfl_idx lane ", s.offset, " is not in [0, ", s.width, ")");
-    int32_t l = label("shfl_idx #" + std::to_string(shfls_++) + " of '" + k_.regs[s.src].name + "' (lane " +
-                      std::to_string(s.offset) + ", width " + std::to_string(s.width) + ")");
-    code_.ins.push_back({Op::shfl, d, s.src, s.offset | (s.width << 8) | kShflIdx, l});
+    if (idx)
+      need(s.offset >= 0 && s.offset < s.width, name, " lane ", s.offset, " is not in [0, ", s.width, ")");
+    else
+      need(s.offset >= 0 && s.offset < 32, name, " offset ", s.offset, " is not in [0, 32)");
+    int32_t l = label(std::string(name) + " #" + std::to_string(shfls_++) + " of '" + k_.regs[s.src].name + "' (" +
+                      (idx ? "lane " : "offset ") + std::to_string(s.offset) + ", width " + std::to_string(s.width) + ")");
+    code_.ins.push_back({Op::shfl, d, s.src, s.offset | (s.width << 8) | (idx ? kShflIdx : 0), l});
   }
   void visit_shared_store(const Stmt& s) { shared(s, true); }
   void visit_shared_load(const Stmt& s) { shared(s, false); }
