@@ -3,9 +3,12 @@
 // output is checked by (docs/source/numerics.md).
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "bind/bind.hpp"
 #include "tile/tile.hpp"
@@ -18,6 +21,38 @@ constexpr double kUnit = 0x1p-24;  // fp32's unit roundoff
 // A float64 call is held to the same number of units in the last place as an fp32 one: every
 // fp32 tolerance scaled by fp64's unit roundoff over fp32's (2^-29).
 constexpr double kF64Scale = 0x1p-29;
+
+// Calls fn(first_row, end_row, block) on contiguous blocks of rows that cover [0, rows), on up
+// to hardware_concurrency threads where the call holds a million elements or more (a bf16
+// 8192 x 4096 oracle and check took 0.55-0.67 s on one thread, half a benchmark point's time).
+// Rows are independent, so the results do not depend on the split. Returns the block count; an
+// exception from any block is rethrown (the first block's first).
+template <typename Fn>
+int for_row_blocks(int64_t rows, int64_t cols, Fn fn) {
+  const int64_t elems = rows * std::max<int64_t>(cols, 1);
+  const int64_t threads =
+      elems < (int64_t(1) << 20) ? 1 : std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 64);
+  const int blocks = int(std::clamp<int64_t>(std::min(threads, rows), 1, 64));
+  if (blocks == 1) {
+    fn(int64_t(0), rows, 0);
+    return 1;
+  }
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(blocks));
+  {
+    std::vector<std::jthread> pool;
+    for (int b = 0; b < blocks; ++b)
+      pool.emplace_back([&, b] {
+        try {
+          fn(rows * b / blocks, rows * (b + 1) / blocks, b);
+        } catch (...) {
+          errors[size_t(b)] = std::current_exception();
+        }
+      });
+  }
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  return blocks;
+}
 
 // The eps a kernel computes with: the call's, or the operator's default; rounded to fp32 unless
 // the call is a float64 one (which reads eps as a double).
@@ -65,7 +100,8 @@ NormRow layer_norm_row_in(const Call& call, int64_t r, double eps, Acc* mean_out
   return n;
 }
 NormRow layer_norm_row(const Call& call, int64_t r, double eps) {
-  return call.x.dtype == DType::f64 ? layer_norm_row_in<long double>(call, r, eps) : layer_norm_row_in<double>(call, r, eps);
+  return call.x.dtype == DType::f64 ? layer_norm_row_in<long double>(call, r, eps)
+                                    : layer_norm_row_in<double>(call, r, eps);
 }
 
 // y of one softmax (log-softmax) row, in Acc: a float64 call's reference sums in long double,
@@ -92,10 +128,14 @@ void rms_norm_row(const std::vector<double>& x, double eps, const std::function<
 // The magnitude from which a value rounds to infinity in `t` (half a unit above the largest).
 double overflow_threshold(DType t) {
   switch (t) {
-    case DType::f32: return 0x1p128 * (1 - 0x1p-25);
-    case DType::f16: return 65520.0;
-    case DType::bf16: return 0x1p128 * (1 - 0x1p-9);
-    default: return std::numeric_limits<double>::infinity();
+    case DType::f32:
+      return 0x1p128 * (1 - 0x1p-25);
+    case DType::f16:
+      return 65520.0;
+    case DType::bf16:
+      return 0x1p128 * (1 - 0x1p-9);
+    default:
+      return std::numeric_limits<double>::infinity();
   }
 }
 
@@ -105,55 +145,57 @@ std::vector<double> oracle(const Call& call) {
   bind(call);  // the same argument checks as a launch
   const int64_t rows = call.x.rows, cols = call.x.cols;
   std::vector<double> out(static_cast<size_t>(rows * cols));
-  std::vector<double> x(static_cast<size_t>(cols));
   const double eps = call.op == Op::rms_norm || call.op == Op::layer_norm ? kernel_eps(call) : 0.0;
   auto column = [&](const VectorView& v, int64_t c, double absent) {
     return v.data ? double(load_as_double(v.data, c, v.dtype)) : absent;
   };
-  for (int64_t r = 0; r < rows; ++r) {
-    bool has_nan = false;
-    for (int64_t c = 0; c < cols; ++c) {
-      x[c] = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype);
-      has_nan |= std::isnan(x[c]);
-    }
-    double* y = &out[size_t(r * cols)];
-    switch (call.op) {
-      case Op::softmax:
-      case Op::log_softmax:
-        if (call.x.dtype == DType::f64)
-          softmax_row<long double>(x, has_nan, call.op == Op::log_softmax, y);
-        else
-          softmax_row<double>(x, has_nan, call.op == Op::log_softmax, y);
-        break;
-      case Op::rms_norm: {
-        const auto w = [&](int64_t c) { return column(call.weight, c, 1.0); };
-        if (call.x.dtype == DType::f64)
-          rms_norm_row<long double>(x, eps, w, y);
-        else
-          rms_norm_row<double>(x, eps, w, y);
-        break;
+  for_row_blocks(rows, cols, [&](int64_t first, int64_t end, int) {
+    std::vector<double> x(static_cast<size_t>(cols));
+    for (int64_t r = first; r < end; ++r) {
+      bool has_nan = false;
+      for (int64_t c = 0; c < cols; ++c) {
+        x[c] = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype);
+        has_nan |= std::isnan(x[c]);
       }
-      case Op::layer_norm: {
-        if (call.x.dtype == DType::f64) {  // in long double: huge and subnormal rows
-          long double mean = 0, inv = 0;
-          layer_norm_row_in<long double>(call, r, eps, &mean, &inv);
-          for (int64_t c = 0; c < cols; ++c)
-            y[c] = double((x[c] - mean) * inv * column(call.weight, c, 1.0) + column(call.bias, c, 0.0));
+      double* y = &out[size_t(r * cols)];
+      switch (call.op) {
+        case Op::softmax:
+        case Op::log_softmax:
+          if (call.x.dtype == DType::f64)
+            softmax_row<long double>(x, has_nan, call.op == Op::log_softmax, y);
+          else
+            softmax_row<double>(x, has_nan, call.op == Op::log_softmax, y);
+          break;
+        case Op::rms_norm: {
+          const auto w = [&](int64_t c) { return column(call.weight, c, 1.0); };
+          if (call.x.dtype == DType::f64)
+            rms_norm_row<long double>(x, eps, w, y);
+          else
+            rms_norm_row<double>(x, eps, w, y);
           break;
         }
-        double mean = 0;
-        for (double v : x) mean += v;
-        mean /= double(cols);
-        double var = 0;
-        for (double v : x) var += (v - mean) * (v - mean);
-        var /= double(cols);
-        double inv = 1.0 / std::sqrt(var + eps);
-        for (int64_t c = 0; c < cols; ++c)
-          y[c] = (x[c] - mean) * inv * column(call.weight, c, 1.0) + column(call.bias, c, 0.0);
-        break;
+        case Op::layer_norm: {
+          if (call.x.dtype == DType::f64) {  // in long double: huge and subnormal rows
+            long double mean = 0, inv = 0;
+            layer_norm_row_in<long double>(call, r, eps, &mean, &inv);
+            for (int64_t c = 0; c < cols; ++c)
+              y[c] = double((x[c] - mean) * inv * column(call.weight, c, 1.0) + column(call.bias, c, 0.0));
+            break;
+          }
+          double mean = 0;
+          for (double v : x) mean += v;
+          mean /= double(cols);
+          double var = 0;
+          for (double v : x) var += (v - mean) * (v - mean);
+          var /= double(cols);
+          double inv = 1.0 / std::sqrt(var + eps);
+          for (int64_t c = 0; c < cols; ++c)
+            y[c] = (x[c] - mean) * inv * column(call.weight, c, 1.0) + column(call.bias, c, 0.0);
+          break;
+        }
       }
     }
-  }
+  });
   return out;
 }
 
@@ -200,52 +242,67 @@ OracleCheck check_against(const Call& call, const std::vector<double>& ref, cons
   auto weight = [&](int64_t c) {
     return call.weight.data ? std::abs(double(load_as_double(call.weight.data, c, call.weight.dtype))) : 1.0;
   };
-  OracleCheck check;
   const int64_t rows = call.x.rows, cols = call.x.cols;
-  for (int64_t r = 0; r < rows; ++r) {
-    double row_max = 0;
-    for (int64_t c = 0; c < cols; ++c)
-      if (std::isfinite(ref[r * cols + c])) row_max = std::max(row_max, std::min(std::abs(ref[r * cols + c]), limit));
-    // LayerNorm centres by a computed mean: its rounding through `depth` merges, amplified by
-    // 1 / sqrt(var + eps) (ill-conditioned rows far from zero).
-    NormRow norm;
-    double mean_error = 0;
-    if (call.op == Op::layer_norm) {
-      norm = layer_norm_row(call, r, eps);
-      // Scaled by the unit first: fp64 rows reach the largest doubles.
-      mean_error = unit * depth * std::abs(norm.mean) + unit * 4 * std::log2(depth + 2) * norm.amax;
-    }
-    for (int64_t c = 0; c < cols; ++c) {
-      const double want = ref[r * cols + c];
-      const double got = load_as_double(call.y.data, r * call.y.row_stride + c, call.y.dtype);
-      // Results beyond the output dtype's range round to +-inf: compare after clamping both.
-      const double want_c = std::clamp(want, -limit, limit), got_c = std::clamp(got, -limit, limit);
-      double tol = rtol * std::abs(want_c) + atol * row_max + floor;
-      // The norms' normalised value x_hat may itself be subnormal (tiny rows, large eps): its
-      // few roundings at the subnormal step, times the weight.
-      if (call.op == Op::rms_norm || call.op == Op::layer_norm) tol += subnormal_steps * weight(c);
-      if (mean_error > 0) {
-        const double x = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype);
-        // x - mean in long double: it overflows a double at fp64's extremes.
-        tol += mean_error * norm.inv * (2 + std::abs(double((static_cast<long double>(x) - norm.mean) * norm.inv))) * weight(c);
+  // One check a block of rows, merged in row order (the first mismatch is the lowest row's).
+  std::vector<OracleCheck> parts(64);
+  const int blocks = for_row_blocks(rows, cols, [&](int64_t first, int64_t end, int block) {
+    OracleCheck& check = parts[size_t(block)];
+    for (int64_t r = first; r < end; ++r) {
+      double row_max = 0;
+      for (int64_t c = 0; c < cols; ++c)
+        if (std::isfinite(ref[r * cols + c])) row_max = std::max(row_max, std::min(std::abs(ref[r * cols + c]), limit));
+      // LayerNorm centres by a computed mean: its rounding through `depth` merges, amplified by
+      // 1 / sqrt(var + eps) (ill-conditioned rows far from zero).
+      NormRow norm;
+      double mean_error = 0;
+      if (call.op == Op::layer_norm) {
+        norm = layer_norm_row(call, r, eps);
+        // Scaled by the unit first: fp64 rows reach the largest doubles.
+        mean_error = unit * depth * std::abs(norm.mean) + unit * 4 * std::log2(depth + 2) * norm.amax;
       }
-      const double err = std::abs(got_c - want_c);
-      bool ok = std::isnan(want) ? std::isnan(got) : std::isinf(want) ? got == want : !std::isnan(got) && err <= tol;
-      ++check.checked;
-      if (std::isfinite(want) && std::isfinite(got)) {
-        check.max_abs_error = std::max(check.max_abs_error, std::abs(got - want));
-        if (want != 0) check.max_rel_error = std::max(check.max_rel_error, std::abs(got - want) / std::abs(want));
-      }
-      if (!ok) {
-        if (check.mismatches++ == 0) {
-          std::ostringstream os;
-          os.precision(9);
-          os << "row " << r << " col " << c << ": got " << got << ", want " << want << " (tolerance " << tol << ")";
-          check.first_mismatch = os.str();
+      for (int64_t c = 0; c < cols; ++c) {
+        const double want = ref[r * cols + c];
+        const double got = load_as_double(call.y.data, r * call.y.row_stride + c, call.y.dtype);
+        // Results beyond the output dtype's range round to +-inf: compare after clamping both.
+        const double want_c = std::clamp(want, -limit, limit), got_c = std::clamp(got, -limit, limit);
+        double tol = rtol * std::abs(want_c) + atol * row_max + floor;
+        // The norms' normalised value x_hat may itself be subnormal (tiny rows, large eps): its
+        // few roundings at the subnormal step, times the weight.
+        if (call.op == Op::rms_norm || call.op == Op::layer_norm) tol += subnormal_steps * weight(c);
+        if (mean_error > 0) {
+          const double x = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype);
+          // x - mean in long double: it overflows a double at fp64's extremes.
+          tol += mean_error * norm.inv * (2 + std::abs(double((static_cast<long double>(x) - norm.mean) * norm.inv))) *
+                 weight(c);
         }
-        check.ok = false;
+        const double err = std::abs(got_c - want_c);
+        bool ok = std::isnan(want) ? std::isnan(got) : std::isinf(want) ? got == want : !std::isnan(got) && err <= tol;
+        ++check.checked;
+        if (std::isfinite(want) && std::isfinite(got)) {
+          check.max_abs_error = std::max(check.max_abs_error, std::abs(got - want));
+          if (want != 0) check.max_rel_error = std::max(check.max_rel_error, std::abs(got - want) / std::abs(want));
+        }
+        if (!ok) {
+          if (check.mismatches++ == 0) {
+            std::ostringstream os;
+            os.precision(9);
+            os << "row " << r << " col " << c << ": got " << got << ", want " << want << " (tolerance " << tol << ")";
+            check.first_mismatch = os.str();
+          }
+          check.ok = false;
+        }
       }
     }
+  });
+  OracleCheck check;
+  for (int b = 0; b < blocks; ++b) {
+    const OracleCheck& part = parts[size_t(b)];
+    if (check.first_mismatch.empty()) check.first_mismatch = part.first_mismatch;
+    check.ok = check.ok && part.ok;
+    check.checked += part.checked;
+    check.mismatches += part.mismatches;
+    check.max_abs_error = std::max(check.max_abs_error, part.max_abs_error);
+    check.max_rel_error = std::max(check.max_rel_error, part.max_rel_error);
   }
   return check;
 }
