@@ -199,6 +199,12 @@ class ChunkEvaluator {
 
   void set(int id, ExprPtr value) { chunk_memo_[id] = std::move(value); }
   ExprPtr value(int id) { return elem(id, 0, 0); }
+  // Element node `id` at every element of group g.
+  std::vector<ExprPtr> values_at(int id, int g) {
+    std::vector<ExprPtr> out;
+    for (size_t e = 0; e < groups_.at(size_t(g)).elems.size(); ++e) out.push_back(elem(id, g, int(e)));
+    return out;
+  }
   // Element node `id` at the chunk's first element, 0 when that element lies outside the row
   // (then the worker has no element at all: its first is its lowest column).
   ExprPtr first(int id) {
@@ -404,6 +410,7 @@ class RowLowering {
   std::vector<std::vector<int>> merge_across_cluster(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
                                                      std::vector<std::vector<int>> states);
   std::vector<std::vector<int>> staged_states(std::vector<Stmt>& out, const std::vector<int>& reductions);
+  void share_chunk_elements(int reduction, ChunkEvaluator& ev);
   std::vector<int> reread_fast_state(std::vector<Stmt>& out, int red, const std::map<int, int>& acc);
   void output_pass(std::vector<Stmt>& out, Slot& slot);
   std::vector<Stmt> reread_loop(const std::set<int>& inputs, const std::function<void(std::vector<Stmt>&, std::vector<Slot*>&)>& body);
@@ -1264,7 +1271,46 @@ std::vector<std::vector<int>> RowLowering::staged_states(std::vector<Stmt>& out,
     for (const ExprPtr& v : e->state()) regs.push_back(em_.materialize(out, v, "acc"));
     states.push_back(regs);
   }
+  for (size_t i = 0; i < reductions.size(); ++i) share_chunk_elements(reductions[i], *evals[i]);
   return states;
+}
+
+// Element values a staged chunk graph computed over the cached slots that one of the program's
+// element expressions repeats — softmax's exp(x - max), with max the row's — go into each
+// slot's memo, so later passes read them instead of computing them again (the same
+// operations on the same registers: the same bits). A program node matches a monoid node of
+// the same operation whose operands match, an element of the reduction's input, a constant
+// of the same value, or, for a part of the chunk graph, the reduction's result for that part
+// (the staged state is the chunk graph's value over the whole row).
+void RowLowering::share_chunk_elements(int reduction, ChunkEvaluator& ev) {
+  const RowReduction& rr = prog_.reductions()[reduction];
+  const Monoid& m = rr.monoid;
+  std::function<bool(int, int)> same = [&](int p, int id) -> bool {
+    const RowNode& n = prog_.nodes()[p];
+    const MonoidNode& mn = m.nodes[id];
+    if (n.kind == RowNode::Kind::result && n.reduction == reduction) return m.chunk.at(size_t(n.part)) == id;
+    switch (mn.kind) {
+      case MonoidNode::Kind::element: return mn.index < int(rr.inputs.size()) && rr.inputs[mn.index] == p;
+      case MonoidNode::Kind::constant:
+        return n.kind == RowNode::Kind::constant && n.value_in(em_.f64()) == mn.value_in(em_.f64());
+      case MonoidNode::Kind::unary: return n.kind == RowNode::Kind::unary && n.unary == mn.unary && same(n.a, mn.a);
+      case MonoidNode::Kind::binary:
+        return n.kind == RowNode::Kind::binary && n.binary == mn.binary && same(n.a, mn.a) && same(n.b, mn.b);
+      case MonoidNode::Kind::select:
+        return n.kind == RowNode::Kind::select && same(n.a, mn.a) && same(n.b, mn.b) && same(n.c, mn.c);
+      default: return false;
+    }
+  };
+  for (size_t p = 0; p < prog_.nodes().size(); ++p) {
+    const RowNode& n = prog_.nodes()[p];
+    if (!n.shape.cols || n.kind == RowNode::Kind::load) continue;
+    for (size_t id = 0; id < m.nodes.size(); ++id) {
+      if (!m.nodes[id].element || !same(int(p), int(id))) continue;
+      for (size_t g = 0; g < cached_.size(); ++g)
+        if (!cached_[g].memo.count(int(p))) cached_[g].memo[int(p)] = ev.values_at(int(id), int(g));
+      break;
+    }
+  }
 }
 
 // Merges per-worker states up the scope stack and returns the registers holding the program's

@@ -221,9 +221,12 @@ Monoid max() {
   return b.build({b.binary(BinaryFn::max, b.mine(0), b.other(0))}, {b.chunk_max(b.element())});
 }
 
-// (m, s) with s = Σ exp(x - m). Exponents are taken against a base that is 0 while m is -inf
-// (nothing finite seen yet), so -inf elements add 0 instead of exp(-inf + inf) = NaN; a NaN or
-// +inf element still makes s NaN through the arithmetic, as PyTorch's softmax does.
+// (m, s) with s = Σ exp(x - m). Merged states take exponents against a base that is 0 while m
+// is -inf (nothing finite seen yet), so an empty side adds 0 instead of exp(-inf + inf) = NaN;
+// a chunk whose max is -inf (only -inf elements) has s = 0 by a select on the chunk, so each
+// element costs exp(x - m) alone, the value softmax's output computes again (the lowering
+// shares it). A NaN or +inf element still makes s NaN through the arithmetic, as PyTorch's
+// softmax does.
 Monoid online_softmax() {
   MonoidBuilder b("online_softmax", {"max", "sum_exp"}, {-kInf, 0.0});
   auto base_of = [&](MonoidExpr m) {
@@ -234,7 +237,8 @@ Monoid online_softmax() {
   MonoidExpr sum = b.mine(1) * b.unary(UnaryFn::exp, b.mine(0) - base) +
                    b.other(1) * b.unary(UnaryFn::exp, b.other(0) - base);
   MonoidExpr chunk_m = b.chunk_max(b.element());
-  MonoidExpr chunk_s = b.chunk_sum(b.unary(UnaryFn::exp, b.element() - base_of(chunk_m)));
+  MonoidExpr chunk_s = b.select(b.binary(BinaryFn::eq, chunk_m, b.constant(-kInf)), b.constant(0.0),
+                                b.chunk_sum(b.unary(UnaryFn::exp, b.element() - chunk_m)));
   return b.build({merged, sum}, {chunk_m, chunk_s});
 }
 

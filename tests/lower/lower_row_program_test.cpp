@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 #include <random>
 
 #include "bind/bind.hpp"
@@ -348,6 +349,57 @@ TEST(LowerRowProgram, RowHeadIsBroadcastFromTheCacheOfAOneWarpProgram) {
       EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::shfl_idx), broadcast ? 1 : 0);
       if (caching == InputCaching::registers) {  // the cache's stripes, and the head unless broadcast
         EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::load, xb), plan.stripes + (broadcast ? 0 : 1));
+      }
+      y.poison();
+      run(p, args, {req, nullptr, Backend::cpu});
+      const OracleCheck check = check_against_reference(p, args, want);
+      EXPECT_TRUE(check.ok) << check.first_mismatch;
+    }
+}
+
+// Expressions `op` in a kernel's statements, nested ones included.
+int count_unary(const ir::ExprPtr& e, ir::UnOp op) {
+  if (!e) return 0;
+  int n = e->kind == ir::Expr::Kind::unary && e->unop == op;
+  for (const ir::ExprPtr& a : e->args) n += count_unary(a, op);
+  return n;
+}
+int count_unary(const std::vector<ir::Stmt>& body, ir::UnOp op) {
+  int n = 0;
+  for (const ir::Stmt& s : body) {
+    for (const ir::ExprPtr& e : {s.value, s.index, s.valid, s.aligned, s.cond, s.begin, s.end}) n += count_unary(e, op);
+    n += count_unary(s.body, op) + count_unary(s.else_body, op);
+  }
+  return n;
+}
+
+// Softmax's output exp(x - max) is the value its sum of exponentials already computed at each
+// cached element: a register-cached row takes one exponential an element. Rows of -inf (NaN
+// out), rows holding +inf or NaN, and -inf elements among finite ones match the float64 oracle
+// on every plan, re-read ones too.
+TEST(LowerRowProgram, SoftmaxTakesOneExponentialACachedElement) {
+  const RowProgram& p = builtin_program(Op::softmax);
+  std::mt19937_64 rng(5);
+  testing::HostMatrix x(DType::f32, 6, 300, 300), y(DType::f32, 6, 300, 300);
+  x.fill_random(rng, 3.0);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (int64_t c = 0; c < 300; ++c) store_from_double(x.data(), 1 * 300 + c, DType::f32, -inf);
+  store_from_double(x.data(), 2 * 300 + 17, DType::f32, inf);
+  store_from_double(x.data(), 3 * 300 + 299, DType::f32, std::nan(""));
+  for (int64_t c = 0; c < 300; c += 3) store_from_double(x.data(), 4 * 300 + c, DType::f32, -inf);
+  Args args;
+  args.set("x", x.view()).set("y", y.view());
+  const Reference want = reference(p, args);
+  const BoundCall call = bind(p, args);
+  for (int workers : {32, 64})
+    for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
+      PlanRequest req;
+      req.workers_per_program = workers, req.caching = caching;
+      const MappingPlan plan = choose_plan(call.plan_inputs(), req);
+      SCOPED_TRACE(plan.to_json());
+      const ir::Kernel k = lower_row_program(p, call.signature(), plan).main.kernel;
+      if (caching == InputCaching::registers) {  // re-read rows also merge states, with exponentials
+        EXPECT_EQ(count_unary(k.body, ir::UnOp::exp2), plan.stripes * plan.vector_elems);
       }
       y.poison();
       run(p, args, {req, nullptr, Backend::cpu});
