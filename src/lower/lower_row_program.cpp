@@ -7,8 +7,11 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
+#include <utility>
 
 #include "bind/bind.hpp"
+#include "ir/printer.hpp"
 #include "tile/error.hpp"
 
 namespace tile {
@@ -32,6 +35,21 @@ Type ir_type(ValueType t, Type real) {
 
 bool is_const(const ExprPtr& e, double v) {
   return e->kind == Expr::Kind::constant && is_real(e->type) && e->f == v && !std::signbit(e->f) == !std::signbit(v);
+}
+
+// The same register, parameter, special or constant (type and bits).
+bool same_leaf(const ExprPtr& a, const ExprPtr& b) {
+  if (a == b) return true;
+  if (a->kind != b->kind || a->type != b->type) return false;
+  switch (a->kind) {
+    case Expr::Kind::reg:
+    case Expr::Kind::param:
+    case Expr::Kind::special: return a->id == b->id;
+    case Expr::Kind::constant:
+      return is_real(a->type) ? (a->f == b->f && std::signbit(a->f) == std::signbit(b->f)) || (a->f != a->f && b->f != b->f)
+                              : a->i == b->i;
+    default: return false;
+  }
 }
 
 // Shared by the row kernel and the finish kernel: registers, constants and the element-wise
@@ -411,6 +429,7 @@ class RowLowering {
                                                      std::vector<std::vector<int>> states);
   std::vector<std::vector<int>> staged_states(std::vector<Stmt>& out, const std::vector<int>& reductions);
   void share_chunk_elements(int reduction, ChunkEvaluator& ev);
+  ExprPtr absorbed(std::vector<Stmt>& out, const RowNode& n);
   std::vector<int> reread_fast_state(std::vector<Stmt>& out, int red, const std::map<int, int>& acc);
   void output_pass(std::vector<Stmt>& out, Slot& slot);
   std::vector<Stmt> reread_loop(const std::set<int>& inputs, const std::function<void(std::vector<Stmt>&, std::vector<Slot*>&)>& body);
@@ -440,6 +459,9 @@ class RowLowering {
   int row_ = -1, row_valid_ = -1, load_cols_ = -1, store_cols_ = -1, first_row_ = -1;
   std::map<int, int> load_off_, store_off_, aligned_;  // operand -> register
   std::map<int, ExprPtr> row_values_;
+  // Row values by their expression: two program nodes that lower to the same operations on the
+  // same operands (the norms' two rstd forms at exponent 0) share one register.
+  std::map<std::string, ExprPtr> row_exprs_;
   std::vector<Slot> cached_;
   // Accumulators of reductions over the rows: [reduction][part] registers for row values;
   // [reduction][slot * V + j][part] for elements of register-cached plans.
@@ -731,14 +753,42 @@ ExprPtr RowLowering::row_value(std::vector<Stmt>& out, int node) {
       TILE_CHECK(false, "per-row input '", decl(n.operand).name, "' was not loaded");
       break;
     case RowNode::Kind::unary: value = em_.unary_fn(n.unary, row_value(out, n.a)); break;
-    case RowNode::Kind::binary: value = em_.binary_fn(n.binary, row_value(out, n.a), row_value(out, n.b)); break;
-    case RowNode::Kind::select: value = select(row_value(out, n.a), row_value(out, n.b), row_value(out, n.c)); break;
+    case RowNode::Kind::binary:
+      if (ExprPtr kept = absorbed(out, n)) return row_values_[node] = kept;
+      value = em_.binary_fn(n.binary, row_value(out, n.a), row_value(out, n.b));
+      break;
+    case RowNode::Kind::select: {
+      ExprPtr c = row_value(out, n.a), a = row_value(out, n.b), b = row_value(out, n.c);
+      value = same_leaf(a, b) ? a : select(c, a, b);
+      break;
+    }
     case RowNode::Kind::result: TILE_CHECK(false, "reduction result %", node, " used before its pass"); break;
     default: TILE_CHECK(false, "unexpected row node kind");
   }
   if (value->kind == Expr::Kind::constant || value->kind == Expr::Kind::param || value->kind == Expr::Kind::reg)
     return row_values_[node] = value;
-  return row_values_[node] = r(assign_new(out, "s", value));
+  const std::string key = to_string(k_, *value);
+  if (auto it = row_exprs_.find(key); it != row_exprs_.end()) return row_values_[node] = it->second;
+  return row_values_[node] = row_exprs_[key] = r(assign_new(out, "s", value));
+}
+
+// max(a, min(a, c)) and min(a, max(a, c)), in either order, are a where c is a constant that is
+// not NaN, a NaN a included (min and max propagate NaN): the norms' eps clamp once their
+// exponent is 0. Null where the node is not of that form.
+ExprPtr RowLowering::absorbed(std::vector<Stmt>& out, const RowNode& n) {
+  if (n.binary != BinaryFn::max && n.binary != BinaryFn::min) return nullptr;
+  const BinaryFn inner = n.binary == BinaryFn::max ? BinaryFn::min : BinaryFn::max;
+  for (auto [x, y] : {std::pair{n.a, n.b}, std::pair{n.b, n.a}}) {
+    const RowNode& in = prog_.nodes()[y];
+    if (in.kind != RowNode::Kind::binary || in.binary != inner || in.shape.cols) continue;
+    for (auto [same, c] : {std::pair{in.a, in.b}, std::pair{in.b, in.a}}) {
+      const RowNode& k = prog_.nodes()[c];
+      if (k.kind != RowNode::Kind::constant || std::isnan(k.value_in(em_.f64()))) continue;
+      ExprPtr v = row_value(out, x);
+      if (same_leaf(row_value(out, same), v)) return v;
+    }
+  }
+  return nullptr;
 }
 
 // Computes every row value an element expression uses before the pass that needs it, so none
@@ -854,6 +904,7 @@ void RowLowering::split_pass(std::vector<Stmt>& out, const std::vector<int>& red
   std::set<int> inputs = level_inputs(out, reductions);
   FastSplit split = program_fast_split(out, reductions, inputs);
   const std::map<int, ExprPtr> row_values = row_values_;
+  const std::map<std::string, ExprPtr> row_exprs = row_exprs_;
   const std::vector<Slot> cached = cached_;
   std::vector<Stmt> fast{comment("every program read passed its test: the rest of the row from the fast states")};
   std::vector<std::vector<ExprPtr>> values(split.fast.size());
@@ -862,6 +913,7 @@ void RowLowering::split_pass(std::vector<Stmt>& out, const std::vector<int>& red
   bind_results(reductions, values);
   rest_of_row(fast);
   row_values_ = row_values;
+  row_exprs_ = row_exprs;
   cached_ = cached;
   std::vector<Stmt> slow{comment("the fast path is not exact enough here: the exact path")};
   std::vector<std::vector<int>> exact = exact_states(slow, reductions, inputs, false);

@@ -28,7 +28,7 @@ Normaliser scaled_normaliser(RowProgram& p, RowExpr e, RowExpr mean_square, RowE
                    p.constant(monoid::kF32Exponents.hi, monoid::kF64Exponents.hi));
   RowExpr eps_scaled = max(ldexp(eps, -2.0 * e), min(eps, p.constant(0x1p-126, 0x1p-1022)));
   RowExpr dominated = le(p.constant(1e30), eps_scaled);
-  RowExpr plain = rsqrt(eps + ldexp(mean_square, 2.0 * e));
+  RowExpr plain = rsqrt(ldexp(mean_square, 2.0 * e) + eps);  // at e = 0 the same operations as `scaled`
   RowExpr scaled = rsqrt(mean_square + eps_scaled);
   return {ldexp(p.constant(1.0), 0.0 - ec), p.select(dominated, ldexp(plain, ec), ldexp(scaled, ec - e)),
           p.select(dominated, plain, ldexp(scaled, 0.0 - e))};

@@ -408,6 +408,40 @@ TEST(LowerRowProgram, SoftmaxTakesOneExponentialACachedElement) {
     }
 }
 
+// The norms' fast branch has its exponent at 0: the eps clamp max(eps, min(eps, 2^-126)) is
+// eps, and the two rstd forms (eps dominant or not) are the same operations, one register, so
+// it takes one rsqrt where the exact branch keeps both forms.
+TEST(LowerRowProgram, NormsFastBranchTakesOneReciprocalSquareRoot) {
+  std::mt19937_64 rng(9);
+  testing::HostMatrix x(DType::bf16, 4, 512, 512), y(DType::bf16, 4, 512, 512);
+  testing::HostVector w(DType::bf16, 512), b(DType::bf16, 512);
+  x.fill_random(rng), w.fill_random(rng, 1.0, 0.5), b.fill_random(rng, 0.0, 1.0);
+  for (Op op : {Op::rms_norm, Op::layer_norm}) {
+    const RowProgram& p = builtin_program(op);
+    Args args;
+    args.set("x", x.view()).set("y", y.view()).set("weight", w.view());
+    if (op == Op::layer_norm) args.set("bias", b.view());
+    const BoundCall call = bind(p, args);
+    for (int workers : {32, 64})
+      for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
+        PlanRequest req;
+        req.workers_per_program = workers, req.caching = caching;
+        const MappingPlan plan = choose_plan(call.plan_inputs(), req);
+        SCOPED_TRACE(op_name(op) + " " + plan.to_json());
+        const ir::Kernel k = lower_row_program(p, call.signature(), plan).main.kernel;
+        int in_fast = -1, in_exact = -1;
+        for (const ir::Stmt& s : k.body)
+          if (s.kind == ir::Stmt::Kind::if_ && !s.body.empty() && s.body[0].kind == ir::Stmt::Kind::comment &&
+              s.body[0].text.rfind("every program read passed", 0) == 0) {
+            in_fast = count_unary(s.body, ir::UnOp::rsqrt);
+            in_exact = count_unary(s.else_body, ir::UnOp::rsqrt);
+          }
+        EXPECT_EQ(in_fast, 1);
+        EXPECT_EQ(in_exact, 2);
+      }
+  }
+}
+
 // Reductions over the rows are bitwise identical from run to run and across plans of the same
 // grid (partials folded in slot order).
 TEST(LowerRowProgram, ReductionsOverRowsAreBitwiseRepeatable) {
