@@ -321,6 +321,27 @@ int count_stmts(const std::vector<ir::Stmt>& body, ir::Stmt::Kind kind, int buff
   return n;
 }
 
+// Four plans of a call (programs of one warp or two, register-cached or re-read): each plan
+// and its lowered kernel go to `inspect`; then, where `want` is given, the call runs on the CPU
+// backend under the plan (output poisoned first) and is checked against the reference.
+void for_each_small_plan(const RowProgram& p, const Args& args, const Reference* want, testing::HostMatrix& y,
+                         const std::function<void(const MappingPlan&, const ir::Kernel&)>& inspect) {
+  const BoundCall call = bind(p, args);
+  for (int workers : {32, 64})
+    for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
+      PlanRequest req;
+      req.workers_per_program = workers, req.caching = caching;
+      const MappingPlan plan = choose_plan(call.plan_inputs(), req);
+      SCOPED_TRACE(p.name() + " " + plan.to_json());
+      inspect(plan, lower_row_program(p, call.signature(), plan).main.kernel);
+      if (!want) continue;
+      y.poison();
+      run(p, args, {req, nullptr, Backend::cpu});
+      const OracleCheck check = check_against_reference(p, args, *want);
+      EXPECT_TRUE(check.ok) << check.first_mismatch;
+    }
+}
+
 // LayerNorm's program fast path shifts its sums by the row's first element: a register-cached
 // program of one warp broadcasts it from lane 0's cache (one shfl_idx, no load), wider ones
 // load it. Rows whose first element is huge, tiny, NaN or the only large one take the exact
@@ -335,26 +356,15 @@ TEST(LowerRowProgram, RowHeadIsBroadcastFromTheCacheOfAOneWarpProgram) {
   Args args;
   args.set("x", x.view()).set("y", y.view()).set("weight", w.view()).set("bias", b.view());
   const Reference want = reference(p, args);
-  const BoundCall call = bind(p, args);
-  for (int workers : {32, 64})
-    for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
-      PlanRequest req;
-      req.workers_per_program = workers, req.caching = caching;
-      const MappingPlan plan = choose_plan(call.plan_inputs(), req);
-      SCOPED_TRACE(plan.to_json());
-      const ir::Kernel k = lower_row_program(p, call.signature(), plan).main.kernel;
-      int xb = 0;
-      while (k.buffers[xb].name != "x") ++xb;
-      const bool broadcast = workers == 32 && caching == InputCaching::registers;
-      EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::shfl_idx), broadcast ? 1 : 0);
-      if (caching == InputCaching::registers) {  // the cache's stripes, and the head unless broadcast
-        EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::load, xb), plan.stripes + (broadcast ? 0 : 1));
-      }
-      y.poison();
-      run(p, args, {req, nullptr, Backend::cpu});
-      const OracleCheck check = check_against_reference(p, args, want);
-      EXPECT_TRUE(check.ok) << check.first_mismatch;
+  for_each_small_plan(p, args, &want, y, [](const MappingPlan& plan, const ir::Kernel& k) {
+    int xb = 0;
+    while (k.buffers[xb].name != "x") ++xb;
+    const bool broadcast = plan.workers_per_program == 32 && plan.caching == InputCaching::registers;
+    EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::shfl_idx), broadcast ? 1 : 0);
+    if (plan.caching == InputCaching::registers) {  // the cache's stripes, and the head unless broadcast
+      EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::load, xb), plan.stripes + (broadcast ? 0 : 1));
     }
+  });
 }
 
 // Expressions `op` in a kernel's statements, nested ones included.
@@ -390,22 +400,11 @@ TEST(LowerRowProgram, SoftmaxTakesOneExponentialACachedElement) {
   Args args;
   args.set("x", x.view()).set("y", y.view());
   const Reference want = reference(p, args);
-  const BoundCall call = bind(p, args);
-  for (int workers : {32, 64})
-    for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
-      PlanRequest req;
-      req.workers_per_program = workers, req.caching = caching;
-      const MappingPlan plan = choose_plan(call.plan_inputs(), req);
-      SCOPED_TRACE(plan.to_json());
-      const ir::Kernel k = lower_row_program(p, call.signature(), plan).main.kernel;
-      if (caching == InputCaching::registers) {  // re-read rows also merge states, with exponentials
-        EXPECT_EQ(count_unary(k.body, ir::UnOp::exp2), plan.stripes * plan.vector_elems);
-      }
-      y.poison();
-      run(p, args, {req, nullptr, Backend::cpu});
-      const OracleCheck check = check_against_reference(p, args, want);
-      EXPECT_TRUE(check.ok) << check.first_mismatch;
+  for_each_small_plan(p, args, &want, y, [](const MappingPlan& plan, const ir::Kernel& k) {
+    if (plan.caching == InputCaching::registers) {  // re-read rows also merge states, with exponentials
+      EXPECT_EQ(count_unary(k.body, ir::UnOp::exp2), plan.stripes * plan.vector_elems);
     }
+  });
 }
 
 // The norms' fast branch has its exponent at 0: the eps clamp max(eps, min(eps, 2^-126)) is
@@ -421,24 +420,17 @@ TEST(LowerRowProgram, NormsFastBranchTakesOneReciprocalSquareRoot) {
     Args args;
     args.set("x", x.view()).set("y", y.view()).set("weight", w.view());
     if (op == Op::layer_norm) args.set("bias", b.view());
-    const BoundCall call = bind(p, args);
-    for (int workers : {32, 64})
-      for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
-        PlanRequest req;
-        req.workers_per_program = workers, req.caching = caching;
-        const MappingPlan plan = choose_plan(call.plan_inputs(), req);
-        SCOPED_TRACE(op_name(op) + " " + plan.to_json());
-        const ir::Kernel k = lower_row_program(p, call.signature(), plan).main.kernel;
-        int in_fast = -1, in_exact = -1;
-        for (const ir::Stmt& s : k.body)
-          if (s.kind == ir::Stmt::Kind::if_ && !s.body.empty() && s.body[0].kind == ir::Stmt::Kind::comment &&
-              s.body[0].text.rfind("every program read passed", 0) == 0) {
-            in_fast = count_unary(s.body, ir::UnOp::rsqrt);
-            in_exact = count_unary(s.else_body, ir::UnOp::rsqrt);
-          }
-        EXPECT_EQ(in_fast, 1);
-        EXPECT_EQ(in_exact, 2);
-      }
+    for_each_small_plan(p, args, nullptr, y, [](const MappingPlan&, const ir::Kernel& k) {
+      int in_fast = -1, in_exact = -1;
+      for (const ir::Stmt& s : k.body)
+        if (s.kind == ir::Stmt::Kind::if_ && !s.body.empty() && s.body[0].kind == ir::Stmt::Kind::comment &&
+            s.body[0].text.rfind("every program read passed", 0) == 0) {
+          in_fast = count_unary(s.body, ir::UnOp::rsqrt);
+          in_exact = count_unary(s.else_body, ir::UnOp::rsqrt);
+        }
+      EXPECT_EQ(in_fast, 1);
+      EXPECT_EQ(in_exact, 2);
+    });
   }
 }
 
