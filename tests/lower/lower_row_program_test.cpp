@@ -434,6 +434,32 @@ TEST(LowerRowProgram, NormsFastBranchTakesOneReciprocalSquareRoot) {
   }
 }
 
+// max(a, min(a, c)) is a only where c is not NaN: with c = NaN both min and max are NaN. A row
+// scalar of each form, against the float64 evaluation, on every plan.
+TEST(LowerRowProgram, MaxOfMinFoldsOnlyForAConstantThatIsNotNaN) {
+  RowProgram p("clamped_mean");
+  Operand x = p.row_in("x"), y = p.row_out("y");
+  Operand kept = p.row_scalar_out("kept", DTypeSet::statistics(), false);
+  Operand poisoned = p.row_scalar_out("poisoned", DTypeSet::statistics(), false);
+  RowExpr v = p.load(x);
+  RowExpr mean = p.reduce1(Axis::cols, monoid::sum(), v) / p.cols();
+  p.store(y, v - mean);
+  p.store(kept, max(mean, min(mean, p.constant(0.25))));
+  p.store(poisoned, min(max(p.constant(std::nan("")), mean), mean));
+  std::mt19937_64 rng(3);
+  testing::HostMatrix xs(DType::f32, 5, 300, 300), ys(DType::f32, 5, 300, 300);
+  testing::HostVector k(DType::f32, 5), q(DType::f32, 5);
+  xs.fill_random(rng);
+  Args args;
+  args.set("x", xs.view()).set("y", ys.view()).set("kept", k.view()).set("poisoned", q.view());
+  const Reference want = reference(p, args);
+  for_each_small_plan(p, args, &want, ys, [&](const MappingPlan&, const ir::Kernel&) {});
+  for (int64_t r = 0; r < 5; ++r) {
+    EXPECT_TRUE(std::isnan(load_as_double(q.data(), r, DType::f32))) << r;
+    EXPECT_FALSE(std::isnan(load_as_double(k.data(), r, DType::f32))) << r;
+  }
+}
+
 // Reductions over the rows are bitwise identical from run to run and across plans of the same
 // grid (partials folded in slot order).
 TEST(LowerRowProgram, ReductionsOverRowsAreBitwiseRepeatable) {
