@@ -361,28 +361,28 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     }
   }
   void visit_shfl_xor(const Stmt& s, unsigned control) {
-    if (check_ && (control & kWarp) == 0)
-      error("shfl_xor of " + reg_name(s.src) + " under control flow that is not uniform across the warp");
-    if (check_ && (s.offset < 1 || s.offset >= s.width || s.width > 32 || (s.width & (s.width - 1))))
-      error("shfl_xor offset " + std::to_string(s.offset) + " outside its width " + std::to_string(s.width));
-    expect_reg(s.src, k_.real, "shfl_xor source");
-    expect_reg(s.dst, k_.real, "shfl_xor destination");
+    shuffle(s, control, "shfl_xor", "offset", 1);
     define(s.dst, 0);
   }
   // Every lane of a segment reads one lane's value: across a whole warp the result is
   // warp-uniform, and uniform wherever the source already was.
   void visit_shfl_idx(const Stmt& s, unsigned control) {
-    if (check_ && (control & kWarp) == 0)
-      error("shfl_idx of " + reg_name(s.src) + " under control flow that is not uniform across the warp");
-    if (check_ && (s.offset < 0 || s.offset >= s.width || s.width > 32 || (s.width & (s.width - 1))))
-      error("shfl_idx lane " + std::to_string(s.offset) + " outside its width " + std::to_string(s.width));
-    expect_reg(s.src, k_.real, "shfl_idx source");
-    expect_reg(s.dst, k_.real, "shfl_idx destination");
+    shuffle(s, control, "shfl_idx", "lane", 0);
     const unsigned src = s.src >= 0 && s.src < int(uni_.size()) ? uni_[s.src] : 0u;
     if (s.width == 32)
       define(s.dst, (src | warp_) & control, 31u);
     else
       define(s.dst, src & control);
+  }
+  // A shuffle's rules: control flow uniform across the warp, `offset` in [lowest, width), a
+  // width that is a power of two up to 32, float source and destination.
+  void shuffle(const Stmt& s, unsigned control, const std::string& name, const std::string& what, int lowest) {
+    if (check_ && (control & kWarp) == 0)
+      error(name + " of " + reg_name(s.src) + " under control flow that is not uniform across the warp");
+    if (check_ && (s.offset < lowest || s.offset >= s.width || s.width > 32 || (s.width & (s.width - 1))))
+      error(name + " " + what + " " + std::to_string(s.offset) + " outside its width " + std::to_string(s.width));
+    expect_reg(s.src, k_.real, name + " source");
+    expect_reg(s.dst, k_.real, name + " destination");
   }
   void visit_shared_store(const Stmt& s, unsigned) {
     visit(*s.index);

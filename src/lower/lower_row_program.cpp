@@ -1076,7 +1076,7 @@ RowLowering::FastSplit RowLowering::program_fast_split(std::vector<Stmt>& out, c
         // Worker 0's first cached element is the row's column 0 (0 where the row is empty).
         ChunkEvaluator mine(em_, out, m, slot_groups(out, {&cached_.at(0)}, rr.inputs));
         const int src = em_.materialize(out, mine.first(m.nodes[id].a), "first");
-        const int dst = k_.add_reg("first" + std::to_string(k_.regs.size()), real());
+        const int dst = em_.temp("first", real());
         out.push_back(shfl_idx(dst, src, 0, 32));
         leaves.push_back({i, id, LeafKind::uniform, dst});
         continue;

@@ -402,14 +402,15 @@ TEST(Executor, OutOfBoundsStoreIsReported) {
   EXPECT_NE(err.find("by worker 31"), std::string::npos) << err;
 }
 
-// Every lane stores lane ^ offset as seen through shfl_xor(offset, width).
-std::vector<float> shuffled(int offset, int width) {
+// Every lane stores the lane number it reads through one shuffle: shfl_xor(offset, width), or
+// shfl_idx (lane `offset` of its segment) where `indexed`.
+std::vector<float> shuffled(int offset, int width, bool indexed = false) {
   Kernel k = make_kernel(1, 32);
   k.buffers = {{"y", DType::f32, true}};
   const int v = k.add_reg("v", Type::f32), t = k.add_reg("t", Type::f32);
-  k.body = {assign(v, lane_f32()), shfl_xor(t, v, offset, width),
+  k.body = {assign(v, lane_f32()), indexed ? shfl_idx(t, v, offset, width) : shfl_xor(t, v, offset, width),
             store({t}, 0, wide(Special::lane), i64_const(1), b1_const(true))};
-  std::vector<float> y(32);
+  std::vector<float> y(32, -1.0f);
   const ExecStats st = execute(k, {1, {{y.data(), 0, 32}}, {}});
   EXPECT_EQ(st.shuffles, 1);
   return y;
@@ -422,25 +423,12 @@ TEST(Executor, SubWarpShuffleStaysInItsSegment) {
   for (int l = 0; l < 32; ++l) EXPECT_EQ(y[l], float((l & 8) ? l ^ 8 : l)) << l;
 }
 
-// Every lane stores the lane number of lane `source` of its segment, read through shfl_idx.
-std::vector<float> broadcast(int source, int width) {
-  Kernel k = make_kernel(1, 32);
-  k.buffers = {{"y", DType::f32, true}};
-  const int v = k.add_reg("v", Type::f32), t = k.add_reg("t", Type::f32);
-  k.body = {assign(v, lane_f32()), shfl_idx(t, v, source, width),
-            store({t}, 0, wide(Special::lane), i64_const(1), b1_const(true))};
-  std::vector<float> y(32, -1.0f);
-  const ExecStats st = execute(k, {1, {{y.data(), 0, 32}}, {}});
-  EXPECT_EQ(st.shuffles, 1);
-  return y;
-}
-
 TEST(Executor, IndexedShuffleReadsOneLaneOfEachSegment) {
-  std::vector<float> y = broadcast(0, 32);
+  std::vector<float> y = shuffled(0, 32, true);
   for (int l = 0; l < 32; ++l) EXPECT_EQ(y[l], 0.0f) << l;
-  y = broadcast(5, 32);
+  y = shuffled(5, 32, true);
   for (int l = 0; l < 32; ++l) EXPECT_EQ(y[l], 5.0f) << l;
-  y = broadcast(3, 8);
+  y = shuffled(3, 8, true);
   for (int l = 0; l < 32; ++l) EXPECT_EQ(y[l], float((l & ~7) | 3)) << l;
 }
 
