@@ -185,7 +185,13 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // several rows (y and dy, x and the residual) unroll less and widen instead. H200, bf16 x
   // 16384: softmax_backward 316 -> 202 us and fused_add_rms_norm 357 -> 275 us with 512
   // workers unrolling 2 rather than 256 unrolling 4 (the same subset).
-  const int reread_unroll = req.stripe_unroll.value_or(std::max(1, kRereadUnroll / std::max(1, in.row_inputs())));
+  //
+  // LayerNorm's re-read loop (five merged parts or more: a worker fast path of more
+  // accumulators) unrolls 2 for one 16-bit input: at 4 ptxas kept 32 bytes of stack a thread
+  // (H200, bf16 x 131072, kernels timed alone: 58.3 us at 2 against 59.9 at 4).
+  const bool wide_state_16bit = in.row_inputs() == 1 && xes == 2 && in.merge_parts >= 5;
+  const int reread_unroll = req.stripe_unroll.value_or(
+      wide_state_16bit ? kRereadUnroll / 2 : std::max(1, kRereadUnroll / std::max(1, in.row_inputs())));
   if (req.width_mode == WidthMode::exact && !req.workers_per_program)
     throw_argument_error("mapping plan", "workers_per_program", "a width when width_mode is \"exact\"", "no width");
   if (req.workers_per_program) {
@@ -209,8 +215,16 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     // 128 of 4, log_softmax_backward 202 against 314; f32 and fused_add_rms_norm within 1 %.
     int64_t stripes_wanted =
         req.stripes ? *req.stripes : std::max<int64_t>(1, kTargetStripes / std::max(1, in.row_inputs()));
+    // One 16-bit input of 17 to 32 vectors whose merges take at most two parts (softmax's
+    // maximum and sum) takes two vectors a worker in half-warp programs: two rows a warp share
+    // each butterfly level, one level fewer (H200, bf16 softmax x 256, kernels timed alone:
+    // 34.9 us against 36.7 one warp a row). LayerNorm lost 13 % the same way (46.2 against 40.8).
+    const bool half_warp = vectors > 16 && vectors <= 32 && in.row_inputs() == 1 && xes == 2 && in.merge_parts <= 2 &&
+                           !in.reduces_rows;
     if (vectors <= 16 && !req.stripes && cluster == 1)
       p.workers_per_program = pow2_at_least(vectors);
+    else if (half_warp && !req.stripes && cluster == 1)
+      p.workers_per_program = 16;
     else  // a cluster's groups share the row's vectors
       p.workers_per_program = int(std::clamp<int64_t>(round_up(ceil_div(ceil_div(vectors, cluster), stripes_wanted), 32), 32,
                                                       std::min(kMaxAutomaticWidth, limits.max_threads_per_group)));
@@ -286,6 +300,13 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   if (p.caching == InputCaching::registers && !in.reduces_rows && in.row_inputs() == 1 && xes == 2 &&
       in.merge_parts < 5 && cached_scalars <= 16 && threads <= 256 && cluster == 1)
     resident_threads = 1536;
+  // LayerNorm's (five merged parts or more) asks for 1280 (at most 48 registers): at 1024
+  // ptxas took 55-56 and the SM held four groups of 256 (H200, bf16 x 512, kernels timed alone
+  // in three runs: 39.3-38.8 us at five groups against 40.5-40.9 at four; the fixed-shape
+  // kernel 38.7-39.2).
+  if (p.caching == InputCaching::registers && !in.reduces_rows && in.row_inputs() == 1 && xes == 2 &&
+      in.merge_parts >= 5 && cached_scalars <= 16 && threads <= 256 && cluster == 1)
+    resident_threads = 1280;
   p.resident_groups = req.resident_groups.value_or(
       cluster == 1 && threads <= 512 ? int(std::clamp<int64_t>(resident_threads / threads, 1, 32)) : 1);
   // Reductions over the rows keep one partial per program slot: about two groups per SM

@@ -138,6 +138,49 @@ TEST(Policy, RereadingSeveralRowInputsUnrollsLessAndWidens) {
   EXPECT_EQ(p.workers_per_program, 512);
 }
 
+// One 16-bit row input with `parts` merged slots (2: softmax's maximum and sum; 5 or more:
+// LayerNorm's).
+PlanInputs merged_parts(DType dtype, int64_t rows, int64_t cols, int parts) {
+  PlanInputs in = PlanInputs::for_rows(dtype, dtype, rows, cols);
+  in.merge_parts = parts;
+  return in;
+}
+
+TEST(Policy, ShortSixteenBitRowsTakeWidthAndResidencyByTheirMergedParts) {
+  // 32 vectors of bf16 (x 256): two merged parts take half-warp programs of two vectors a
+  // worker; three (RMSNorm's) and LayerNorm's keep one warp a row.
+  MappingPlan p = choose_plan(merged_parts(DType::bf16, 131072, 256, 2), {});
+  EXPECT_EQ(p.workers_per_program, 16);
+  EXPECT_EQ(p.stripes, 2);
+  EXPECT_EQ(p.programs_per_group, 16);
+  EXPECT_EQ(p.resident_groups, 6);  // 1536 threads' worth
+  for (int parts : {3, 5}) {
+    p = choose_plan(merged_parts(DType::bf16, 131072, 256, parts), {});
+    EXPECT_EQ(p.workers_per_program, 32) << parts;
+    EXPECT_EQ(p.stripes, 1) << parts;
+  }
+  // fp32 rows of 32 vectors (x 128) and rows of 33 vectors keep whole warps.
+  EXPECT_EQ(choose_plan(merged_parts(DType::f32, 131072, 128, 2), {}).workers_per_program, 32);
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 131072, 264, 2), {}).workers_per_program % 32, 0);
+  // A requested width or stripe count is kept.
+  PlanRequest stripes;
+  stripes.stripes = 1;
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 131072, 256, 2), stripes).workers_per_program, 32);
+  // x 512: LayerNorm's parts ask for five groups of 256 an SM, the others for six.
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 65536, 512, 5), {}).resident_groups, 5);
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 65536, 512, 3), {}).resident_groups, 6);
+  EXPECT_EQ(choose_plan(merged_parts(DType::f32, 65536, 512, 5), {}).resident_groups, 4);
+}
+
+TEST(Policy, RereadingLayerNormsSixteenBitRowsUnrollsTwo) {
+  MappingPlan p = choose_plan(merged_parts(DType::bf16, 256, 131072, 5), {});
+  EXPECT_EQ(p.caching, InputCaching::reread);
+  EXPECT_EQ(p.stripe_unroll, 2);
+  EXPECT_EQ(p.workers_per_program, 1024);
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 256, 131072, 3), {}).stripe_unroll, 4);
+  EXPECT_EQ(choose_plan(merged_parts(DType::f32, 256, 131072, 5), {}).stripe_unroll, 4);
+}
+
 TEST(Policy, VectorWidthFollowsRowAlignment) {
   EXPECT_EQ(choose_plan(inputs(37, 1537), {}).vector_elems, 1);
   EXPECT_EQ(choose_plan(inputs(37, 1538), {}).vector_elems, 2);
