@@ -269,7 +269,9 @@ OracleCheck check_against(const Call& call, const std::vector<double>& ref, cons
         // The norms' normalised value x_hat may itself be subnormal (tiny rows, large eps): its
         // few roundings at the subnormal step, times the weight.
         if (call.op == Op::rms_norm || call.op == Op::layer_norm) tol += subnormal_steps * weight(c);
-        if (mean_error > 0) {
+        // A zero weight scales the mean's error away: an infinite x_hat (a constant row, eps 0)
+        // would make the product NaN.
+        if (mean_error > 0 && weight(c) != 0) {
           const double x = load_as_double(call.x.data, r * call.x.row_stride + c, call.x.dtype);
           // x - mean in long double: it overflows a double at fp64's extremes.
           tol += mean_error * norm.inv * (2 + std::abs(double((static_cast<long double>(x) - norm.mean) * norm.inv))) *

@@ -1,6 +1,7 @@
 // The float64 oracle of src/api/oracle.cpp splits calls of a million elements or more over the
 // host's threads: its reference and its check must be those of one row at a time.
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "support/cases.hpp"
@@ -62,6 +63,31 @@ TEST(Oracle, ALargeCallsCheckCountsEveryElementAndNamesTheFirstMismatch) {
   EXPECT_EQ(check.mismatches, 3);
   EXPECT_EQ(check.first_mismatch.rfind("row 3 col 5: got nan", 0), 0u) << check.first_mismatch;
   EXPECT_GE(check.max_abs_error, 1.9);
+}
+
+// A float64 LayerNorm row of the largest doubles, constant, with a tiny eps: x_hat is 0 and the
+// mean's rounding bound times 1 / sqrt(eps) overflows. A zero weight scales that bound away
+// (it made the tolerance inf x 0 = NaN, failing exact outputs); the other columns still pass.
+TEST(Oracle, AZeroWeightKeepsTheToleranceOfAnOverflowingMeanBound) {
+  constexpr int64_t rows = 2, cols = 64;
+  HostMatrix x(DType::f64, rows, cols, cols), y(DType::f64, rows, cols, cols);
+  HostVector weight(DType::f64, cols);
+  std::mt19937_64 rng(3);
+  x.fill_random(rng);
+  weight.fill_random(rng, 1.0, 0.5);
+  double* xd = static_cast<double*>(x.view().data);
+  for (int64_t c = 0; c < cols; ++c) xd[c] = std::numeric_limits<double>::max();
+  static_cast<double*>(const_cast<void*>(weight.view().data))[5] = 0.0;
+  Call call{Op::layer_norm, x.view(), y.view()};
+  call.weight = weight.view();
+  call.eps = 1e-30;
+  const std::vector<double> ref = oracle(call);
+  double* yd = static_cast<double*>(call.y.data);
+  for (int64_t i = 0; i < rows * cols; ++i) yd[i] = ref[size_t(i)];
+  EXPECT_EQ(ref[5], 0.0);
+  const OracleCheck check = check_against(call, ref);
+  EXPECT_TRUE(check.ok) << check.first_mismatch;
+  EXPECT_EQ(check.checked, rows * cols);
 }
 
 }  // namespace

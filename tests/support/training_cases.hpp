@@ -149,15 +149,22 @@ using Expectations = std::map<std::string, Expected>;
 
 inline double nan_max(double a, double b) { return std::isnan(a) || std::isnan(b) ? kNaN : std::max(a, b); }
 
+// The references' sums over a row are taken in long double: a float64 call's kernel, held to
+// 256 of its ulps, sums by trees, while a sequential double sum of n equal terms is off by
+// up to n / 2 ulps (rms_norm rstd of 21969 equal elements: 137 ulps).
+using RefAcc = long double;
+
 // dx = y (dy - sum(y dy)) or dx = dy - exp(y) sum(dy).
 inline Expected softmax_backward_ref(const Buf& y, const Buf& dy, bool log) {
   Expected e;
   for (int64_t r = 0; r < y.rows; ++r) {
-    double s = 0, s_abs = 0;
+    RefAcc acc = 0;
+    double s_abs = 0;
     for (int64_t c = 0; c < y.cols; ++c) {
       const double t = log ? dy.at(r, c) : y.at(r, c) * dy.at(r, c);
-      s += t, s_abs += std::abs(t);
+      acc += t, s_abs += std::abs(t);
     }
+    const double s = double(acc);
     for (int64_t c = 0; c < y.cols; ++c) {
       const double yv = y.at(r, c), g = dy.at(r, c);
       if (log) {
@@ -175,17 +182,17 @@ inline Expected softmax_backward_ref(const Buf& y, const Buf& dy, bool log) {
 
 // rstd = 1 / sqrt(mean(h^2) + eps), and (mean, rstd) of LayerNorm, for a row of values.
 inline double rms_rstd(const std::vector<double>& h, double eps) {
-  double ss = 0;
-  for (double v : h) ss += v * v;
-  return 1.0 / std::sqrt(ss / double(h.size()) + eps);
+  RefAcc ss = 0;
+  for (double v : h) ss += RefAcc(v) * v;
+  return double(1 / std::sqrt(ss / RefAcc(h.size()) + eps));
 }
 inline std::pair<double, double> ln_stats(const std::vector<double>& h, double eps) {
-  double mean = 0;
+  RefAcc mean = 0;
   for (double v : h) mean += v;
-  mean /= double(h.size());
-  double var = 0;
+  mean /= RefAcc(h.size());
+  RefAcc var = 0;
   for (double v : h) var += (v - mean) * (v - mean);
-  return {mean, 1.0 / std::sqrt(var / double(h.size()) + eps)};
+  return {double(mean), double(1 / std::sqrt(var / RefAcc(h.size()) + eps))};
 }
 
 // RMSNorm's backward from the saved rstd: dx = r (g - xhat sum(g xhat) / n), g = dy w,
@@ -197,11 +204,13 @@ inline void rms_norm_backward_ref(const Buf& dy, const Buf& x, const Buf* w, con
   dw.want.assign(size_t(cols), 0.0), dw.mag.assign(size_t(cols), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     const double rs = rstd.at(r);
-    double dot = 0, dot_abs = 0;
+    RefAcc acc = 0;
+    double dot_abs = 0;
     for (int64_t c = 0; c < cols; ++c) {
       const double t = dy.at(r, c) * (w ? w->at(c) : 1.0) * x.at(r, c) * rs;
-      dot += t, dot_abs += std::abs(t);
+      acc += t, dot_abs += std::abs(t);
     }
+    const double dot = double(acc);
     for (int64_t c = 0; c < cols; ++c) {
       const double g = dy.at(r, c) * (w ? w->at(c) : 1.0), xhat = x.at(r, c) * rs;
       const double extra = dres ? dres->at(r, c) : 0.0;
@@ -222,11 +231,13 @@ inline void layer_norm_backward_ref(const Buf& dy, const Buf& x, const Buf* w, c
   db.want.assign(size_t(cols), 0.0), db.mag.assign(size_t(cols), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     const double rs = rstd.at(r), mu = mean.at(r);
-    double a = 0, b = 0, a_abs = 0, b_abs = 0;
+    RefAcc a_acc = 0, b_acc = 0;
+    double a_abs = 0, b_abs = 0;
     for (int64_t c = 0; c < cols; ++c) {
       const double g = dy.at(r, c) * (w ? w->at(c) : 1.0), xhat = (x.at(r, c) - mu) * rs;
-      a += g, b += g * xhat, a_abs += std::abs(g), b_abs += std::abs(g * xhat);
+      a_acc += g, b_acc += g * xhat, a_abs += std::abs(g), b_abs += std::abs(g * xhat);
     }
+    const double a = double(a_acc), b = double(b_acc);
     for (int64_t c = 0; c < cols; ++c) {
       const double g = dy.at(r, c) * (w ? w->at(c) : 1.0), xhat = (x.at(r, c) - mu) * rs;
       dx.want.push_back(rs * (g - (a + xhat * b) / double(cols)));
@@ -255,11 +266,12 @@ inline CrossEntropyRow cross_entropy_row(const std::vector<double>& logits, int6
   std::vector<double> z(logits), th(logits.size(), 0.0);
   if (ce.softcap)
     for (size_t j = 0; j < z.size(); ++j) th[j] = std::tanh(logits[j] / *ce.softcap), z[j] = *ce.softcap * th[j];
-  double m = -kInf, zsum = 0, zsum_abs = 0;
-  for (double v : z) m = nan_max(m, v), zsum += v, zsum_abs += std::abs(v);
-  double s = 0;
+  double m = -kInf, zsum_abs = 0;
+  RefAcc z_acc = 0, s_acc = 0;
+  for (double v : z) m = nan_max(m, v), z_acc += v, zsum_abs += std::abs(v);
   if (m != -kInf)
-    for (double v : z) s += std::exp(v - m);  // +inf or NaN make s NaN
+    for (double v : z) s_acc += std::exp(v - m);  // +inf or NaN make s NaN
+  const double zsum = double(z_acc), s = double(s_acc);
   CrossEntropyRow out;
   out.lse = m == -kInf ? -kInf : m + std::log(s);
   const double lse = saved_lse ? *saved_lse : out.lse;
