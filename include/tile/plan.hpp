@@ -32,6 +32,11 @@ enum class TailHandling : uint8_t { predicate, clamp };
 // misaligned one; `require` launches only when every row of every operand is aligned and cols
 // is a multiple of the vector width, and then generates whole-vector accesses only.
 enum class Alignment : uint8_t { scalar_fallback, require };
+// Where a row's accesses start: at column 0 (`as_is`: a row whose start is not aligned takes
+// scalar accesses under scalar_fallback), or at its first column aligned to the vector width
+// (`peel`: the elements before it, fewer than vector_elems, are taken one at a time by the
+// program's worker 0, so the rest of the row keeps vector accesses where strides are odd).
+enum class RowHead : uint8_t { as_is, peel };
 // How a register-cached row slice of 16-bit input is held: converted to fp32 when loaded
 // (`f32`, one register an element) or as loaded, two elements a register, converted where
 // each pass uses it (`packed`).
@@ -58,6 +63,7 @@ enum class MergeStrategy : uint8_t { combine, staged };
   X(TailHandling, tail, TailHandling::predicate, 0, 1, "lanes past the row end")                    \
   X(Alignment, alignment, Alignment::scalar_fallback, 0, 1, "vector accesses on unaligned rows")    \
   X(CacheFormat, cache_format, CacheFormat::f32, 0, 1, "register cache of 16-bit input")            \
+  X(RowHead, row_head, RowHead::as_is, 0, 1, "elements before the row's first aligned column")       \
   X(MergeStrategy, merge, MergeStrategy::combine, 0, 1, "how reductions merge across workers")      \
   X(int, resident_groups, 1, 1, 32, "groups per SM the kernel is compiled to fit (launch bounds)")  \
   X(int, grid_limit, 0, 0, 1 << 30, "most groups launched; each loops over rows (0: one per row block)") \
@@ -111,6 +117,7 @@ std::string to_string(BarrierScope);
 std::string to_string(TailHandling);
 std::string to_string(Alignment);
 std::string to_string(CacheFormat);
+std::string to_string(RowHead);
 std::string to_string(MergeStrategy);
 
 }  // namespace tile

@@ -99,6 +99,9 @@ struct LaunchRecord {
   int kernels = 1;            // launches: 2 when reductions over the rows need a second phase
   int64_t workspace_bytes = 0;
   int64_t bytes_loaded = 0;   // CPU backend only: bytes its loads actually read
+  // CPU backend only: the row kernel's accesses (loads and stores, per worker) that took the
+  // vector path, and its single-element ones.
+  int64_t vector_accesses = 0, scalar_accesses = 0;
   // CUDA backend: how the kernel binary was obtained by this call ("compiled", "memory",
   // "disk"; "launch-cache" when the call reused an already loaded kernel), its NVRTC time and
   // options.

@@ -517,6 +517,8 @@ nb::object execute(Bound& b, uintptr_t stream, bool record, bool events, nb::han
   d["threads_per_group"] = rec.threads_per_group;
   d["shared_bytes"] = rec.shared_bytes;
   d["bytes_loaded"] = rec.bytes_loaded;
+  d["vector_accesses"] = rec.vector_accesses;
+  d["scalar_accesses"] = rec.scalar_accesses;
   d["cache_origin"] = rec.cache_origin;
   d["compile_ms"] = rec.compile_ms;
   nb::list options;

@@ -243,7 +243,7 @@ def _empty_result(op, x, out, weight, bias, dtype, record, stats=(), given=None)
     if record:                                  # a record of nothing launched
         rec = dict.fromkeys(("kernel_name", "source_sha256", "ir_sha256", "cubin_sha256", "arch", "cache_origin"), "")
         rec.update(plan=None, kernels=0, workspace_bytes=0, groups=0, threads_per_group=0, shared_bytes=0,
-                   bytes_loaded=0, compile_ms=0.0, compile_options=[], out=out,
+                   bytes_loaded=0, vector_accesses=0, scalar_accesses=0, compile_ms=0.0, compile_options=[], out=out,
                    backend="cuda" if _is_torch(x) and x.is_cuda else "cpu")
         return rec
     return (out, *extra) if extra else out
@@ -361,9 +361,9 @@ def run(op, x, out=None, weight=None, bias=None, eps=None, plan=None, stream=Non
 
     The record is a dict: plan (the resolved mapping plan), kernel_name, source_sha256,
     cubin_sha256 and arch (empty on the CPU), groups, threads_per_group, shared_bytes,
-    bytes_loaded (CPU only), cache_origin ("compiled", "memory", "disk" or "launch-cache";
-    empty on the CPU), compile_ms, compile_options, backend ("cpu" or "cuda"), and out (the
-    output array).
+    bytes_loaded, vector_accesses and scalar_accesses (CPU only), cache_origin ("compiled",
+    "memory", "disk" or "launch-cache"; empty on the CPU), compile_ms, compile_options,
+    backend ("cpu" or "cuda"), and out (the output array).
     """
     _check_op("run", op)
     if _torch_api is not None:

@@ -372,6 +372,10 @@ class RowLowering {
     std::map<int, std::vector<int>> words;   // or raw 16-bit pairs (packed register cache)
     std::map<int, std::vector<int>> column;  // loaded per-column operands
     std::map<int, std::vector<ExprPtr>> memo;
+    // The row's peeled head (row_head "peel"): `limit` elements from `col` lie in the row (worker
+    // 0's, 0 for the others) and every access is scalar (the row start is not aligned).
+    ExprPtr limit;
+    bool scalar = false;
   };
 
   ExprPtr r(int id) const { return em_.r(id); }
@@ -395,6 +399,7 @@ class RowLowering {
   std::vector<Stmt> row_body();
   void begin_row(std::vector<Stmt>& out, ExprPtr block);
   ExprPtr stripe_col(ExprPtr stripe);
+  Slot head_slot();
   void load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<int>& inputs, bool cache);
   ExprPtr in_row(const Slot& slot, int j) const { return whole_ ? slot.live : binary(BinOp::lt, i32_const(j), slot.in_row_count); }
   ExprPtr row_value(std::vector<Stmt>& out, int node);
@@ -471,10 +476,13 @@ class RowLowering {
   int next_shared_ = 0;
   int cluster_merges_ = 0;  // merges through the cluster's distributed shared memory
   int loop_it_ = -1;        // the iteration register of the re-read loop being built
+  int head_ = -1;           // row_head "peel": elements before the row's first aligned column
+  bool peel_ = false;
 };
 
 LoweredProgram RowLowering::run() {
   whole_ = plan_.alignment == Alignment::require;
+  peel_ = plan_.row_head == RowHead::peel;
   const int W = plan_.workers_per_program;
   // tile_<program>_<dtypes of the row operands>_p<P>w<W>v<V>s<S><c|r>
   std::string dtypes;
@@ -647,8 +655,21 @@ ExprPtr RowLowering::stripe_col(ExprPtr stripe) {
   ExprPtr w = cast(Type::i64, special(Special::worker_in_program));
   if (plan_.ctas_per_program > 1)
     w = binary(BinOp::add, binary(BinOp::mul, cast(Type::i64, special(Special::cta_in_cluster)), i64(plan_.workers_per_program)), w);
-  return binary(BinOp::mul, binary(BinOp::add, binary(BinOp::mul, stripe, i64(plan_.row_workers())), w),
-                i64(plan_.vector_elems));
+  ExprPtr col = binary(BinOp::mul, binary(BinOp::add, binary(BinOp::mul, stripe, i64(plan_.row_workers())), w),
+                       i64(plan_.vector_elems));
+  return peel_ ? binary(BinOp::add, col, r(head_)) : col;
+}
+
+// The peeled head: columns [0, head) of the row, worker 0's (validation keeps cols >= 2 V, so
+// every worker's first slot starts in the row's aligned part, and its first element is the
+// chunk's first).
+RowLowering::Slot RowLowering::head_slot() {
+  Slot s;
+  s.col = i64(0);
+  s.limit = select(binary(BinOp::eq, special(Special::worker_in_program), i32_const(0)),
+                   binary(BinOp::min, r(head_), r(load_cols_)), i64(0));
+  s.scalar = true;
+  return s;
 }
 
 void RowLowering::begin_row(std::vector<Stmt>& b, ExprPtr block) {
@@ -672,15 +693,33 @@ void RowLowering::begin_row(std::vector<Stmt>& b, ExprPtr block) {
   };
   for (auto& [operand, buffer] : buffer_of_) {
     const Role role = decl(operand).role;
-    if (role == Role::row_in) {
+    if (role == Role::row_in)
       load_off_[operand] = assign_new(b, decl(operand).name + "_off", binary(BinOp::mul, load_row, param(stride_of_[operand], Type::i64)));
-      aligned_[operand] = assign_new(b, decl(operand).name + "_aligned", aligned(buffer, r(load_off_[operand])));
-    } else if (role == Role::row_out) {
+    else if (role == Role::row_out)
       store_off_[operand] = assign_new(b, decl(operand).name + "_off", binary(BinOp::mul, r(row_), param(stride_of_[operand], Type::i64)));
-      aligned_[operand] = assign_new(b, decl(operand).name + "_aligned", aligned(buffer, r(store_off_[operand])));
-    } else if (role == Role::col_in) {
-      aligned_[operand] = assign_new(b, decl(operand).name + "_aligned", aligned(buffer, i64(0)));
+  }
+  // row_head "peel": the head runs up to the first row input's first column a vector from its
+  // row start in elements (from an aligned base: the run-time tests below catch any other).
+  ExprPtr start = i64(0);
+  if (peel_) {
+    for (auto& [operand, buffer] : buffer_of_) {
+      if (decl(operand).role != Role::row_in) continue;
+      ExprPtr in_vector = binary(BinOp::rem, r(load_off_[operand]), i64(V));
+      head_ = assign_new(b, "head", binary(BinOp::rem, binary(BinOp::sub, i64(V), in_vector), i64(V)));
+      break;
     }
+    TILE_CHECK(head_ >= 0, "a peeled plan for a program with no row input");
+    start = r(head_);
+  }
+  auto at_start = [&](ExprPtr offset) { return peel_ ? binary(BinOp::add, std::move(offset), start) : offset; };
+  for (auto& [operand, buffer] : buffer_of_) {
+    const Role role = decl(operand).role;
+    if (role == Role::row_in)
+      aligned_[operand] = assign_new(b, decl(operand).name + "_aligned", aligned(buffer, at_start(r(load_off_[operand]))));
+    else if (role == Role::row_out)
+      aligned_[operand] = assign_new(b, decl(operand).name + "_aligned", aligned(buffer, at_start(r(store_off_[operand]))));
+    else if (role == Role::col_in)
+      aligned_[operand] = assign_new(b, decl(operand).name + "_aligned", aligned(buffer, start));
   }
   // Per-row inputs: one load per program row (every worker reads the same address).
   for (auto& [operand, buffer] : buffer_of_) {
@@ -713,7 +752,8 @@ void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<i
   if (whole_) {
     slot.live = r(assign_new(out, "live", binary(BinOp::lt, slot.col, r(load_cols_))));
   } else {
-    ExprPtr left = binary(BinOp::sub, r(load_cols_), slot.col);
+    if (slot.limit) slot.limit = r(assign_new(out, "n", slot.limit));
+    ExprPtr left = slot.limit ? slot.limit : binary(BinOp::sub, r(load_cols_), slot.col);
     ExprPtr count = binary(BinOp::min, binary(BinOp::max, left, i64(0)), i64(plan_.vector_elems));
     slot.in_row_count = r(assign_new(out, "n", cast(Type::i32, count)));
   }
@@ -722,7 +762,8 @@ void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<i
     const int buffer = buffer_of_.at(operand);
     const DType dt = dtype(operand);
     ExprPtr index = binary(BinOp::add, r(load_off_[operand]), slot.col);
-    ExprPtr valid = binary(BinOp::sub, r(load_cols_), slot.col);
+    ExprPtr valid = slot.limit ? slot.limit : binary(BinOp::sub, r(load_cols_), slot.col);
+    ExprPtr is_aligned = slot.scalar ? b1_const(false) : r(aligned_[operand]);
     // cache_format packed: 16-bit input stays as loaded, two elements a register, and is
     // converted where each pass uses it.
     const bool raw = cache && plan_.cache_format == CacheFormat::packed && dtype_size(dt) == 2;
@@ -730,10 +771,10 @@ void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<i
     for (int j = 0; j < plan_.vector_elems; j += raw ? 2 : 1)
       regs.push_back(k_.add_reg(decl(operand).name + std::to_string(k_.regs.size()), raw ? Type::i32 : value_type(dt, real()), cache));
     if (raw) {
-      out.push_back(whole(load_raw(regs, buffer, index, valid, r(aligned_[operand]), clamp)));
+      out.push_back(whole(load_raw(regs, buffer, index, valid, is_aligned, clamp)));
       slot.words[operand] = regs;
     } else {
-      out.push_back(whole(load(regs, buffer, index, valid, r(aligned_[operand]), clamp, 0.0f)));
+      out.push_back(whole(load(regs, buffer, index, valid, is_aligned, clamp, 0.0f)));
       slot.values[operand] = regs;
     }
   }
@@ -830,7 +871,8 @@ const std::vector<ExprPtr>& RowLowering::element(std::vector<Stmt>& out, Slot& s
           const DType dt = dtype(n.operand);
           for (int j = 0; j < V; ++j) loaded.push_back(em_.temp(decl(n.operand).name, value_type(dt, real())));
           out.push_back(whole(load(loaded, buffer_of_.at(n.operand), slot.col,
-                                   binary(BinOp::sub, r(load_cols_), slot.col), r(aligned_.at(n.operand)),
+                                   slot.limit ? slot.limit : binary(BinOp::sub, r(load_cols_), slot.col),
+                                   slot.scalar ? b1_const(false) : r(aligned_.at(n.operand)),
                                    plan_.tail == TailHandling::clamp, 0.0f)));
         }
         for (int reg_id : loaded) vals.push_back(r(reg_id));
@@ -1063,6 +1105,7 @@ RowLowering::FastSplit RowLowering::program_fast_split(std::vector<Stmt>& out, c
   const bool broadcast = head_in_cache(plan_);
   if (reads_row_head(prog_, reductions, plan_)) {
     head.col = i64(0);
+    head.scalar = peel_;  // column 0 of a peeled row is not aligned
     load_slot(out, head, inputs, /*cache=*/false);
   }
   const int row_count = assign_new(out, "k", cast(real(), r(load_cols_)));
@@ -1497,6 +1540,15 @@ std::vector<Stmt> RowLowering::reread_loop(const std::set<int>& inputs,
   loop_it_ = it;
   body(loop, ptrs);
   out.push_back(for_(it, i64(0), count, std::move(loop)));
+  if (peel_) {
+    // The peeled head after the loop, as an iteration other than the first: a worker fast
+    // path's first element (its shift) came from the loop's first iteration.
+    Slot head = head_slot();
+    load_slot(out, head, inputs, /*cache=*/false);
+    loop_it_ = assign_new(out, "it", i64(-1));
+    std::vector<Slot*> heads{&head};
+    body(out, heads);
+  }
   return out;
 }
 
@@ -1631,8 +1683,11 @@ void RowLowering::output_pass(std::vector<Stmt>& out, Slot& slot) {
     const std::vector<ExprPtr>& values = element(out, slot, s.value);
     std::vector<int> regs;
     for (const ExprPtr& v : values) regs.push_back(em_.materialize(out, v, "y"));
+    // A peeled head's limit is its load count: validation keeps tail "predicate", where
+    // load_cols is store_cols.
     out.push_back(whole(store(regs, buffer_of_.at(s.operand), binary(BinOp::add, r(store_off_.at(s.operand)), slot.col),
-                              binary(BinOp::sub, r(store_cols_), slot.col), r(aligned_.at(s.operand)))));
+                              slot.limit ? slot.limit : binary(BinOp::sub, r(store_cols_), slot.col),
+                              slot.scalar ? b1_const(false) : r(aligned_.at(s.operand)))));
   }
   accumulate_rows(out, slot);
 }
@@ -1646,6 +1701,11 @@ std::vector<Stmt> RowLowering::row_body() {
       slot.col = stripe_col(i64(s));
       load_slot(body, slot, cached_inputs_, /*cache=*/true);
       cached_.push_back(std::move(slot));
+    }
+    if (peel_) {  // last: every worker's first cached element stays its lowest column
+      Slot head = head_slot();
+      load_slot(body, head, cached_inputs_, /*cache=*/true);
+      cached_.push_back(std::move(head));
     }
   }
   for (size_t l = 0; l < levels_.size(); ++l) {
@@ -1825,7 +1885,9 @@ bool program_fast_path(const RowProgram& program, const std::vector<int>& level,
 }
 
 bool head_in_cache(const MappingPlan& plan) {
-  return plan.caching == InputCaching::registers && plan.workers_per_program == 32 && plan.ctas_per_program == 1;
+  // A peeled row's column 0 is in worker 0's head slot, not first in its cache.
+  return plan.caching == InputCaching::registers && plan.workers_per_program == 32 && plan.ctas_per_program == 1 &&
+         plan.row_head == RowHead::as_is;
 }
 
 bool reads_row_head(const RowProgram& program, const std::vector<int>& level, const MappingPlan& plan) {

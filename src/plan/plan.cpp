@@ -18,6 +18,7 @@ std::string to_string(BarrierScope v) { return v == BarrierScope::group ? "group
 std::string to_string(TailHandling v) { return v == TailHandling::predicate ? "predicate" : "clamp"; }
 std::string to_string(Alignment v) { return v == Alignment::require ? "require" : "scalar_fallback"; }
 std::string to_string(CacheFormat v) { return v == CacheFormat::packed ? "packed" : "f32"; }
+std::string to_string(RowHead v) { return v == RowHead::peel ? "peel" : "as_is"; }
 std::string to_string(MergeStrategy v) { return v == MergeStrategy::staged ? "staged" : "combine"; }
 
 namespace {

@@ -113,8 +113,18 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   if (req.vector_elems) {
     p.vector_elems = *req.vector_elems;
   } else {
+    // A peeled row needs only aligned bases: its accesses start at an aligned column whatever
+    // the strides (and validation keeps two vectors a row).
+    const bool peel = req.row_head == RowHead::peel;
+    auto fits = [&](int v) {
+      if (!peel) return rows_aligned(in, v) && v <= cols;
+      bool bases = true;
+      for (const RowOperandInfo& r : in.row_operands) bases &= in.base_alignment % (int64_t(v) * dtype_size(r.dtype)) == 0;
+      for (DType t : in.column_dtypes) bases &= in.base_alignment % (int64_t(v) * dtype_size(t)) == 0;
+      return bases && 2 * int64_t(v) <= cols;
+    };
     int v = std::max(1, limits.max_vector_bytes / in.widest_elem_bytes());
-    while (v > 1 && (!rows_aligned(in, v) || v > cols)) v /= 2;
+    while (v > 1 && !fits(v)) v /= 2;
     p.vector_elems = v;
   }
   const int64_t vectors = ceil_div(cols, p.vector_elems);
@@ -248,6 +258,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // Whole vectors when every row is aligned and cols is a multiple of V (contiguous rows of
   // any aligned tensor): the kernel then has no scalar path and one row test per vector.
   p.alignment = req.alignment.value_or(whole_vectors(in, p.vector_elems) ? Alignment::require : Alignment::scalar_fallback);
+  p.row_head = req.row_head.value_or(RowHead::as_is);
+  if (p.row_head == RowHead::peel) p.alignment = req.alignment.value_or(Alignment::scalar_fallback);
   // Packed caching is offered for experiments; ptxas register counts alone do not favour it
   // (fewer registers for RMSNorm, more for log-softmax), so the default stays f32.
   p.cache_format = req.cache_format.value_or(CacheFormat::f32);
@@ -381,12 +393,26 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
            str(p.stripes) + " x " + (C > 1 ? str(C) + " x " : std::string()) + str(W) + " x " + str(V) + " = " +
                str(covered));
     const int64_t per_elem = (in.row_inputs() + in.rows_reduction_parts) * (in.real_bytes / 4);
-    if (int64_t(p.stripes) * V * per_elem > p.private_budget)
+    // A peeled head is one more cached vector.
+    const int64_t vectors = int64_t(p.stripes) + (p.row_head == RowHead::peel ? 1 : 0);
+    if (vectors * V * per_elem > p.private_budget)
       fail("caching", "a cached row slice within private_budget = " + str(p.private_budget) +
                           " scalars (or caching \"reread\")",
-           "stripes x vector_elems x " + str(per_elem) + " (row inputs and row-reduction accumulators" +
-               (in.real_bytes == 8 ? ", two scalars each in f64" : "") + ") = " +
-               str(int64_t(p.stripes) * V * per_elem) + " scalars per worker");
+           std::string(p.row_head == RowHead::peel ? "(stripes + 1 for the peeled head)" : "stripes") +
+               " x vector_elems x " + str(per_elem) + " (row inputs and row-reduction accumulators" +
+               (in.real_bytes == 8 ? ", two scalars each in f64" : "") + ") = " + str(vectors * V * per_elem) +
+               " scalars per worker");
+  }
+  if (p.row_head == RowHead::peel) {
+    const char* expected =
+        "\"as_is\" unless tail is \"predicate\", alignment \"scalar_fallback\", cache_format \"f32\", "
+        "ctas_per_program 1, the program reduces nothing over the rows and cols >= 2 x vector_elems";
+    if (p.tail != TailHandling::predicate || p.alignment != Alignment::scalar_fallback ||
+        p.cache_format != CacheFormat::f32 || C != 1 || in.reduces_rows || in.cols < 2 * int64_t(V) || in.row_inputs() == 0)
+      fail("row_head", expected,
+           "\"peel\" with tail \"" + to_string(p.tail) + "\", alignment \"" + to_string(p.alignment) +
+               "\", cache_format \"" + to_string(p.cache_format) + "\", ctas_per_program " + str(C) +
+               (in.reduces_rows ? ", a reduction over the rows" : "") + ", cols " + str(in.cols) + ", vector_elems " + str(V));
   }
   bool inputs_16bit = in.row_inputs() > 0;
   std::string input_dtypes;

@@ -129,6 +129,7 @@ MappingPlan perturb(MappingPlan p, const PlanInputs& in, Rng& rng) {
   attempt([&](MappingPlan& q) { q.tail = rng.chance(0.5) ? TailHandling::clamp : TailHandling::predicate; });
   attempt([&](MappingPlan& q) { q.alignment = rng.chance(0.5) ? Alignment::require : Alignment::scalar_fallback; });
   attempt([&](MappingPlan& q) { q.cache_format = rng.chance(0.7) ? CacheFormat::packed : CacheFormat::f32; });
+  if (rng.chance(0.3)) attempt([&](MappingPlan& q) { q.row_head = RowHead::peel; });
   if (p.caching == InputCaching::registers && rng.chance(0.3))  // more stripes than the row needs
     attempt([&](MappingPlan& q) { q.stripes += 1 + rng.below(3); });
   if (p.caching == InputCaching::reread && rng.chance(0.3))
@@ -160,6 +161,7 @@ std::optional<MappingPlan> random_plan(const PlanInputs& in, Rng& rng) {
   if (rng.chance(0.4)) r.tail = rng.chance(0.5) ? TailHandling::clamp : TailHandling::predicate;
   if (rng.chance(0.4)) r.alignment = rng.chance(0.5) ? Alignment::require : Alignment::scalar_fallback;
   if (rng.chance(0.3)) r.cache_format = rng.chance(0.5) ? CacheFormat::packed : CacheFormat::f32;
+  if (rng.chance(0.25)) r.row_head = RowHead::peel;  // vectors from the bases' alignment, whatever the strides
   if (rng.chance(0.2)) r.resident_groups = 1 + rng.below(4);
   if (rng.chance(0.2)) r.grid_limit = rng.below(8);
   if (rng.chance(0.3)) r.merge = rng.chance(0.5) ? MergeStrategy::staged : MergeStrategy::combine;
@@ -799,6 +801,7 @@ int fuzz(const Options& o) {
       if (p.tail == TailHandling::clamp) ++tally["clamp tail"];
       if (p.alignment == Alignment::require) ++tally["whole vectors"];
       if (p.cache_format == CacheFormat::packed) ++tally["packed cache"];
+      if (p.row_head == RowHead::peel) ++tally["peeled rows"];
       if (p.merge == MergeStrategy::staged) ++tally["staged merges"];
       if (p.grid_limit > 0) ++tally["row-block loops"];
       if (p.ctas_per_program > 1) ++tally["cluster programs"];

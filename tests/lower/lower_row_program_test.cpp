@@ -367,6 +367,109 @@ TEST(LowerRowProgram, RowHeadIsBroadcastFromTheCacheOfAOneWarpProgram) {
   });
 }
 
+// Loads and stores of `buffer` that may take the vector path (their alignment is not the
+// constant false), and those that never do.
+std::pair<int, int> vector_and_scalar_accesses(const std::vector<ir::Stmt>& body, int buffer) {
+  std::pair<int, int> n{0, 0};
+  for (const ir::Stmt& s : body) {
+    if ((s.kind == ir::Stmt::Kind::load || s.kind == ir::Stmt::Kind::store) && s.buffer == buffer) {
+      const bool never = s.aligned->kind == ir::Expr::Kind::constant && s.aligned->i == 0;
+      (never ? n.second : n.first) += 1;
+    }
+    for (const auto* b : {&s.body, &s.else_body}) {
+      auto [v, sc] = vector_and_scalar_accesses(*b, buffer);
+      n.first += v, n.second += sc;
+    }
+  }
+  return n;
+}
+
+// row_head "peel": rows of an odd stride start at every alignment, and the plan still takes
+// 16-byte vectors from each row's first aligned column, worker 0 taking the elements before it
+// one at a time. Each built-in operator, bf16 and f32, programs of one warp or two, cached or
+// re-read, with huge, tiny, NaN and infinite elements in the head, at the first aligned column
+// and at the row end, matches the float64 oracle; the CPU executor refuses any vector access
+// whose address is not aligned, so every vector it takes is aligned.
+TEST(LowerRowProgram, PeeledRowsKeepVectorAccessesWhateverTheStride) {
+  for (Op op : {Op::softmax, Op::log_softmax, Op::rms_norm, Op::layer_norm})
+    for (DType dt : {DType::bf16, DType::f32}) {
+      const RowProgram& p = builtin_program(op);
+      const int64_t rows = 9, cols = 301;  // row r starts r x 301 elements in: every residue
+      std::mt19937_64 rng(uint64_t(op) * 7 + uint64_t(dt));
+      testing::HostMatrix x(dt, rows, cols, cols), y(dt, rows, cols, cols);
+      testing::HostVector w(dt, cols), b(dt, cols);
+      x.fill_random(rng), w.fill_random(rng, 1.0, 0.5), b.fill_random(rng, 0.0, 1.0);
+      const double inf = std::numeric_limits<double>::infinity();
+      for (auto [row, col, v] : {std::tuple{1, 0, 1e30}, {2, 2, 1e-30}, {3, 5, std::nan("")}, {4, 7, inf},
+                                 {5, 6, -inf}, {6, 300, 1e30}, {7, 1, 3e4}})
+        store_from_double(x.data(), row * cols + col, dt, v);
+      Args args;
+      args.set("x", x.view()).set("y", y.view());
+      if (op == Op::rms_norm || op == Op::layer_norm) args.set("weight", w.view());
+      if (op == Op::layer_norm) args.set("bias", b.view());
+      const Reference want = reference(p, args);
+      const BoundCall call = bind(p, args);
+      for (int workers : {32, 64})
+        for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
+          PlanRequest req;
+          req.workers_per_program = workers, req.caching = caching, req.row_head = RowHead::peel;
+          const MappingPlan plan = choose_plan(call.plan_inputs(), req);
+          SCOPED_TRACE(op_name(op) + " " + std::string(dtype_name(dt)) + " " + plan.to_json());
+          EXPECT_EQ(plan.vector_elems, 16 / dtype_size(dt));  // the bases are aligned, the stride odd
+          EXPECT_EQ(plan.alignment, Alignment::scalar_fallback);
+          const ir::Kernel k = lower_row_program(p, call.signature(), plan).main.kernel;
+          int xb = 0, yb = 0;
+          while (k.buffers[xb].name != "x") ++xb;
+          while (k.buffers[yb].name != "y") ++yb;
+          // Every stripe (or loop slot) is a vector access; the head's and column 0's are scalar.
+          auto [xv, xs] = vector_and_scalar_accesses(k.body, xb);
+          auto [yv, ys] = vector_and_scalar_accesses(k.body, yb);
+          EXPECT_GE(xv, 1);
+          EXPECT_GE(xs, 1);
+          EXPECT_GE(yv, 1);
+          EXPECT_GE(ys, 1);
+          y.poison();
+          const LaunchRecord rec = run(p, args, {req, nullptr, Backend::cpu});
+          const OracleCheck check = check_against_reference(p, args, want);
+          EXPECT_TRUE(check.ok) << check.first_mismatch;
+          // At run time: x's vectors of every row (its body holds at least cols / V - 1 whole
+          // ones), once for a cached row, at least once for a re-read one.
+          const int64_t V = plan.vector_elems;
+          EXPECT_GE(rec.vector_accesses, rows * (cols / V - 1));
+          if (op == Op::softmax || op == Op::log_softmax) {
+            // Scalars only in the heads (fewer than V elements of x a pass, and of y) and tails.
+            const int64_t passes = caching == InputCaching::registers ? 1 : 2;
+            EXPECT_LE(rec.scalar_accesses, rows * ((passes + 1) * (V - 1) + (passes + 1) * V));
+          }
+        }
+    }
+}
+
+// A peeled plan is refused where its head cannot be taken apart from the vectors: clamped
+// tails, whole-vector plans, clusters, packed caches and rows shorter than two vectors.
+TEST(LowerRowProgram, PeeledPlansNeedPredicatedTailsAndTwoVectorsARow) {
+  const RowProgram& p = builtin_program(Op::softmax);
+  testing::HostMatrix x(DType::f32, 4, 301, 301), y(DType::f32, 4, 301, 301), tiny(DType::f32, 4, 7, 7);
+  Args args;
+  args.set("x", x.view()).set("y", y.view());
+  PlanRequest req;
+  req.row_head = RowHead::peel, req.tail = TailHandling::clamp;
+  EXPECT_THROW(run(p, args, {req, nullptr, Backend::cpu}), Error);
+  req.tail = TailHandling::predicate, req.alignment = Alignment::require;
+  EXPECT_THROW(run(p, args, {req, nullptr, Backend::cpu}), Error);
+  req.alignment.reset(), req.ctas_per_program = 2;
+  EXPECT_THROW(run(p, args, {req, nullptr, Backend::cpu}), Error);
+  req.ctas_per_program.reset(), req.vector_elems = 4;
+  Args short_rows;
+  short_rows.set("x", tiny.view()).set("y", testing::HostMatrix(DType::f32, 4, 7, 7).view());
+  try {
+    run(p, short_rows, {req, nullptr, Backend::cpu});
+    ADD_FAILURE() << "a peeled plan of 4-element vectors ran on rows of 7";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("row_head"), std::string::npos) << e.what();
+  }
+}
+
 // Expressions `op` in a kernel's statements, nested ones included.
 int count_unary(const ir::ExprPtr& e, ir::UnOp op) {
   if (!e) return 0;

@@ -17,7 +17,7 @@ TEST(MappingPlan, JsonRoundTripsEveryField) {
   p.programs_per_group = 3, p.workers_per_program = 96, p.width_mode = WidthMode::exact, p.vector_elems = 2;
   p.stripes = 5, p.stripe_unroll = 2, p.caching = InputCaching::reread, p.private_budget = 40;
   p.barrier_scope = BarrierScope::program, p.tail = TailHandling::clamp, p.alignment = Alignment::require;
-  p.cache_format = CacheFormat::packed, p.resident_groups = 2, p.grid_limit = 264;
+  p.cache_format = CacheFormat::packed, p.resident_groups = 2, p.grid_limit = 264, p.row_head = RowHead::peel;
   EXPECT_EQ(MappingPlan::from_json(p.to_json()), p);
   // Given back as a request, the plan is reproduced field for field.
   PlanRequest r = PlanRequest::from_json(p.to_json());
@@ -35,7 +35,7 @@ TEST(MappingPlan, HashIsTheSha256OfTheCanonicalJson) {
   // The canonical text has sorted keys and no spaces, so the hash is stable across builds.
   EXPECT_EQ(a.to_json(),
             R"({"alignment":"scalar_fallback","barrier_scope":"group","cache_format":"f32","caching":"registers","ctas_per_program":1,"finish_workers":256,"grid_limit":0,"merge":"combine",)"
-            R"("private_budget":64,"programs_per_group":1,"resident_groups":1,"stripe_unroll":1,"stripes":1,"tail":"predicate",)"
+            R"("private_budget":64,"programs_per_group":1,"resident_groups":1,"row_head":"as_is","stripe_unroll":1,"stripes":1,"tail":"predicate",)"
             R"("vector_elems":4,"width_mode":"automatic","workers_per_program":256})");
 }
 
@@ -68,7 +68,7 @@ TEST(MappingPlan, EveryFieldIsInTheTable) {
       EXPECT_NO_THROW(PlanRequest::from_json("{\"" + f.name + "\":" + std::to_string(f.lo) + "}")) << f.name;
     }
   }
-  EXPECT_EQ(plan_fields().size(), 17u);
+  EXPECT_EQ(plan_fields().size(), 18u);
 }
 
 using tile::testing::error_of;

@@ -58,7 +58,10 @@ class CpuTarget final : public Target {
     }
     if (rec.groups > 0) {
       ArgumentValues a = argument_values(lp.main, call, workspace, ws_elems, slots);
-      rec.bytes_loaded = cpu::execute(lp.main.kernel, launch_args(lp.main, a, rec.groups)).bytes_loaded;
+      const cpu::ExecStats st = cpu::execute(lp.main.kernel, launch_args(lp.main, a, rec.groups));
+      rec.bytes_loaded = st.bytes_loaded;
+      rec.vector_accesses = st.vector_accesses;
+      rec.scalar_accesses = st.scalar_accesses;
     }
     if (lp.finish) {
       ArgumentValues a = argument_values(*lp.finish, call, workspace, ws_elems, slots);
