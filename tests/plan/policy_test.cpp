@@ -172,6 +172,20 @@ TEST(Policy, ShortSixteenBitRowsTakeWidthAndResidencyByTheirMergedParts) {
   EXPECT_EQ(choose_plan(merged_parts(DType::f32, 65536, 512, 5), {}).resident_groups, 4);
 }
 
+TEST(Policy, ScalarSixteenBitRowsOfManyRowsAskForThreeGroupsOf512) {
+  // Odd strides take one-element vectors: bf16 x 3001 caches 6 scalars a worker in groups of
+  // 512, three an SM where the rows fill the SMs twice over; fp32 and few rows keep two.
+  for (int parts : {2, 3, 5}) {
+    const MappingPlan p = choose_plan(merged_parts(DType::bf16, 4096, 3001, parts), {});
+    EXPECT_EQ(p.vector_elems, 1) << parts;
+    EXPECT_EQ(p.workers_per_program, 512) << parts;
+    EXPECT_EQ(p.resident_groups, 3) << parts;
+  }
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 512, 3001, 5), {}).resident_groups, 2);
+  EXPECT_EQ(choose_plan(merged_parts(DType::f32, 4096, 3001, 5), {}).resident_groups, 2);
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 37, 1537, 5), {}).resident_groups, 2);
+}
+
 TEST(Policy, RereadingLayerNormsSixteenBitRowsUnrollsTwo) {
   MappingPlan p = choose_plan(merged_parts(DType::bf16, 256, 131072, 5), {});
   EXPECT_EQ(p.caching, InputCaching::reread);
