@@ -400,6 +400,14 @@ class RowLowering {
   void begin_row(std::vector<Stmt>& out, ExprPtr block);
   ExprPtr stripe_col(ExprPtr stripe);
   Slot head_slot();
+  // Elements of the slot in the row (its peeled head's limit, else cols - col) and whether an
+  // operand's access at it may be a vector (never for the head).
+  ExprPtr slot_count(const Slot& slot, int cols_reg) const {
+    return slot.limit ? slot.limit : binary(BinOp::sub, r(cols_reg), slot.col);
+  }
+  ExprPtr slot_aligned(const Slot& slot, int operand) const {
+    return slot.scalar ? b1_const(false) : r(aligned_.at(operand));
+  }
   void load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<int>& inputs, bool cache);
   ExprPtr in_row(const Slot& slot, int j) const { return whole_ ? slot.live : binary(BinOp::lt, i32_const(j), slot.in_row_count); }
   ExprPtr row_value(std::vector<Stmt>& out, int node);
@@ -753,8 +761,7 @@ void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<i
     slot.live = r(assign_new(out, "live", binary(BinOp::lt, slot.col, r(load_cols_))));
   } else {
     if (slot.limit) slot.limit = r(assign_new(out, "n", slot.limit));
-    ExprPtr left = slot.limit ? slot.limit : binary(BinOp::sub, r(load_cols_), slot.col);
-    ExprPtr count = binary(BinOp::min, binary(BinOp::max, left, i64(0)), i64(plan_.vector_elems));
+    ExprPtr count = binary(BinOp::min, binary(BinOp::max, slot_count(slot, load_cols_), i64(0)), i64(plan_.vector_elems));
     slot.in_row_count = r(assign_new(out, "n", cast(Type::i32, count)));
   }
   const bool clamp = plan_.tail == TailHandling::clamp;
@@ -762,8 +769,8 @@ void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<i
     const int buffer = buffer_of_.at(operand);
     const DType dt = dtype(operand);
     ExprPtr index = binary(BinOp::add, r(load_off_[operand]), slot.col);
-    ExprPtr valid = slot.limit ? slot.limit : binary(BinOp::sub, r(load_cols_), slot.col);
-    ExprPtr is_aligned = slot.scalar ? b1_const(false) : r(aligned_[operand]);
+    ExprPtr valid = slot_count(slot, load_cols_);
+    ExprPtr is_aligned = slot_aligned(slot, operand);
     // cache_format packed: 16-bit input stays as loaded, two elements a register, and is
     // converted where each pass uses it.
     const bool raw = cache && plan_.cache_format == CacheFormat::packed && dtype_size(dt) == 2;
@@ -871,8 +878,7 @@ const std::vector<ExprPtr>& RowLowering::element(std::vector<Stmt>& out, Slot& s
           const DType dt = dtype(n.operand);
           for (int j = 0; j < V; ++j) loaded.push_back(em_.temp(decl(n.operand).name, value_type(dt, real())));
           out.push_back(whole(load(loaded, buffer_of_.at(n.operand), slot.col,
-                                   slot.limit ? slot.limit : binary(BinOp::sub, r(load_cols_), slot.col),
-                                   slot.scalar ? b1_const(false) : r(aligned_.at(n.operand)),
+                                   slot_count(slot, load_cols_), slot_aligned(slot, n.operand),
                                    plan_.tail == TailHandling::clamp, 0.0f)));
         }
         for (int reg_id : loaded) vals.push_back(r(reg_id));
@@ -1686,8 +1692,7 @@ void RowLowering::output_pass(std::vector<Stmt>& out, Slot& slot) {
     // A peeled head's limit is its load count: validation keeps tail "predicate", where
     // load_cols is store_cols.
     out.push_back(whole(store(regs, buffer_of_.at(s.operand), binary(BinOp::add, r(store_off_.at(s.operand)), slot.col),
-                              slot.limit ? slot.limit : binary(BinOp::sub, r(store_cols_), slot.col),
-                              slot.scalar ? b1_const(false) : r(aligned_.at(s.operand)))));
+                              slot_count(slot, store_cols_), slot_aligned(slot, s.operand))));
   }
   accumulate_rows(out, slot);
 }
