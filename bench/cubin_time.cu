@@ -2,10 +2,11 @@
 // rotates over enough buffers to exceed the L2 cache (at least 160 MiB, at most 64 buffers), 50
 // launches warm up, then 9 event-timed batches of N launches; the median microseconds per
 // launch is printed with the spread and a checksum of the first output buffer (so variants of
-// one kernel can be compared for identical results). Inputs are bf16 N(0, 1) rows; the norms'
-// weight ~ 1 + 0.1 N(0, 1), bias 0.1 N(0, 1). Built and driven by bench/cubin_time.sh.
+// one kernel can be compared for identical results). Inputs are N(0, 1) rows of the kernel's
+// dtype (bf16 or f32, every operand the same); the norms' weight ~ 1 + 0.1 N(0, 1), bias
+// 0.1 N(0, 1). Built and driven by bench/cubin_time.sh.
 //
-//   cubin_time CUBIN KERNEL softmax|rms|ln ROWS COLS GRID BLOCK [LAUNCHES]
+//   cubin_time CUBIN KERNEL softmax|rms|ln bf16|f32 ROWS COLS GRID BLOCK [LAUNCHES]
 #include <cuda.h>
 
 #include <algorithm>
@@ -41,20 +42,50 @@ float from_bf16(unsigned short h) {
   return f;
 }
 
+// n values of `dtype` (2 or 4 bytes each) in host memory, and back to float.
+std::vector<unsigned char> encode(const std::vector<float>& v, bool bf16) {
+  std::vector<unsigned char> out(v.size() * (bf16 ? 2 : 4));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (bf16) {
+      const unsigned short h = to_bf16(v[i]);
+      std::memcpy(&out[i * 2], &h, 2);
+    } else {
+      std::memcpy(&out[i * 4], &v[i], 4);
+    }
+  }
+  return out;
+}
+float decode(const std::vector<unsigned char>& bytes, size_t i, bool bf16) {
+  if (!bf16) {
+    float f;
+    std::memcpy(&f, &bytes[i * 4], 4);
+    return f;
+  }
+  unsigned short h;
+  std::memcpy(&h, &bytes[i * 2], 2);
+  return from_bf16(h);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 8) {
-    std::fprintf(stderr, "usage: cubin_time CUBIN KERNEL softmax|rms|ln ROWS COLS GRID BLOCK [LAUNCHES]\n");
+  if (argc < 9) {
+    std::fprintf(stderr, "usage: cubin_time CUBIN KERNEL softmax|rms|ln bf16|f32 ROWS COLS GRID BLOCK [LAUNCHES]\n");
     return 2;
   }
-  const std::string kind = argv[3];
+  const std::string kind = argv[3], dtype = argv[4];
   if (kind != "softmax" && kind != "rms" && kind != "ln") {
     std::fprintf(stderr, "cubin_time: kind: expected softmax, rms or ln, got '%s'\n", argv[3]);
     return 2;
   }
-  long long rows = std::atoll(argv[4]), cols = std::atoll(argv[5]);
-  const int grid = std::atoi(argv[6]), block = std::atoi(argv[7]), launches = argc > 8 ? std::atoi(argv[8]) : 200;
+  if (dtype != "bf16" && dtype != "f32") {
+    std::fprintf(stderr, "cubin_time: dtype: expected bf16 or f32, got '%s'\n", argv[4]);
+    return 2;
+  }
+  const bool bf16 = dtype == "bf16";
+  const size_t elem = bf16 ? 2 : 4;
+  long long rows = std::atoll(argv[5]), cols = std::atoll(argv[6]);
+  const int grid = std::atoi(argv[7]), block = std::atoi(argv[8]), launches = argc > 9 ? std::atoi(argv[9]) : 200;
   if (rows < 1 || cols < 1 || grid < 1 || block < 1 || launches < 1) {
     std::fprintf(stderr, "cubin_time: rows, cols, grid, block and launches must be positive\n");
     return 2;
@@ -69,26 +100,28 @@ int main(int argc, char** argv) {
   CUfunction fn;
   check(cuModuleGetFunction(&fn, mod, argv[2]), argv[2]);
 
-  const size_t n = size_t(rows) * size_t(cols), bytes = n * 2;
+  const size_t n = size_t(rows) * size_t(cols), bytes = n * elem;
   const int buffers = int(std::clamp<size_t>((size_t(160) << 20) / bytes + 1, 2, 64));
   std::vector<CUdeviceptr> xs(buffers), ys(buffers);
-  std::vector<unsigned short> host(n);
   std::mt19937 gen(1);
   std::normal_distribution<float> normal(0.f, 1.f);
-  for (auto& v : host) v = to_bf16(normal(gen));
+  std::vector<float> values(n);
+  for (float& v : values) v = normal(gen);
+  const std::vector<unsigned char> host = encode(values, bf16);
   for (int i = 0; i < buffers; ++i) {
     check(cuMemAlloc(&xs[i], bytes), "cuMemAlloc x");
     check(cuMemAlloc(&ys[i], bytes), "cuMemAlloc y");
     check(cuMemcpyHtoD(xs[i], host.data(), bytes), "copy x");
   }
-  std::vector<unsigned short> weight(cols), bias(cols);
-  for (auto& v : weight) v = to_bf16(1.f + 0.1f * normal(gen));
-  for (auto& v : bias) v = to_bf16(0.1f * normal(gen));
+  std::vector<float> weight_values(cols), bias_values(cols);
+  for (float& v : weight_values) v = 1.f + 0.1f * normal(gen);
+  for (float& v : bias_values) v = 0.1f * normal(gen);
+  const std::vector<unsigned char> weight = encode(weight_values, bf16), bias = encode(bias_values, bf16);
   CUdeviceptr w, b;
-  check(cuMemAlloc(&w, cols * 2), "cuMemAlloc weight");
-  check(cuMemAlloc(&b, cols * 2), "cuMemAlloc bias");
-  check(cuMemcpyHtoD(w, weight.data(), cols * 2), "copy weight");
-  check(cuMemcpyHtoD(b, bias.data(), cols * 2), "copy bias");
+  check(cuMemAlloc(&w, cols * elem), "cuMemAlloc weight");
+  check(cuMemAlloc(&b, cols * elem), "cuMemAlloc bias");
+  check(cuMemcpyHtoD(w, weight.data(), cols * elem), "copy weight");
+  check(cuMemcpyHtoD(b, bias.data(), cols * elem), "copy bias");
   float eps = kind == "ln" ? 1e-5f : 1e-6f;
   // The generated kernels' parameters: x, y, [weight, [bias]], rows, cols, x stride, y stride, [eps].
   auto launch = [&](int i) {
@@ -115,11 +148,11 @@ int main(int argc, char** argv) {
     us.push_back(ms * 1000.f / float(launches));
   }
   std::sort(us.begin(), us.end());
-  std::vector<unsigned short> out(n);
+  std::vector<unsigned char> out(bytes);
   check(cuMemcpyDtoH(out.data(), ys[0], bytes), "copy y");
   double sum = 0;
-  for (unsigned short v : out) sum += from_bf16(v);
-  std::printf("%s %s %lldx%lld: median %.3f us (min %.3f, max %.3f), output sum %.6f\n", argv[1], kind.c_str(), rows,
-              cols, us[us.size() / 2], us.front(), us.back(), sum);
+  for (size_t i = 0; i < n; ++i) sum += decode(out, i, bf16);
+  std::printf("%s %s %s %lldx%lld: median %.3f us (min %.3f, max %.3f), output sum %.6f\n", argv[1], kind.c_str(),
+              dtype.c_str(), rows, cols, us[us.size() / 2], us.front(), us.back(), sum);
   return 0;
 }

@@ -9,16 +9,16 @@
 #   bench/cubin_time.sh run DIR                                            (the GPU machine)
 #
 # prepare adds one variant to DIR (TAG.cu, TAG.cubin, a line of DIR/list.txt); run builds the
-# timer and times every variant of DIR. bf16 only (the timer fills bf16 inputs).
+# timer and times every variant of DIR. bf16 or f32 (every operand of the call that dtype).
 set -euo pipefail
 mode=${1:?usage: cubin_time.sh prepare|run DIR ...}
 dir=${2:?DIR}
 here=$(cd "$(dirname "$0")" && pwd)
 if [[ $mode == prepare ]]; then
   tag=$3 op=$4 shape=$5 dtype=$6 build=$7 plan=${8:-}
-  [[ $dtype == bf16 ]] || { echo "cubin_time.sh: dtype: expected bf16, got $dtype" >&2; exit 2; }
+  [[ $dtype == bf16 || $dtype == f32 ]] || { echo "cubin_time.sh: dtype: expected bf16 or f32, got $dtype" >&2; exit 2; }
   mkdir -p "$dir"
-  args=(run --op "$op" --shape "$shape" --dtype bf16 --backend cpu --show source)
+  args=(run --op "$op" --shape "$shape" --dtype "$dtype" --backend cpu --show source)
   [[ -n $plan ]] && args+=(--plan "$plan")
   LD_LIBRARY_PATH=$build "$build/tile" "${args[@]}" > "$dir/$tag.txt"
   grep -q "PASS" "$dir/$tag.txt" || { echo "cubin_time.sh: $tag: the oracle check did not pass" >&2; exit 1; }
@@ -29,12 +29,12 @@ if [[ $mode == prepare ]]; then
   grid=$(grep -o "launch: [0-9]* group" "$dir/$tag.txt" | grep -o "[0-9]*")
   block=$(grep -o "x [0-9]* thread" "$dir/$tag.txt" | grep -o "[0-9]*")
   case $op in rms_norm) kind=rms ;; layer_norm) kind=ln ;; *) kind=softmax ;; esac
-  echo "$tag $kernel $kind ${shape%x*} ${shape#*x} $grid $block" >> "$dir/list.txt"
+  echo "$tag $kernel $kind $dtype ${shape%x*} ${shape#*x} $grid $block" >> "$dir/list.txt"
 elif [[ $mode == run ]]; then
   nvcc -O2 -o "$dir/cubin_time" "$here/cubin_time.cu" -L"${CUDA_HOME:-/usr/local/cuda}/lib64/stubs" -lcuda
   for pass in 1 2; do
-    while read -r tag kernel kind rows cols grid block; do
-      "$dir/cubin_time" "$dir/$tag.cubin" "$kernel" "$kind" "$rows" "$cols" "$grid" "$block" 300 | sed "s/^/pass $pass /"
+    while read -r tag kernel kind dtype rows cols grid block; do
+      "$dir/cubin_time" "$dir/$tag.cubin" "$kernel" "$kind" "$dtype" "$rows" "$cols" "$grid" "$block" 300 | sed "s/^/pass $pass /"
     done < "$dir/list.txt"
   done
 else
