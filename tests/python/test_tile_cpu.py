@@ -149,6 +149,20 @@ def test_plan_is_honoured():
     assert tile.plan("rms_norm", x, plan='{"programs_per_group": 2, "workers_per_program": 64}') == plan
 
 
+def test_record_counts_vector_and_scalar_accesses():
+    # 3001 columns: an odd stride. As is, every access is one element; peeled, rows keep
+    # 4-element vectors and only their heads and tails are single elements.
+    x = make((16, 3001), np.float32)
+    as_is = tile.run("softmax", x)
+    assert as_is["plan"]["vector_elems"] == 1
+    assert as_is["vector_accesses"] == 0 and as_is["scalar_accesses"] >= 2 * 16 * 3001
+    peeled = tile.run("softmax", x, plan={"row_head": "peel"})
+    assert peeled["plan"]["vector_elems"] == 4 and peeled["plan"]["row_head"] == "peel"
+    assert peeled["vector_accesses"] >= 2 * 16 * (3001 // 4 - 1)
+    assert peeled["scalar_accesses"] <= 2 * 16 * 2 * 3
+    assert_close(peeled["out"], reference("softmax", x))
+
+
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_every_printed_plan_given_back_launches_the_same_kernel(op, dtype):
