@@ -83,14 +83,22 @@ int PlanInputs::widest_elem_bytes() const {
 
 bool whole_vectors(const PlanInputs& in, int v) { return rows_aligned(in, v) && in.cols % v == 0; }
 
-bool rows_aligned(const PlanInputs& in, int v) {
-  auto ok = [&](DType t, int64_t stride) {
-    return in.base_alignment % (int64_t(v) * dtype_size(t)) == 0 && stride % v == 0;
-  };
+namespace {
+// Every operand's base address aligned to v elements of its dtype (whatever its row stride).
+bool bases_aligned(const PlanInputs& in, int v) {
+  auto ok = [&](DType t) { return in.base_alignment % (int64_t(v) * dtype_size(t)) == 0; };
   for (const RowOperandInfo& r : in.row_operands)
-    if (!ok(r.dtype, r.stride)) return false;
+    if (!ok(r.dtype)) return false;
   for (DType t : in.column_dtypes)
-    if (!ok(t, 0)) return false;
+    if (!ok(t)) return false;
+  return true;
+}
+}  // namespace
+
+bool rows_aligned(const PlanInputs& in, int v) {
+  if (!bases_aligned(in, v)) return false;
+  for (const RowOperandInfo& r : in.row_operands)
+    if (r.stride % v != 0) return false;
   return true;
 }
 
@@ -117,11 +125,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     // the strides (and validation keeps two vectors a row).
     const bool peel = req.row_head == RowHead::peel;
     auto fits = [&](int v) {
-      if (!peel) return rows_aligned(in, v) && v <= cols;
-      bool bases = true;
-      for (const RowOperandInfo& r : in.row_operands) bases &= in.base_alignment % (int64_t(v) * dtype_size(r.dtype)) == 0;
-      for (DType t : in.column_dtypes) bases &= in.base_alignment % (int64_t(v) * dtype_size(t)) == 0;
-      return bases && 2 * int64_t(v) <= cols;
+      return peel ? bases_aligned(in, v) && 2 * int64_t(v) <= cols : rows_aligned(in, v) && v <= cols;
     };
     int v = std::max(1, limits.max_vector_bytes / in.widest_elem_bytes());
     while (v > 1 && !fits(v)) v /= 2;
@@ -133,6 +137,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // then whole warps, about kTargetStripes vectors per worker, at most one group.
   // Bytes of every row input in one column: a register cache holds each input's slice.
   const int64_t xes = in.input_bytes_per_col();
+  // One 16-bit row input (the forward operators' bf16 and f16 calls): the rules measured for it below.
+  const bool one_16bit_input = in.row_inputs() == 1 && xes == 2;
   // Registers a cached column position costs a worker: one per row input, plus accumulators
   // of reductions over the rows (two each in f64: the budget counts 32-bit registers).
   const int64_t per_elem = (in.row_inputs() + in.rows_reduction_parts) * (in.real_bytes / 4);
@@ -199,9 +205,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // LayerNorm's re-read loop (five merged parts or more: a worker fast path of more
   // accumulators) unrolls 2 for one 16-bit input: at 4 ptxas kept 32 bytes of stack a thread
   // (H200, bf16 x 131072, kernels timed alone: 58.3 us at 2 against 59.9 at 4).
-  const bool wide_state_16bit = in.row_inputs() == 1 && xes == 2 && in.merge_parts >= 5;
   const int reread_unroll = req.stripe_unroll.value_or(
-      wide_state_16bit ? kRereadUnroll / 2 : std::max(1, kRereadUnroll / std::max(1, in.row_inputs())));
+      one_16bit_input && in.merge_parts >= 5 ? kRereadUnroll / 2 : std::max(1, kRereadUnroll / std::max(1, in.row_inputs())));
   if (req.width_mode == WidthMode::exact && !req.workers_per_program)
     throw_argument_error("mapping plan", "workers_per_program", "a width when width_mode is \"exact\"", "no width");
   if (req.workers_per_program) {
@@ -229,8 +234,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     // maximum and sum) takes two vectors a worker in half-warp programs: two rows a warp share
     // each butterfly level, one level fewer (H200, bf16 softmax x 256, kernels timed alone:
     // 34.9 us against 36.7 one warp a row). LayerNorm lost 13 % the same way (46.2 against 40.8).
-    const bool half_warp = vectors > 16 && vectors <= 32 && in.row_inputs() == 1 && xes == 2 && in.merge_parts <= 2 &&
-                           !in.reduces_rows;
+    const bool half_warp = vectors > 16 && vectors <= 32 && one_16bit_input && in.merge_parts <= 2 && !in.reduces_rows;
     if (vectors <= 16 && !req.stripes && cluster == 1)
       p.workers_per_program = pow2_at_least(vectors);
     else if (half_warp && !req.stripes && cluster == 1)
@@ -309,24 +313,20 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // six (H200, bf16 x 512, kernels timed alone: softmax 36.4 us against 35.1, RMSNorm 36.2
   // against 35.7). Not elsewhere: LayerNorm spilled 20 bytes and lost 3 %, fp32 rows of 16
   // scalars (x 2048 and x 4096) spilled and lost 15-50 %, and x 1024 bf16 lost 40 %.
-  if (p.caching == InputCaching::registers && !in.reduces_rows && in.row_inputs() == 1 && xes == 2 &&
-      in.merge_parts < 5 && cached_scalars <= 16 && threads <= 256 && cluster == 1)
-    resident_threads = 1536;
+  const bool cached_16bit = p.caching == InputCaching::registers && !in.reduces_rows && one_16bit_input && cluster == 1;
+  if (cached_16bit && in.merge_parts < 5 && cached_scalars <= 16 && threads <= 256) resident_threads = 1536;
   // LayerNorm's (five merged parts or more) asks for 1280 (at most 48 registers): at 1024
   // ptxas took 55-56 and the SM held four groups of 256 (H200, bf16 x 512, kernels timed alone
   // in three runs: 39.3-38.8 us at five groups against 40.5-40.9 at four; the fixed-shape
   // kernel 38.7-39.2).
-  if (p.caching == InputCaching::registers && !in.reduces_rows && in.row_inputs() == 1 && xes == 2 &&
-      in.merge_parts >= 5 && cached_scalars <= 16 && threads <= 256 && cluster == 1)
-    resident_threads = 1280;
+  if (cached_16bit && in.merge_parts >= 5 && cached_scalars <= 16 && threads <= 256) resident_threads = 1280;
   // Scalar accesses (one element a vector: rows of odd stride) of one 16-bit input, cached in
   // 8 scalars or fewer a worker by groups of 257-512 threads, ask for 1536 threads' worth (three
   // groups of 512, 40 registers): at 1024 ptxas took 40-64 registers and the SM held two
   // (H200, bf16 4096 x 3001, kernels timed alone: LayerNorm 36.9 us against 43.6, RMSNorm 32.1
   // against 34.9, softmax 31.0 against 31.3; the fixed-shape kernels 37.6, 31.3, 29.5). Only
   // where the grid fills the SMs twice at two groups each: fewer rows gain no residency.
-  if (p.caching == InputCaching::registers && !in.reduces_rows && in.row_inputs() == 1 && xes == 2 &&
-      p.vector_elems == 1 && cached_scalars <= 8 && threads > 256 && threads <= 512 && cluster == 1 &&
+  if (cached_16bit && p.vector_elems == 1 && cached_scalars <= 8 && threads > 256 && threads <= 512 &&
       ceil_div(in.rows, std::max(1, p.programs_per_group)) >= 4 * limits.sm_count)
     resident_threads = 1536;
   p.resident_groups = req.resident_groups.value_or(
@@ -416,13 +416,15 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
   if (p.row_head == RowHead::peel) {
     const char* expected =
         "\"as_is\" unless tail is \"predicate\", alignment \"scalar_fallback\", cache_format \"f32\", "
-        "ctas_per_program 1, the program reduces nothing over the rows and cols >= 2 x vector_elems";
+        "ctas_per_program 1, a row input, nothing reduced over the rows and cols >= 2 x vector_elems";
     if (p.tail != TailHandling::predicate || p.alignment != Alignment::scalar_fallback ||
-        p.cache_format != CacheFormat::f32 || C != 1 || in.reduces_rows || in.cols < 2 * int64_t(V) || in.row_inputs() == 0)
+        p.cache_format != CacheFormat::f32 || C != 1 || in.row_inputs() == 0 || in.reduces_rows ||
+        in.cols < 2 * int64_t(V))
       fail("row_head", expected,
            "\"peel\" with tail \"" + to_string(p.tail) + "\", alignment \"" + to_string(p.alignment) +
                "\", cache_format \"" + to_string(p.cache_format) + "\", ctas_per_program " + str(C) +
-               (in.reduces_rows ? ", a reduction over the rows" : "") + ", cols " + str(in.cols) + ", vector_elems " + str(V));
+               (in.row_inputs() == 0 ? ", no row input" : "") + (in.reduces_rows ? ", a reduction over the rows" : "") +
+               ", cols " + str(in.cols) + ", vector_elems " + str(V));
   }
   bool inputs_16bit = in.row_inputs() > 0;
   std::string input_dtypes;
