@@ -4,7 +4,8 @@
 // launch is printed with the spread and a checksum of the first output buffer (so variants of
 // one kernel can be compared for identical results). Inputs are N(0, 1) rows of the kernel's
 // dtype (bf16 or f32, every operand the same); the norms' weight ~ 1 + 0.1 N(0, 1), bias
-// 0.1 N(0, 1). Built and driven by bench/cubin_time.sh.
+// 0.1 N(0, 1). A kernel whose name ends in _k<C> (a cluster plan) is launched in clusters of C
+// groups, as the library launches it. Built and driven by bench/cubin_time.sh.
 //
 //   cubin_time CUBIN KERNEL softmax|rms|ln bf16|f32 ROWS COLS GRID BLOCK [LAUNCHES]
 #include <cuda.h>
@@ -99,6 +100,15 @@ int main(int argc, char** argv) {
   check(cuModuleLoad(&mod, argv[1]), argv[1]);
   CUfunction fn;
   check(cuModuleGetFunction(&fn, mod, argv[2]), argv[2]);
+  // Cluster kernels are named ..._k<C>.
+  int cluster = 1;
+  {
+    const std::string name = argv[2];
+    const size_t k = name.rfind("_k");
+    if (k != std::string::npos && k + 2 < name.size() && name.find_first_not_of("0123456789", k + 2) == std::string::npos)
+      cluster = std::atoi(name.c_str() + k + 2);
+  }
+  if (cluster > 8) check(cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1), "cluster size");
 
   const size_t n = size_t(rows) * size_t(cols), bytes = n * elem;
   const int buffers = int(std::clamp<size_t>((size_t(160) << 20) / bytes + 1, 2, 64));
@@ -130,7 +140,14 @@ int main(int argc, char** argv) {
     if (kind == "ln") args.push_back(&b);
     for (long long* p : {&rows, &cols, &cols, &cols}) args.push_back(p);
     if (kind != "softmax") args.push_back(&eps);
-    check(cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, nullptr, args.data(), nullptr), "cuLaunchKernel");
+    CUlaunchConfig config{};
+    config.gridDimX = unsigned(grid), config.gridDimY = 1, config.gridDimZ = 1;
+    config.blockDimX = unsigned(block), config.blockDimY = 1, config.blockDimZ = 1;
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = unsigned(cluster), attr.value.clusterDim.y = 1, attr.value.clusterDim.z = 1;
+    config.attrs = &attr, config.numAttrs = cluster > 1 ? 1 : 0;
+    check(cuLaunchKernelEx(&config, fn, args.data(), nullptr), "cuLaunchKernelEx");
   };
   for (int i = 0; i < 50; ++i) launch(i % buffers);
   check(cuCtxSynchronize(), "warm-up");

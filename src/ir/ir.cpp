@@ -133,6 +133,12 @@ int Kernel::shared_elems() const {
   return end;
 }
 
+int Kernel::exchange_count() const {
+  int n = 0;
+  for (const SharedRegion& r : shared) n += r.pushes > 0;
+  return n;
+}
+
 int Kernel::add_reg(std::string name, Type type, bool cached) {
   regs.push_back({std::move(name), type, cached});
   return int(regs.size()) - 1;
@@ -212,9 +218,32 @@ Stmt remote_shared_load(int dst, int region, ExprPtr index, ExprPtr cta) {
   s.cta = std::move(cta);
   return s;
 }
+Stmt remote_shared_push(int region, ExprPtr index, ExprPtr cta, int src) {
+  Stmt s{Stmt::Kind::remote_shared_push};
+  s.region = region;
+  s.index = std::move(index);
+  s.cta = std::move(cta);
+  s.src = src;
+  return s;
+}
+Stmt exchange_wait(int region) {
+  Stmt s{Stmt::Kind::exchange_wait};
+  s.region = region;
+  return s;
+}
 Stmt barrier(Scope scope) {
   Stmt s{Stmt::Kind::barrier};
   s.scope = scope;
+  return s;
+}
+Stmt cluster_arrive() {
+  Stmt s = barrier(Scope::cluster);
+  s.phase = BarrierPhase::arrive;
+  return s;
+}
+Stmt cluster_wait() {
+  Stmt s = barrier(Scope::cluster);
+  s.phase = BarrierPhase::wait;
   return s;
 }
 Stmt if_(ExprPtr cond, std::vector<Stmt> body, std::vector<Stmt> else_body) {

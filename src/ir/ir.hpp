@@ -97,6 +97,11 @@ ExprPtr cast(Type t, ExprPtr a);
 ExprPtr row_aligned(int buffer, ExprPtr offset, int bytes);
 ExprPtr unpack16(DType dtype, ExprPtr word, int half);
 
+// A cluster barrier whole, or its two halves: work between a group's arrive and its wait
+// overlaps the other groups' arrival (the lowering arrives at kernel start and waits before the
+// first push).
+enum class BarrierPhase : uint8_t { both, arrive, wait };
+
 struct Stmt {
   enum class Kind : uint8_t {
     assign,        // regs[dst] = value
@@ -110,9 +115,16 @@ struct Stmt {
     shared_load,   // regs[dst] = shared[region][index]
     remote_shared_load,  // regs[dst] = shared[region][index] of the group of rank `cta` (i32)
                          // in this cluster (this program's copy of the region there)
+    remote_shared_push,  // shared[region][index] of the group of rank `cta` (i32) in this
+                         // cluster = regs[src]: one of the pushes that region's exchange awaits
+                         // there (CUDA: st.async completing the owner's transaction mbarrier)
+    exchange_wait,  // wait until every push this group's exchange region `region` awaits has
+                    // landed (acquire): its slots may be read from then on
     barrier,       // wait for every worker of `scope` (program, group or cluster); a cluster
                    // barrier also orders shared memory accesses across the cluster (release /
-                   // acquire), so remote reads after it see what the owner wrote before it
+                   // acquire), so remote reads after it see what the owner wrote before it. A
+                   // cluster barrier may be split (`phase`): an arrive, then later a wait that
+                   // returns once every worker of the cluster has arrived
     if_,           // if (cond) body else else_body
     for_,          // for (regs[dst] = begin; regs[dst] < end; ++regs[dst]) body
     comment,       // text, printed only
@@ -122,7 +134,7 @@ struct Stmt {
   int src = -1;
   std::vector<int> dsts;  // load destinations / store sources (float registers), one per lane
   ExprPtr value, index, valid, aligned, cond, begin, end;
-  ExprPtr cta;     // remote_shared_load: rank of the group read
+  ExprPtr cta;     // remote_shared_load, remote_shared_push: rank of the group read or written
   int buffer = -1;
   int width = 1;   // vector width (load/store) or segment width (shfl_xor, shfl_idx)
   int offset = 0;  // shfl_xor lane offset, shfl_idx source lane
@@ -132,6 +144,7 @@ struct Stmt {
   bool whole = false;  // load/store: `valid` is <= 0 or >= width, and `aligned` holds (see below)
   float fill = 0.0f;
   Scope scope = Scope::group;  // barrier
+  BarrierPhase phase = BarrierPhase::both;  // barrier (cluster scope): arrive and wait, or one
   std::vector<Stmt> body, else_body;
   std::string text;
 };
@@ -175,11 +188,18 @@ struct Register {
 // A shared-memory region of slots of the kernel's float type, one copy per packed program:
 // program p's copy occupies [base + p * program_stride, base + p * program_stride + elems).
 // With program_stride 0 it is one copy for the whole group, which every program indexes.
+//
+// An exchange region (pushes > 0) is filled only by remote pushes from the groups of the
+// cluster: each group awaits exactly `pushes` of them per kernel, one per slot, and reads it
+// only after its `exchange_wait`. It is single-phase (one row block per cluster): pushes and
+// the wait run once, outside loops. Its pushes are one-way, so no group needs a barrier with
+// another to merge through it: the owner cannot exit before its own wait, which needs them all.
 struct SharedRegion {
   std::string name;
   int base = 0;
   int elems = 0;
   int program_stride = 0;
+  int pushes = 0;  // > 0: an exchange region awaiting this many pushes
 };
 
 struct Kernel {
@@ -200,6 +220,7 @@ struct Kernel {
 
   int threads_per_group() const { return programs_per_group * workers_per_program; }
   int shared_elems() const;  // slots (of `real`) the group needs
+  int exchange_count() const;  // exchange regions (each with its transaction barrier)
   int shared_bytes() const { return shared_elems() * (real == Type::f64 ? 8 : 4); }
   int add_reg(std::string name, Type type, bool cached = false);
   int param_index(const std::string& name) const;  // -1 when absent
@@ -216,7 +237,11 @@ Stmt shfl_idx(int dst, int src, int lane, int width);
 Stmt shared_store(int region, ExprPtr index, ExprPtr value);
 Stmt shared_load(int dst, int region, ExprPtr index);
 Stmt remote_shared_load(int dst, int region, ExprPtr index, ExprPtr cta);
+Stmt remote_shared_push(int region, ExprPtr index, ExprPtr cta, int src);
+Stmt exchange_wait(int region);
 Stmt barrier(Scope scope);
+Stmt cluster_arrive();
+Stmt cluster_wait();
 Stmt if_(ExprPtr cond, std::vector<Stmt> body, std::vector<Stmt> else_body = {});
 Stmt for_(int var, ExprPtr begin, ExprPtr end, std::vector<Stmt> body);
 Stmt comment(std::string text);

@@ -95,8 +95,18 @@ void IRPrinter::visit_remote_shared_load(const Stmt& s) {
   line(reg_name(s.dst) + " = shared " + k_.shared[s.region].name + "[" + visit(*s.index) + "] of cta " + visit(*s.cta));
 }
 
+void IRPrinter::visit_remote_shared_push(const Stmt& s) {
+  line("push " + reg_name(s.src) + " to shared " + k_.shared[s.region].name + "[" + visit(*s.index) + "] at cta " +
+       visit(*s.cta));
+}
+
+void IRPrinter::visit_exchange_wait(const Stmt& s) {
+  line("exchange_wait " + k_.shared[s.region].name + " (" + std::to_string(k_.shared[s.region].pushes) + " pushes)");
+}
+
 void IRPrinter::visit_barrier(const Stmt& s) {
-  line(std::string("barrier.") + scope_name(s.scope));
+  line(std::string("barrier.") + scope_name(s.scope) +
+       (s.phase == BarrierPhase::arrive ? ".arrive" : s.phase == BarrierPhase::wait ? ".wait" : ""));
 }
 
 void IRPrinter::visit_assign(const Stmt& s) { line(reg_name(s.dst) + " = " + visit(*s.value) + statement_end()); }

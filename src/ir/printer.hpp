@@ -44,6 +44,8 @@ class IRPrinter : public IRVisitor<IRPrinter, std::string> {
   virtual void visit_shared_store(const Stmt& s);
   virtual void visit_shared_load(const Stmt& s);
   virtual void visit_remote_shared_load(const Stmt& s);
+  virtual void visit_remote_shared_push(const Stmt& s);
+  virtual void visit_exchange_wait(const Stmt& s);
   virtual void visit_barrier(const Stmt& s);
   virtual void visit_if(const Stmt& s);
   virtual void visit_for(const Stmt& s);

@@ -132,6 +132,11 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     for (size_t a = 0; a < k_.shared.size(); ++a) {
       const SharedRegion& ra = k_.shared[a];
       if (ra.elems < 1 || ra.base < 0) error("shared region '" + ra.name + "' has no slots");
+      if (ra.pushes < 0 || (ra.pushes > 0 && (k_.ctas_per_cluster < 2 || P != 1 || ra.pushes > ra.elems)))
+        error("exchange region '" + ra.name + "' awaits " + std::to_string(ra.pushes) + " pushes into " +
+              std::to_string(ra.elems) + " slots in a kernel of " + std::to_string(P) + " program(s) a group and " +
+              std::to_string(k_.ctas_per_cluster) + " group(s) a cluster (exchanges need clusters, one program a group, "
+              "and a slot a push)");
       for (size_t b = a; b < k_.shared.size(); ++b) {
         const SharedRegion& rb = k_.shared[b];
         // A region with program stride 0 is one slice for the whole group: program 0's.
@@ -389,6 +394,7 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     visit(*s.value);
     expect_type(*s.value, k_.real, "shared value");
     shared_index(s);
+    if (check_ && exchange(s)) error("shared store into exchange region '" + k_.shared[s.region].name + "' (pushes fill it)");
   }
   void visit_shared_load(const Stmt& s, unsigned control) {
     // A group's shared memory: a value read at a uniform index is the same across the group,
@@ -403,6 +409,7 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     unsigned u = visit(*s.index) & visit(*s.cta) & control;
     expect_reg(s.dst, k_.real, "remote shared load destination");
     shared_index(s);
+    if (check_ && exchange(s)) error("remote shared load of exchange region '" + k_.shared[s.region].name + "'");
     if (check_) {
       if (k_.ctas_per_cluster < 2)
         error("remote shared load in a kernel without clusters (ctas_per_cluster " + std::to_string(k_.ctas_per_cluster) + ")");
@@ -412,6 +419,41 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
         error("remote rank '" + print(*s.cta) + "' is not provably in [0, " + std::to_string(k_.ctas_per_cluster) + ")");
     }
     define(s.dst, u);
+  }
+  // A push: a float register into an exchange region of a group of the cluster, at a rank and
+  // index proven in range, once per kernel (outside loops: the region is single-phase).
+  void visit_remote_shared_push(const Stmt& s, unsigned) {
+    visit(*s.index);
+    visit(*s.cta);
+    expect_reg(s.src, k_.real, "remote shared push source");
+    shared_index(s);
+    if (!check_) return;
+    if (k_.ctas_per_cluster < 2)
+      error("remote shared push in a kernel without clusters (ctas_per_cluster " + std::to_string(k_.ctas_per_cluster) + ")");
+    if (s.region >= 0 && s.region < int(k_.shared.size()) && !exchange(s))
+      error("remote shared push into region '" + k_.shared[s.region].name + "', which is not an exchange region");
+    expect_type(*s.cta, Type::i32, "push rank");
+    auto iv = RangeOf(k_).visit(*s.cta);
+    if (!iv || iv->lo < 0 || iv->hi >= k_.ctas_per_cluster)
+      error("push rank '" + print(*s.cta) + "' is not provably in [0, " + std::to_string(k_.ctas_per_cluster) + ")");
+    if (loops_ > 0) error("remote shared push inside a loop (an exchange region takes one push a slot per kernel)");
+  }
+  // The wait of an exchange region: every group reaches it (its pushes must land before it
+  // exits), once, outside loops.
+  void visit_exchange_wait(const Stmt& s, unsigned control) {
+    if (!check_) return;
+    if (s.region < 0 || s.region >= int(k_.shared.size()) || !exchange(s)) {
+      error("exchange wait on region " + std::to_string(s.region) + ", which is not an exchange region");
+      return;
+    }
+    if ((control & kCluster) == 0)
+      error("exchange wait of '" + k_.shared[s.region].name +
+            "' under control flow that is not uniform across the cluster (a group skipping it could exit before its "
+            "pushes land)");
+    if (loops_ > 0) error("exchange wait of '" + k_.shared[s.region].name + "' inside a loop (exchange regions are single-phase)");
+  }
+  bool exchange(const Stmt& s) const {
+    return s.region >= 0 && s.region < int(k_.shared.size()) && k_.shared[s.region].pushes > 0;
   }
   void visit_barrier(const Stmt& s, unsigned control) {
     if (!check_) return;
@@ -444,7 +486,9 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     expect_type(*s.end, s.begin->type, "loop bound");
     expect_reg(s.dst, s.begin->type, "loop variable");
     define(s.dst, u);
+    ++loops_;
     visit_block(s.body, u);
+    --loops_;
   }
   void visit_comment(const Stmt&, unsigned) {}
 
@@ -458,20 +502,26 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
   std::vector<unsigned> lanes_;  // xor-masks of lanes a register agrees across (butterfly_lanes)
   const Stmt* prev_ = nullptr;
   unsigned group_ = 0, program_ = 0, warp_ = 0;
+  int loops_ = 0;  // loops around the statement visited
   bool changed_ = false;
   bool check_ = false;  // report errors (the last walk, once uniformity is a fixed point)
   std::vector<std::string> errors_;
 };
 
-// The order of cluster barriers and remote reads along every path: a remote read needs a cluster
-// barrier passed on every path before it (the other groups of the cluster are then known to
-// have started, and their shared memory written before it is visible), and the kernel must not
-// end while a remote read may lack a later cluster barrier (the group read could have exited).
+// The order of cluster barriers, remote accesses and exchange waits along every path: a remote
+// read or push needs a cluster barrier passed on every path before it (the other groups of the
+// cluster are then known to have started, their shared memory written before it visible and
+// their exchange barriers armed); the kernel must not end while a remote read may lack a later
+// cluster barrier (the group read could have exited); an exchange region is read only after its
+// wait on every path, waited at most once on any path, and waited on every path before the end
+// (its group cannot exit before the pushes into it land).
 class ClusterOrder : public IRVisitor<ClusterOrder> {
  public:
   struct State {
     bool synced = false;   // a cluster barrier was passed on every path
     bool pending = false;  // on some path a remote read has no cluster barrier after it
+    std::set<int> waited_all, waited_any;  // exchange regions waited on every path, on some path
+    bool arrived_all = false, arrived_any = false;  // a cluster arrive awaits its wait: on every path, on some
     bool operator==(const State&) const = default;
   };
   explicit ClusterOrder(const Kernel& k) : k_(k) {}
@@ -482,15 +532,57 @@ class ClusterOrder : public IRVisitor<ClusterOrder> {
     if (s.pending)
       errors_.push_back("a remote shared load is not followed by a cluster barrier before the kernel ends (the group it "
                         "reads may have exited)");
+    if (s.arrived_any) errors_.push_back("a cluster arrive has no cluster wait after it before the kernel ends");
+    for (size_t r = 0; r < k_.shared.size(); ++r)
+      if (k_.shared[r].pushes > 0 && !s.waited_all.count(int(r)))
+        errors_.push_back("exchange region '" + k_.shared[r].name +
+                          "' is not waited on every path (its group could exit before the pushes into it land)");
     return errors_;
   }
 
  private:
   friend class IRVisitor<ClusterOrder>;
-  static State join(State a, State b) { return {a.synced && b.synced, a.pending || b.pending}; }
+  static State join(State a, State b) {
+    State j{a.synced && b.synced, a.pending || b.pending, {}, a.waited_any, a.arrived_all && b.arrived_all,
+            a.arrived_any || b.arrived_any};
+    for (int r : a.waited_all)
+      if (b.waited_all.count(r)) j.waited_all.insert(r);
+    j.waited_any.insert(b.waited_any.begin(), b.waited_any.end());
+    return j;
+  }
 
+  // A split cluster barrier: a wait needs an arrive before it on every path, an arrive (or a
+  // whole barrier) none pending; the wait completes the barrier.
   void visit_barrier(const Stmt& s, State& st) {
-    if (s.scope == Scope::cluster) st = {true, false};
+    if (s.scope != Scope::cluster) return;
+    if (s.phase == BarrierPhase::wait && !st.arrived_all && reported_.insert(&s).second)
+      errors_.push_back("cluster wait without a cluster arrive before it on some path");
+    if (s.phase != BarrierPhase::wait && st.arrived_any && reported_.insert(&s).second)
+      errors_.push_back(std::string(s.phase == BarrierPhase::arrive ? "cluster arrive" : "cluster barrier") +
+                        " while an earlier cluster arrive awaits its wait on some path");
+    if (s.phase == BarrierPhase::arrive) {
+      st.arrived_all = st.arrived_any = true;
+      return;
+    }
+    st.arrived_all = st.arrived_any = false;
+    st.synced = true, st.pending = false;
+  }
+  void visit_remote_shared_push(const Stmt& s, State& st) {
+    if (!st.synced && reported_.insert(&s).second)
+      errors_.push_back("remote shared push into region '" + region_name(s) +
+                        "' before a cluster barrier on some path (the cluster is not known to be resident)");
+  }
+  void visit_exchange_wait(const Stmt& s, State& st) {
+    if (st.waited_any.count(s.region) && reported_.insert(&s).second)
+      errors_.push_back("exchange region '" + region_name(s) + "' waited twice on some path (it is single-phase)");
+    st.waited_all.insert(s.region);
+    st.waited_any.insert(s.region);
+  }
+  void visit_shared_load(const Stmt& s, State& st) {
+    if (s.region < 0 || s.region >= int(k_.shared.size()) || k_.shared[s.region].pushes == 0) return;
+    if (!st.waited_all.count(s.region) && reported_.insert(&s).second)
+      errors_.push_back("shared load of exchange region '" + region_name(s) +
+                        "' before its exchange wait on some path (the pushes may not have landed)");
   }
   void visit_remote_shared_load(const Stmt& s, State& st) {
     if (!st.synced && reported_.insert(&s).second)

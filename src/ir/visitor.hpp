@@ -2,8 +2,8 @@
 //
 // A consumer derives from IRVisitor<Self, ExprResult> (CRTP) and defines a handler for each
 // node kind it treats: visit_assign, visit_load, visit_store, visit_shfl_xor, visit_shfl_idx,
-// visit_shared_store, visit_shared_load, visit_remote_shared_load, visit_barrier, visit_if, visit_for, visit_comment
-// for statements (returning void); visit_constant, visit_reg, visit_special, visit_param,
+// visit_shared_store, visit_shared_load, visit_remote_shared_load, visit_remote_shared_push,
+// visit_exchange_wait, visit_barrier, visit_if, visit_for, visit_comment for statements (returning void); visit_constant, visit_reg, visit_special, visit_param,
 // visit_unary, visit_binary, visit_select, visit_cast, visit_row_aligned, visit_unpack16 for
 // expressions (returning ExprResult). visit(node) is the only dispatch on Stmt::Kind and
 // Expr::Kind in the library. A handler left out calls visit_children: a statement's
@@ -44,6 +44,8 @@ class IRVisitor {
       case Stmt::Kind::shared_store: return self.visit_shared_store(s, ctx...);
       case Stmt::Kind::shared_load: return self.visit_shared_load(s, ctx...);
       case Stmt::Kind::remote_shared_load: return self.visit_remote_shared_load(s, ctx...);
+      case Stmt::Kind::remote_shared_push: return self.visit_remote_shared_push(s, ctx...);
+      case Stmt::Kind::exchange_wait: return self.visit_exchange_wait(s, ctx...);
       case Stmt::Kind::barrier: return self.visit_barrier(s, ctx...);
       case Stmt::Kind::if_: return self.visit_if(s, ctx...);
       case Stmt::Kind::for_: return self.visit_for(s, ctx...);
@@ -104,6 +106,8 @@ class IRVisitor {
   template <typename... Ctx> void visit_shared_store(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_shared_load(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_remote_shared_load(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
+  template <typename... Ctx> void visit_remote_shared_push(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
+  template <typename... Ctx> void visit_exchange_wait(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_barrier(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_if(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_for(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }

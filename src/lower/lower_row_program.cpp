@@ -438,7 +438,7 @@ class RowLowering {
                                                 bool all_programs);
   std::vector<std::vector<int>> merge_across_workers(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
                                                      std::vector<std::vector<int>> states);
-  std::vector<std::vector<int>> merge_across_cluster(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
+  std::vector<std::vector<int>> merge_through_exchange(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
                                                      std::vector<std::vector<int>> states);
   std::vector<std::vector<int>> staged_states(std::vector<Stmt>& out, const std::vector<int>& reductions);
   void share_chunk_elements(int reduction, ChunkEvaluator& ev);
@@ -482,7 +482,7 @@ class RowLowering {
   std::map<int, std::vector<std::vector<int>>> elem_acc_;
   bool whole_ = false;
   int next_shared_ = 0;
-  int cluster_merges_ = 0;  // merges through the cluster's distributed shared memory
+  bool cluster_resident_ = false;  // the cluster wait before the first push is emitted
   int loop_it_ = -1;        // the iteration register of the re-read loop being built
   int head_ = -1;           // row_head "peel": elements before the row's first aligned column
   bool peel_ = false;
@@ -550,23 +550,20 @@ LoweredProgram RowLowering::run() {
     begin_row(loop, block);
     for (Stmt& s : row_body()) loop.push_back(std::move(s));
     // The next row block reuses the merges' shared slots: every warp must have read the
-    // previous block's partials before any warp overwrites them (for a cluster merge, every
-    // warp of every group of the cluster, which a cluster barrier also covers).
-    if (cluster_merges_ > 0)
-      loop.push_back(barrier(Scope::cluster));
-    else if (!k_.shared.empty())
-      loop.push_back(barrier(merge_scope()));
+    // previous block's partials before any warp overwrites them.
+    TILE_CHECK(C == 1, "a cluster plan over several row blocks (exchange regions are single-phase)");
+    if (!k_.shared.empty()) loop.push_back(barrier(merge_scope()));
     loop.push_back(assign(first_row_, b1_const(false)));
     body.push_back(for_(it, i64(0), count, std::move(loop)));
     flush_rows(body);
   } else {
-    begin_row(body, owner);
-    for (Stmt& s : row_body()) body.push_back(std::move(s));
-    // A group's shared memory must outlive the other groups' remote reads of it.
-    if (cluster_merges_ > 0) {
-      body.push_back(comment("no group exits while another may still read its partials"));
-      body.push_back(barrier(Scope::cluster));
-    }
+    std::vector<Stmt> row;
+    begin_row(row, owner);
+    for (Stmt& s : row_body()) row.push_back(std::move(s));
+    // A cluster's groups arrive at once and wait before their first push (a row that merges
+    // nothing has none): the row's loads and the groups' own reductions overlap the others' start.
+    if (cluster_resident_) body.push_back(cluster_arrive());
+    for (Stmt& s : row) body.push_back(std::move(s));
   }
   lowered_.main.kernel = std::move(k_);
   if (!rows_reductions_.empty()) lowered_.finish = lower_finish();
@@ -1443,7 +1440,8 @@ std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt
     }
   };
   butterfly(states, std::min(W, 32));
-  if (W <= 32) return merge_across_cluster(out, monoids, std::move(states));
+  if (plan_.ctas_per_program > 1) return merge_through_exchange(out, monoids, std::move(states));
+  if (W <= 32) return states;
   const int warps = W / 32;
   std::vector<Stmt> stores;
   std::vector<std::vector<int>> regions(states.size());
@@ -1469,48 +1467,72 @@ std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt
     }
   }
   butterfly(totals, 32);
-  return merge_across_cluster(out, monoids, std::move(totals));
+  return totals;
 }
 
-// The cluster rung: each group's program-wide states (the same in every worker) go to one shared
-// slot per part; after a cluster barrier lane r of every warp reads the partials of rank r (one
-// remote load per part, not C in a chain per worker) and a butterfly over segments of B lanes
-// (B = C rounded up to a power of two; lanes past C hold the identity) folds them. Lane l of
-// every warp of every group folds the same values in the same order, so the groups agree
-// bitwise. Each merge has its own slots; the cluster barrier at the end of the row (or row
-// block) keeps them alive, and unwritten, until every group has read them.
-std::vector<std::vector<int>> RowLowering::merge_across_cluster(std::vector<Stmt>& out,
-                                                                const std::vector<const Monoid*>& monoids,
-                                                                std::vector<std::vector<int>> states) {
-  const int C = plan_.ctas_per_program;
-  if (C == 1) return states;
-  ++cluster_merges_;
+// The cluster rung, one-way: lanes 0 .. C-1 of every warp push the warp's states (after its
+// butterfly) to the groups of ranks 0 .. C-1 (one exchange region a merge: part q of warp w of
+// rank r at slot q x C x warps + r x warps + w), each group waits until its region holds all of
+// them, and every warp folds the slots in one order: lane l takes slots l, l + 32, ... (the
+// identity past the last) and a butterfly ends it. Every lane of every group folds the same
+// values the same way, so the groups agree bitwise. No group barrier and no cluster barrier a
+// merge: one cluster barrier before the first push shows the cluster resident (its exchange
+// barriers armed), and no group exits before its own waits, which need every push into it.
+std::vector<std::vector<int>> RowLowering::merge_through_exchange(std::vector<Stmt>& out,
+                                                                  const std::vector<const Monoid*>& monoids,
+                                                                  std::vector<std::vector<int>> states) {
+  const int C = plan_.ctas_per_program, warps = std::max(1, plan_.workers_per_program / 32);
+  const int n = C * warps;  // partials of each part
+  int parts = 0;
+  for (const std::vector<int>& st : states) parts += int(st.size());
+  const int region = int(k_.shared.size());
+  k_.shared.push_back({"exchange" + std::to_string(region), next_shared_, n * parts, 0, n * parts});
+  next_shared_ += n * parts;
+  if (!cluster_resident_) {
+    out.push_back(comment("the cluster is resident and its exchange barriers initialised before the first push"));
+    out.push_back(cluster_wait());
+    cluster_resident_ = true;
+  }
+  const ExprPtr source = binary(BinOp::add, binary(BinOp::mul, special(Special::cta_in_cluster), i32_const(warps)),
+                                special(Special::warp_in_program));
+  std::vector<Stmt> pushes;  // lane r < C pushes to rank r (min: the verifier bounds the rank)
+  int q = 0;
+  for (const std::vector<int>& st : states)
+    for (int reg_id : st)
+      pushes.push_back(remote_shared_push(region, binary(BinOp::add, i32_const(q++ * n), source),
+                                          binary(BinOp::min, special(Special::lane), i32_const(C - 1)), reg_id));
+  out.push_back(if_(binary(BinOp::lt, special(Special::lane), i32_const(C)), std::move(pushes)));
+  out.push_back(exchange_wait(region));
+  // Lane l folds slots l, l + 32, ... of each part (segments of B lanes where n < 32).
   int B = 1;
-  while (B < C) B *= 2;
-  TILE_CHECK(B <= 32, "a cluster of more groups than a warp has lanes");
-  std::vector<Stmt> stores;
-  std::vector<std::vector<int>> regions(states.size());
-  for (size_t i = 0; i < states.size(); ++i)
-    for (int reg_id : states[i]) {
-      regions[i].push_back(int(k_.shared.size()));
-      k_.shared.push_back({"cluster_partials" + std::to_string(k_.shared.size()), next_shared_, 1, 1});
-      next_shared_ += plan_.programs_per_group;
-      stores.push_back(shared_store(regions[i].back(), i32_const(0), r(reg_id)));
-    }
-  out.push_back(if_(binary(BinOp::eq, special(Special::worker_in_program), i32_const(0)), std::move(stores)));
-  out.push_back(barrier(Scope::cluster));
-  // Lane l reads rank min(l % B, C - 1); a lane whose l % B is C or more contributes the identity.
-  const ExprPtr position = binary(BinOp::rem, special(Special::lane), i32_const(B));
-  const ExprPtr rank = binary(BinOp::min, position, i32_const(C - 1));  // inline: the verifier bounds it
+  while (B < std::min(n, 32)) B *= 2;
+  const int reads = (n + 31) / 32;
+  const ExprPtr position = B == 32 ? special(Special::lane) : binary(BinOp::rem, special(Special::lane), i32_const(B));
   std::vector<std::vector<int>> mine(states.size());
-  for (size_t i = 0; i < states.size(); ++i)
-    for (size_t q = 0; q < regions[i].size(); ++q) {
-      int v = em_.temp("remote", real());
-      out.push_back(remote_shared_load(v, regions[i][q], i32_const(0), rank));
-      mine[i].push_back(B == C ? v
-                               : assign_new(out, "part", select(binary(BinOp::lt, position, i32_const(C)), r(v),
-                                                               fc(monoids[i]->identity[q]))));
+  q = 0;
+  for (size_t i = 0; i < states.size(); ++i) {
+    const Monoid& m = *monoids[i];
+    std::vector<ExprPtr> acc;
+    for (int k = 0; k < reads; ++k) {
+      const ExprPtr at = k ? binary(BinOp::add, position, i32_const(32 * k)) : position;
+      std::vector<ExprPtr> value;
+      for (size_t j = 0; j < states[i].size(); ++j) {
+        int v = em_.temp("x", real());
+        out.push_back(shared_load(v, region, binary(BinOp::add, i32_const((q + int(j)) * n),
+                                                     binary(BinOp::min, at, i32_const(n - 1)))));
+        value.push_back(n % 32 == 0 ? r(v) : select(binary(BinOp::lt, at, i32_const(n)), r(v), fc(m.identity[j])));
+      }
+      if (k == 0) {
+        for (const ExprPtr& v : value) acc.push_back(r(em_.materialize(out, v, "x")));
+      } else {
+        std::vector<ExprPtr> merged = em_.combine(out, m, acc, value);
+        acc.clear();
+        for (const ExprPtr& v : merged) acc.push_back(r(em_.materialize(out, v, "x")));
+      }
     }
+    q += int(states[i].size());
+    for (const ExprPtr& v : acc) mine[i].push_back(em_.materialize(out, v, "x"));
+  }
   for (int offset = B / 2; offset >= 1; offset /= 2)
     for (size_t i = 0; i < monoids.size(); ++i) {
       std::vector<ExprPtr> self, other;

@@ -385,6 +385,9 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     if (in.reduces_rows)
       fail("ctas_per_program", "1 for a program with a reduction over the rows (its partials are kept per group)",
            str(C));
+    // A cluster merges through single-phase exchange regions: one row block a cluster.
+    if (p.grid_limit > 0)
+      fail("grid_limit", "0 when ctas_per_program > 1 (a cluster takes one row block)", str(p.grid_limit));
   }
   // The passes of all workers over a row are counted in 32 bits (the stripes field).
   if (ceil_div(in.cols, int64_t(C) * W * V) > INT32_MAX)
@@ -451,8 +454,8 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("alignment", "every row of every operand aligned to vector_elems = " + str(V) +
                           " elements and cols a multiple of it for \"require\"",
          "base alignment " + str(in.base_alignment) + " bytes, row strides " + strides(in) + ", cols " + str(in.cols));
-  // One slot per warp and part, and per part for the cluster's merge.
-  if (int64_t(std::max(1, in.merge_parts)) * (P * std::max(1, W / 32) + (C > 1 ? 1 : 0)) * in.real_bytes > limits.max_shared_bytes)
+  // One slot per warp and part; a cluster's exchange, one per warp of every group and part.
+  if (int64_t(std::max(1, in.merge_parts)) * (C > 1 ? C : P) * std::max(1, W / 32) * in.real_bytes > limits.max_shared_bytes)
     fail("programs_per_group", "shared memory within " + str(limits.max_shared_bytes) + " bytes", str(P));
   if (int64_t(p.resident_groups) * P * W > limits.max_threads_per_sm)
     fail("resident_groups", "resident_groups x threads per group <= " + str(limits.max_threads_per_sm) +

@@ -114,7 +114,7 @@ TEST(GeneratedSource, NvrtcCompilesEveryKernelOfTheSweepForSm90) {
     auto result = cuda::compile_cubin(src, "sm_90");
     ASSERT_EQ(result->cubin.compare(0, 4, "\x7f" "ELF"), 0);
     ++compiled;
-    clusters += src.find("tile_remote_shared_load(&") != std::string::npos;
+    clusters += src.find("tile_remote_shared_push(&") != std::string::npos;
     f64 += src.find("__shared__ double") != std::string::npos || src.find("double2 tile_w") != std::string::npos;
   }
   std::printf("NVRTC %s compiled %d kernels (%d cluster kernels) for sm_90\n", cuda::nvrtc_version().c_str(), compiled,

@@ -333,12 +333,11 @@ inline std::vector<FamilyCase> plan_family_cases() {
                 out.push_back({c, family});
                 ++index;
               }
-  // Rows split over the groups of a cluster (one program a group, cached in registers): two
-  // cluster sizes, one and three warps, with and without a row-block loop, both merges; tails,
-  // alignment and the cache format rotate. Rows span every group of the cluster.
+  // Rows split over the groups of a cluster (one program a group, cached in registers, one row
+  // block a cluster): two cluster sizes, one to four warps, both merges; tails, alignment and
+  // the cache format rotate. Rows span every group of the cluster.
   for (int ctas : {2, 16})
-    for (int width : {32, 96})
-      for (bool loop : {false, true})
+    for (int width : {32, 64, 96, 128})
         for (MergeStrategy merge : {MergeStrategy::combine, MergeStrategy::staged}) {
           Case c;
           c.op = ops[index % 4];
@@ -358,9 +357,9 @@ inline std::vector<FamilyCase> plan_family_cases() {
           p.tail = index % 4 < 2 ? TailHandling::predicate : TailHandling::clamp;
           p.alignment = require ? Alignment::require : Alignment::scalar_fallback;
           p.cache_format = packed_cache && v % 2 == 0 ? CacheFormat::packed : CacheFormat::f32;
-          p.stripe_unroll = 1, p.grid_limit = loop ? 2 : 0, p.merge = merge, p.resident_groups = 1;
+          p.stripe_unroll = 1, p.merge = merge, p.resident_groups = 1;
           out.push_back({c, "cluster" + std::to_string(ctas) + " w" + std::to_string(width) + " " + to_string(*p.tail) + " " +
-                                to_string(*p.alignment) + " " + to_string(*p.cache_format) + "-cache" + (loop ? " loop" : "") +
+                                to_string(*p.alignment) + " " + to_string(*p.cache_format) + "-cache" +
                                 " " + to_string(merge)});
           ++index;
         }

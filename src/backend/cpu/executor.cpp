@@ -46,9 +46,13 @@ enum class Op : uint8_t {
   shared_load,  // d = shared[region b][a]
   shared_store, // shared[region b][a] = d
   remote_load,  // d = shared[region b][a] of the cluster's group of rank c
+  push,         // shared[exchange region b][a] of the cluster's group of rank c = d
+  exchange_wait,  // wait until exchange region b of this group has all its pushes; a = sync label
   shfl,         // d = src a of lane ^ (b & 255) (of lane b & 255 of the segment where b & 65536),
                 // segment width (b >> 8) & 255, label c
   group_barrier, program_barrier, cluster_barrier,  // a = sync label
+  cluster_arrive,  // this worker arrives at the cluster's split barrier
+  cluster_wait,    // wait until every worker of the cluster has arrived as often; a = sync label
   halt,
 };
 // clang-format on
@@ -422,13 +426,38 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
     int32_t c = expr(s.cta.get());
     code_.ins.push_back({Op::remote_load, d, i, s.region, c});
   }
+  void visit_remote_shared_push(const Stmt& s) {
+    need(k_.ctas_per_cluster > 1, "remote shared push in a kernel without clusters");
+    need(s.region >= 0 && s.region < int(k_.shared.size()) && k_.shared[s.region].pushes > 0,
+         "remote shared push into a region that is not an exchange region");
+    need(s.index && is_int(s.index->type) && s.cta && s.cta->type == Type::i32,
+         "remote shared push needs an integer index and an i32 rank");
+    int32_t v = reg_slot(s.src, k_.real, "remote_shared_push");
+    int32_t i = expr(s.index.get());
+    int32_t c = expr(s.cta.get());
+    code_.ins.push_back({Op::push, v, i, s.region, c});
+  }
+  void visit_exchange_wait(const Stmt& s) {
+    need(s.region >= 0 && s.region < int(k_.shared.size()) && k_.shared[s.region].pushes > 0,
+         "exchange wait on a region that is not an exchange region");
+    int32_t l = label("exchange wait of '" + k_.shared[s.region].name + "'");
+    code_.ins.push_back({Op::exchange_wait, 0, l, s.region});
+  }
   void visit_barrier(const Stmt& s) {
     need(s.scope == Scope::group || s.scope == Scope::program || (s.scope == Scope::cluster && k_.ctas_per_cluster > 1),
          "barrier of scope ", scope_name(s.scope), ", which the executor does not run in a kernel of ",
          k_.ctas_per_cluster, " group(s) per cluster");
-    const Op op = s.scope == Scope::group ? Op::group_barrier : s.scope == Scope::program ? Op::program_barrier : Op::cluster_barrier;
+    if (s.scope == Scope::cluster && s.phase == ir::BarrierPhase::arrive) {
+      code_.ins.push_back({Op::cluster_arrive});
+      return;
+    }
+    const Op op = s.scope == Scope::group     ? Op::group_barrier
+                  : s.scope == Scope::program ? Op::program_barrier
+                  : s.phase == ir::BarrierPhase::wait ? Op::cluster_wait
+                                                      : Op::cluster_barrier;
     int& n = s.scope == Scope::group ? group_barriers_ : s.scope == Scope::program ? program_barriers_ : cluster_barriers_;
-    int32_t l = label(std::string(scope_name(s.scope)) + " barrier #" + std::to_string(n++));
+    int32_t l = label(std::string(scope_name(s.scope)) + (op == Op::cluster_wait ? " wait #" : " barrier #") +
+                      std::to_string(n++));
     code_.ins.push_back({op, 0, l});
   }
   void visit_if(const Stmt& s) {
@@ -494,6 +523,10 @@ class Runner {
         ggen_(C_),
         pgen_(size_t(C_) * k.programs_per_group),
         remote_reader_(C_, -1),
+        received_(size_t(C_) * k.shared.size()),
+        pushed_(shared_.size()),
+        waited_(size_t(N_) * k.shared.size()),
+        arrivals_(N_),
         reg_init_(k.regs.size()) {
     for (size_t j = 0; j < k.regs.size(); ++j) {
       if (k.regs[j].type == Type::f32) reg_init_[j].f = std::numeric_limits<float>::quiet_NaN();
@@ -530,6 +563,7 @@ class Runner {
         if (std::all_of(state_.begin(), state_.end(), [](uint8_t s) { return s == kDone; })) break;
         diagnose();
       }
+      check_exchanges();
     }
     return stats_;
   }
@@ -558,6 +592,10 @@ class Runner {
     for (uint32_t& g : ggen_) ++g;
     std::fill(remote_reader_.begin(), remote_reader_.end(), -1);
     std::fill(shared_.begin(), shared_.end(), shared_init_);
+    std::fill(received_.begin(), received_.end(), 0);
+    std::fill(pushed_.begin(), pushed_.end(), 0);
+    std::fill(waited_.begin(), waited_.end(), 0);
+    std::fill(arrivals_.begin(), arrivals_.end(), 0);
     std::fill(pc_.begin(), pc_.end(), 0);
     std::fill(state_.begin(), state_.end(), kReady);
     for (int t = 0; t < N_; ++t) {
@@ -713,6 +751,10 @@ class Runner {
         case Op::shared_load: d = shared_[shared_slot(t, in, A.i, false)]; break;
         case Op::shared_store: shared_[shared_slot(t, in, A.i, true)] = d; break;
         case Op::remote_load: d = shared_[remote_slot(t, in, A.i, r[in.c].i)]; break;
+        case Op::push: push(t, in, A.i, r[in.c].i, d); break;
+        case Op::cluster_arrive: ++arrivals_[t]; break;
+        case Op::cluster_wait:
+        case Op::exchange_wait:
         case Op::shfl:
         case Op::group_barrier:
         case Op::program_barrier:
@@ -914,6 +956,15 @@ class Runner {
     const int c = owner >= 0 ? owner : cta(t);
     const int p = (t % T_) / W_;
     const size_t slot = size_t(c) * E_ + size_t(reg.base) + size_t(p) * reg.program_stride + size_t(i);
+    if (reg.pushes > 0) {  // an exchange region: written by pushes only, read after the wait
+      if (write || c != cta(t)) fail(t, std::string(write ? "shared store into" : "remote load of") + " exchange region '" + reg.name + "'");
+      if (!waited_[size_t(t) * k_.shared.size() + size_t(in.b)])
+        throw ExecutionError("data race on exchange region '" + reg.name + "' slot " + std::to_string(i) + ": worker " +
+                             std::to_string(t % T_) + " of group " + std::to_string(group_of(t)) +
+                             " reads it before its exchange wait, in cluster " + std::to_string(cluster_) +
+                             " of kernel '" + k_.name + "'");
+      return slot;
+    }
     SlotLog& log = logs_[slot];
     if (c != cta(t)) {  // a remote read: ordered only by a cluster barrier
       if (log.writer >= 0 && log.w_cgen == cgen_) race(t, in, int64_t(slot), log.writer, true, false);
@@ -960,6 +1011,46 @@ class Runner {
     return shared_slot(t, in, i, false, int(rank));
   }
 
+  // A push into the exchange region of the group of rank `rank`: every slot once, no more
+  // pushes than the region awaits, none into a group that has exited.
+  void push(int t, const Ins& in, int64_t i, int64_t rank, const Slot& v) {
+    const ir::SharedRegion& reg = k_.shared[in.b];
+    if (rank < 0 || rank >= C_)
+      fail(t, "remote shared push into region '" + reg.name + "' of rank " + std::to_string(rank) +
+                  ", outside the cluster of " + std::to_string(C_) + " groups");
+    if (i < 0 || i >= reg.elems)
+      fail(t, "out-of-bounds remote shared push into region '" + reg.name + "' index " + std::to_string(i) + " (size " +
+                  std::to_string(reg.elems) + ")");
+    if (cta_done(int(rank)))
+      fail(t, "remote shared push into region '" + reg.name + "' of group " + std::to_string(cluster_ * C_ + rank) +
+                  ", which has exited");
+    const int p = (t % T_) / W_;
+    const size_t slot = size_t(rank) * E_ + size_t(reg.base) + size_t(p) * reg.program_stride + size_t(i);
+    if (pushed_[slot])
+      fail(t, "second remote shared push into slot " + std::to_string(i) + " of exchange region '" + reg.name +
+                  "' of group " + std::to_string(cluster_ * C_ + rank) + " (each slot takes one push)");
+    int& n = received_[size_t(rank) * k_.shared.size() + size_t(in.b)];
+    if (++n > reg.pushes)
+      fail(t, "more remote shared pushes into exchange region '" + reg.name + "' of group " +
+                  std::to_string(cluster_ * C_ + rank) + " than the " + std::to_string(reg.pushes) + " it awaits");
+    pushed_[slot] = 1;
+    shared_[slot] = v;
+    ++stats_.remote_pushes;
+  }
+
+  // Every exchange region of every group received all its pushes by the cluster's end (a
+  // group that skipped its wait would otherwise pass unnoticed).
+  void check_exchanges() const {
+    for (int c = 0; c < C_; ++c)
+      for (size_t g = 0; g < k_.shared.size(); ++g) {
+        const int want = k_.shared[g].pushes, got = received_[size_t(c) * k_.shared.size() + g];
+        if (want > 0 && got != want)
+          throw ExecutionError("exchange region '" + k_.shared[g].name + "' of group " + std::to_string(cluster_ * C_ + c) +
+                               " received " + std::to_string(got) + " of its " + std::to_string(want) +
+                               " pushes by the end of kernel '" + k_.name + "'");
+      }
+  }
+
   bool cta_done(int c) const {
     for (int t = c * T_; t < (c + 1) * T_; ++t)
       if (state_[t] != kDone) return false;
@@ -993,6 +1084,25 @@ class Runner {
   bool release() {
     bool any = false;
     const std::vector<Ins>& code = code_.ins;
+    // A cluster wait releases each worker on its own once every worker of the cluster has
+    // arrived as often. It orders no shared accesses here (the race checks stay conservative).
+    for (int t = 0; t < N_; ++t) {
+      if (state_[t] != kWaiting || code[pc_[t]].op != Op::cluster_wait) continue;
+      bool all = true;
+      for (int u = 0; u < N_ && all; ++u) all = arrivals_[u] >= arrivals_[t];
+      if (!all) continue;
+      resume(t, t + 1);
+      any = true;
+    }
+    // An exchange wait releases each worker on its own, once its group has every push.
+    for (int t = 0; t < N_; ++t) {
+      if (state_[t] != kWaiting || code[pc_[t]].op != Op::exchange_wait) continue;
+      const int region = code[pc_[t]].b;
+      if (received_[size_t(cta(t)) * k_.shared.size() + size_t(region)] < k_.shared[region].pushes) continue;
+      waited_[size_t(t) * k_.shared.size() + size_t(region)] = 1;
+      resume(t, t + 1);
+      any = true;
+    }
     for (int c = 0; c < C_; ++c)
       for (int l0 = 0; l0 < T_; l0 += 32) {
         const int w0 = c * T_ + l0, n = std::min(32, T_ - l0);
@@ -1059,7 +1169,7 @@ class Runner {
     int begin = c0 * T_, end = begin + T_;
     if (in.op == Op::program_barrier) begin = t0 / W_ * W_, end = begin + W_;
     if (in.op == Op::shfl) begin = c0 * T_ + (t0 % T_) / 32 * 32, end = std::min(c0 * T_ + T_, begin + 32);
-    if (in.op == Op::cluster_barrier) begin = 0, end = N_;
+    if (in.op == Op::cluster_barrier || in.op == Op::cluster_wait) begin = 0, end = N_;
     // Workers are named by their index in their group (in their warp for a shuffle), per group.
     std::map<int64_t, std::vector<int>> finished;                     // group -> workers
     std::map<int32_t, std::map<int64_t, std::vector<int>>> elsewhere;  // label -> group -> workers
@@ -1072,7 +1182,13 @@ class Runner {
         elsewhere[o.op == Op::shfl ? o.c : o.a][group_of(t)].push_back(id);
       }
     }
-    const bool many = in.op == Op::cluster_barrier;
+    if (in.op == Op::exchange_wait) {
+      const ir::SharedRegion& reg = k_.shared[in.b];
+      throw ExecutionError(code_.labels[in.a] + " in group " + std::to_string(group_of(t0)) + " never completes: " +
+                           std::to_string(received_[size_t(c0) * k_.shared.size() + size_t(in.b)]) + " of its " +
+                           std::to_string(reg.pushes) + " pushes arrived (kernel '" + k_.name + "')");
+    }
+    const bool many = in.op == Op::cluster_barrier || in.op == Op::cluster_wait;
     auto list = [&](const std::map<int64_t, std::vector<int>>& ws) {
       std::string out;
       for (const auto& [g, ids] : ws)
@@ -1115,6 +1231,10 @@ class Runner {
   std::vector<uint32_t> pgen_;        // per program of the cluster
   std::vector<int32_t> remote_reader_;  // per group: a worker of another group that read its
                                         // shared memory since the last cluster barrier, or -1
+  std::vector<int> received_;     // (C_, regions): pushes each group's exchange regions received
+  std::vector<uint8_t> pushed_;   // per shared slot of the cluster: pushed into already
+  std::vector<uint8_t> waited_;   // (N_, regions): the worker passed the region's exchange wait
+  std::vector<int> arrivals_;     // per worker: cluster arrives so far
   std::vector<Slot> reg_init_;  // NaN for f32 registers, 0 for the others
   int64_t cluster_ = 0;
   ExecStats stats_;
@@ -1148,7 +1268,8 @@ std::string describe(const ExecStats& s) {
          std::to_string(s.bytes_stored) + " B, " + std::to_string(s.vector_accesses) +
          " vector + " + std::to_string(s.scalar_accesses) + " scalar accesses, " +
          std::to_string(s.barriers) + " barriers, " + std::to_string(s.shuffles) + " shuffles" +
-         (s.remote_loads ? ", " + std::to_string(s.remote_loads) + " remote shared loads" : "");
+         (s.remote_loads ? ", " + std::to_string(s.remote_loads) + " remote shared loads" : "") +
+         (s.remote_pushes ? ", " + std::to_string(s.remote_pushes) + " remote shared pushes" : "");
 }
 
 }  // namespace tile::cpu

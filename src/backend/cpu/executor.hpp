@@ -49,6 +49,7 @@ struct ExecStats {
   int64_t barriers = 0;                              // releases, one per scope instance
   int64_t shuffles = 0;                              // warp exchanges, one per warp
   int64_t remote_loads = 0;                          // remote shared loads, one per worker
+  int64_t remote_pushes = 0;                         // remote shared pushes, one per worker
 };
 
 // A kernel that breaks the IR's rules while it runs is a bug in the library that lowered it (or

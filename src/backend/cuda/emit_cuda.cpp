@@ -73,6 +73,10 @@ class CudaEmitter : public IRPrinter {
     indent_ = 1;
     int shared = k_.shared_elems();
     if (shared > 0) line("__shared__ " + type_spelling(k_.real) + " tile_shared[" + std::to_string(shared) + "];");
+    const int exchanges = k_.exchange_count();
+    if (exchanges > 0)
+      line("__shared__ __align__(8) unsigned long long tile_exchange[" + std::to_string(exchanges) +
+           "];  // one transaction barrier an exchange region");
     const int W = k_.workers_per_program;
     line("const int tile_tid = threadIdx.x;");
     line("const long long group_index = blockIdx.x;");
@@ -93,6 +97,13 @@ class CudaEmitter : public IRPrinter {
     }
     line("(void)program_in_group; (void)warp_in_program; (void)lane; (void)group_count; (void)cta_in_cluster; "
          "(void)cluster_index;");
+    // Exchange regions: thread 0 initialises each region's transaction barrier; the IR's
+    // cluster barrier before the first push makes that visible to the cluster.
+    if (exchanges > 0) {
+      line("if (tile_tid == 0) {");
+      for (int e = 0; e < exchanges; ++e) line("  tile_exchange_init(&tile_exchange[" + std::to_string(e) + "]);");
+      line("}");
+    }
     for (size_t i = 0; i < k_.regs.size(); ++i)
       line(type_spelling(k_.regs[i].type) + " " + names_[i] + ";" +
            (k_.regs[i].cached ? "  // cached input" : ""));
@@ -431,10 +442,29 @@ class CudaEmitter : public IRPrinter {
   void visit_remote_shared_load(const Stmt& s) override {
     line(reg_name(s.dst) + " = tile_remote_shared_load(&" + shared_slot(s) + ", " + visit(*s.cta) + ");");
   }
+  void visit_remote_shared_push(const Stmt& s) override {
+    line("tile_remote_shared_push(&" + shared_slot(s) + ", &tile_exchange[" + std::to_string(exchange_of(s.region)) +
+         "], " + visit(*s.cta) + ", " + reg_name(s.src) + ");");
+  }
+  void visit_exchange_wait(const Stmt& s) override {
+    const SharedRegion& r = k_.shared[s.region];
+    line("tile_exchange_wait(&tile_exchange[" + std::to_string(exchange_of(s.region)) + "], " +
+         std::to_string(r.pushes * (k_.real == Type::f64 ? 8 : 4)) + ");  // " + r.name + ", " +
+         std::to_string(r.pushes) + " pushes");
+  }
+  int exchange_of(int region) const {
+    int e = 0;
+    for (int r = 0; r < region; ++r) e += k_.shared[r].pushes > 0;
+    return e;
+  }
 
   void visit_barrier(const Stmt& s) override {
     if (s.scope == Scope::group)
       line("__syncthreads();  // group barrier");
+    else if (s.scope == Scope::cluster && s.phase == BarrierPhase::arrive)
+      line("tile_cluster_arrive();  // cluster barrier, arrive");
+    else if (s.scope == Scope::cluster && s.phase == BarrierPhase::wait)
+      line("tile_cluster_wait();  // cluster barrier, wait");
     else if (s.scope == Scope::cluster)
       line("tile_cluster_barrier();  // cluster barrier");
     else

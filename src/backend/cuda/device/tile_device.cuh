@@ -122,6 +122,77 @@ TILE_DEVICE void tile_cluster_barrier() {
 #endif
 }
 
+// Exchange regions (sm_90): a transaction barrier per region (one arrival: thread 0's, which
+// expects the bytes of the region's pushes at the wait), initialised by thread 0 at kernel
+// start; the fence makes that visible to the cluster's pushes, which the IR orders after a
+// cluster barrier.
+TILE_DEVICE void tile_exchange_init(unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" : : "r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Stores `v` at `p` (this group's copy of an exchange region) in the group of rank `rank`,
+// completing that many bytes of the transaction barrier `bar` there: one-way, no barrier with
+// the owner.
+TILE_DEVICE void tile_remote_shared_push(float* p, unsigned long long* bar, int rank, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned slot, remote_bar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(slot) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               : : "r"(slot), "r"(__float_as_uint(v)), "r"(remote_bar) : "memory");
+#else
+  __trap();
+#endif
+}
+TILE_DEVICE void tile_remote_shared_push(double* p, unsigned long long* bar, int rank, double v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned slot, remote_bar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(slot) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];"
+               : : "r"(slot), "l"(__double_as_longlong(v)), "r"(remote_bar) : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Waits for phase 0 of an exchange region's transaction barrier: thread 0 arrives expecting
+// the region's bytes (pushes landed before count against them), then every push has landed.
+TILE_DEVICE void tile_exchange_wait(unsigned long long* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x == 0)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 : : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+  asm volatile(
+      "{\n\t.reg .pred done;\n\tTILE_WAIT_%=:\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n\t@!done bra TILE_WAIT_%=;\n\t}"
+      : : "r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
+#else
+  __trap();
+#endif
+}
+
+// The halves of a cluster barrier (release, acquire), for work between them.
+TILE_DEVICE void tile_cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" : : : "memory");
+#else
+  __trap();
+#endif
+}
+TILE_DEVICE void tile_cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" : : : "memory");
+#else
+  __trap();
+#endif
+}
+
 // The float at `p` (this group's shared memory) in the shared memory of the cluster's group of
 // rank `rank`: the address mapped into that group's window (mapa), then a cluster-scope load.
 TILE_DEVICE float tile_remote_shared_load(const float* p, int rank) {
