@@ -99,7 +99,9 @@ ExprPtr unpack16(DType dtype, ExprPtr word, int half);
 
 // A cluster barrier whole, or its two halves: work between a group's arrive and its wait
 // overlaps the other groups' arrival (the lowering arrives at kernel start and waits before the
-// first push).
+// first push). A split barrier proves the cluster resident (and its exchange barriers, which
+// have their own fence, initialised) but publishes no shared writes: its arrive is relaxed, so
+// remote loads need a whole barrier.
 enum class BarrierPhase : uint8_t { both, arrive, wait };
 
 struct Stmt {

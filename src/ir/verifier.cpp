@@ -518,7 +518,8 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
 class ClusterOrder : public IRVisitor<ClusterOrder> {
  public:
   struct State {
-    bool synced = false;   // a cluster barrier was passed on every path
+    bool synced = false;   // a cluster barrier (whole or split) was passed on every path
+    bool published = false;  // a whole cluster barrier was passed on every path
     bool pending = false;  // on some path a remote read has no cluster barrier after it
     std::set<int> waited_all, waited_any;  // exchange regions waited on every path, on some path
     bool arrived_all = false, arrived_any = false;  // a cluster arrive awaits its wait: on every path, on some
@@ -543,8 +544,8 @@ class ClusterOrder : public IRVisitor<ClusterOrder> {
  private:
   friend class IRVisitor<ClusterOrder>;
   static State join(State a, State b) {
-    State j{a.synced && b.synced, a.pending || b.pending, {}, a.waited_any, a.arrived_all && b.arrived_all,
-            a.arrived_any || b.arrived_any};
+    State j{a.synced && b.synced, a.published && b.published, a.pending || b.pending, {}, a.waited_any,
+            a.arrived_all && b.arrived_all, a.arrived_any || b.arrived_any};
     for (int r : a.waited_all)
       if (b.waited_all.count(r)) j.waited_all.insert(r);
     j.waited_any.insert(b.waited_any.begin(), b.waited_any.end());
@@ -565,7 +566,8 @@ class ClusterOrder : public IRVisitor<ClusterOrder> {
       return;
     }
     st.arrived_all = st.arrived_any = false;
-    st.synced = true, st.pending = false;
+    st.synced = true;
+    if (s.phase == BarrierPhase::both) st.published = true, st.pending = false;
   }
   void visit_remote_shared_push(const Stmt& s, State& st) {
     if (!st.synced && reported_.insert(&s).second)
@@ -585,9 +587,10 @@ class ClusterOrder : public IRVisitor<ClusterOrder> {
                         "' before its exchange wait on some path (the pushes may not have landed)");
   }
   void visit_remote_shared_load(const Stmt& s, State& st) {
-    if (!st.synced && reported_.insert(&s).second)
+    if (!st.published && reported_.insert(&s).second)
       errors_.push_back("remote shared load of region '" + region_name(s) +
-                        "' before a cluster barrier on some path (the cluster is not known to be resident)");
+                        "' before a cluster barrier on some path (the cluster is not known to be resident, its "
+                        "writes not published; a split barrier publishes none)");
     st.pending = true;
   }
   void visit_if(const Stmt& s, State& st) {

@@ -28,9 +28,16 @@ constexpr int64_t kRegisterRowBytes = 32 * 1024;
 // 64 KiB, in 4 vectors a worker.
 constexpr int64_t kRereadIterationBytes = 64 * 1024;
 constexpr int kRereadUnroll = 4;
-// Cached scalars a worker of a cluster program aims for: 32 (of the 64-scalar budget) leave a
-// 512-thread group room for index math in the 128 registers its launch bounds allow.
-constexpr int64_t kClusterSliceScalars = 32;
+// A cluster program's groups: 256 workers caching up to the 64-scalar private budget each
+// (about 124 registers, two groups an SM), so each group keeps 64 KiB of f32 loads in flight.
+// H200, kernels timed alone (evidence/cubin-time-h200-clusters-exchange.log): f32 softmax
+// 256 x 262144 on 16 groups of 256 took 145 us, of 512 (32 scalars) 187 (before the relaxed
+// arrive), of 1024 309.
+constexpr int kClusterWidth = 256;
+constexpr int64_t kClusterSliceScalars = 64;
+// Where 16 such groups cannot hold a row, a request for register caching widens them to 512,
+// then 1024 workers of at most 32 scalars (index math needs the rest of their registers).
+constexpr int64_t kWideClusterSliceScalars = 32;
 // Threads a group of packed short-row programs aims for.
 constexpr int kTargetGroupThreads = 256;
 // Groups per SM below which packing more rows per group would leave SMs idle.
@@ -143,22 +150,32 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // of reductions over the rows (two each in f64: the budget counts 32-bit registers).
   const int64_t per_elem = (in.row_inputs() + in.rows_reduction_parts) * (in.real_bytes / 4);
   // A row too long for one group's registers is split over the groups of a cluster where the
-  // target has clusters and the request asks for register caching: the smallest power-of-two
-  // cluster whose groups of 512 (else 1024) workers each cache at most kClusterSliceScalars
-  // scalars a worker. The row is then read from memory once; where even the largest cluster
-  // does not hold it, it is re-read. Unasked, long rows are re-read: on the H200 every cluster
-  // plan measured so far was slower than re-reading (bench/results/ab-clusters-h200-50bbc0f.json).
+  // target has clusters: the smallest power-of-two cluster whose groups of kClusterWidth
+  // workers each cache at most kClusterSliceScalars scalars (asked for register caching, wider
+  // groups after that). The row is then read from memory once; where even the largest cluster
+  // does not hold it, it is re-read. Unasked, only rows
+  // whose merges take at most two slots (softmax's and log-softmax's maximum and sum) go to a
+  // cluster. H200, kernels timed alone (evidence/cubin-time-h200-clusters-exchange.log), us,
+  // re-read against cluster: softmax f32 1024 x 65536 182 / 134, 512 x 131072 200 / 135,
+  // 256 x 262144 203 / 145; bf16 1024 x 131072 186 / 169, 256 x 262144 106 / 97. RMSNorm lost
+  // (f32 256 x 262144 206 / 239, bf16 116 / 141) and LayerNorm gained less (f32 208 / 192):
+  // they keep re-reading unless the request asks for register caching.
   int cluster = 1, cluster_width = 0;
   const bool free_mapping = !req.stripes && !req.workers_per_program && req.programs_per_group.value_or(1) == 1 &&
                             req.caching.value_or(InputCaching::registers) == InputCaching::registers;
+  const bool cluster_wanted = req.caching == InputCaching::registers || (!req.caching && in.merge_parts <= 2);
   if (req.ctas_per_program) {
     cluster = *req.ctas_per_program;
   } else if (limits.max_cluster_size > 1 && cols * xes > kRegisterRowBytes && free_mapping && !in.reduces_rows &&
-             req.caching == InputCaching::registers) {
-    for (int w : {kMaxAutomaticWidth, 1024}) {
-      if (w > limits.max_threads_per_group || cluster_width) continue;
+             cluster_wanted && kClusterWidth <= limits.max_threads_per_group) {
+    const int64_t budget = req.private_budget.value_or(64);
+    const std::pair<int, int64_t> tiers[] = {
+        {kClusterWidth, kClusterSliceScalars}, {512, kWideClusterSliceScalars}, {1024, kWideClusterSliceScalars}};
+    for (auto [w, scalars] : tiers) {
+      if (cluster_width || w > limits.max_threads_per_group || (w != kClusterWidth && req.caching != InputCaching::registers))
+        continue;
       for (int c = 2; c <= std::min(16, limits.max_cluster_size); c *= 2)
-        if (ceil_div(vectors, int64_t(c) * w) * p.vector_elems * per_elem <= kClusterSliceScalars) {
+        if (ceil_div(vectors, int64_t(c) * w) * p.vector_elems * per_elem <= std::min(scalars, budget)) {
           cluster = c, cluster_width = w;
           break;
         }

@@ -325,9 +325,10 @@ TEST(Policy, ClusterPlansAreValidatedFieldByField) {
 }
 
 // Long rows cached in registers on a target with clusters: the smallest power-of-two cluster
-// whose 512-worker groups cache at most 32 scalars a worker (1024 workers where 512 cannot), so
-// the row is read once; re-read where 16 groups cannot hold it, on targets without clusters,
-// and when the request does not ask for register caching (clusters measured slower so far).
+// whose 256-worker groups cache at most 64 scalars a worker (512 or 1024 workers of 32 where 16
+// groups of 256 cannot, when the request asks for caching), so the row is read once; re-read
+// where 16 groups cannot hold it and on targets without clusters. Unasked, a program whose
+// merges take two slots (softmax's) goes to the same cluster; one of three (RMSNorm's) re-reads.
 TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
   DeviceLimits clusters;
   clusters.max_cluster_size = 16;
@@ -338,19 +339,22 @@ TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
     DType dt;
     int ctas, workers;
   };
-  for (Want w : {Want{16384, DType::f32, 2, 512}, {32768, DType::f32, 2, 512}, {65536, DType::f32, 4, 512},
-                 {131072, DType::f32, 8, 512}, {262144, DType::f32, 16, 512}, {524288, DType::f32, 16, 1024},
-                 {32768, DType::bf16, 2, 512}, {65536, DType::bf16, 4, 512}, {262144, DType::bf16, 16, 512},
+  for (Want w : {Want{16384, DType::f32, 2, 256}, {32768, DType::f32, 2, 256}, {65536, DType::f32, 4, 256},
+                 {131072, DType::f32, 8, 256}, {262144, DType::f32, 16, 256}, {524288, DType::f32, 16, 1024},
+                 {32768, DType::bf16, 2, 256}, {65536, DType::bf16, 4, 256}, {262144, DType::bf16, 16, 256},
                  {524288, DType::bf16, 16, 1024}}) {
     const PlanInputs in = inputs(4096, w.cols, w.dt);
-    EXPECT_EQ(choose_plan(in, {}, clusters).ctas_per_program, 1);  // unasked: re-read
+    EXPECT_EQ(choose_plan(in, {}, clusters).ctas_per_program, 1);  // unasked, three merged parts: re-read
+    PlanInputs two = in;
+    two.merge_parts = 2;
+    EXPECT_EQ(choose_plan(two, {}, clusters).ctas_per_program, w.workers == 256 ? w.ctas : 1);
     const MappingPlan p = choose_plan(in, cached, clusters);
     SCOPED_TRACE(std::to_string(w.cols) + " " + std::string(dtype_name(w.dt)) + ": " + p.to_json());
     EXPECT_EQ(p.ctas_per_program, w.ctas);
     EXPECT_EQ(p.workers_per_program, w.workers);
     EXPECT_EQ(p.caching, InputCaching::registers);
     EXPECT_EQ(p.programs_per_group, 1);
-    EXPECT_LE(int64_t(p.stripes) * p.vector_elems, 32);
+    EXPECT_LE(int64_t(p.stripes) * p.vector_elems, w.workers == 256 ? 64 : 32);
     EXPECT_GE(int64_t(p.stripes) * p.vector_elems * p.ctas_per_program * p.workers_per_program, w.cols);
     EXPECT_NO_THROW(validate_plan(p, in, clusters, "softmax"));
     // Without clusters the row is re-read.

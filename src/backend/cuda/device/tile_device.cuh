@@ -177,10 +177,12 @@ TILE_DEVICE void tile_exchange_wait(unsigned long long* bar, unsigned bytes) {
 #endif
 }
 
-// The halves of a cluster barrier (release, acquire), for work between them.
+// The halves of a split cluster barrier, for work between them: the arrive is relaxed (it
+// publishes no earlier memory accesses; exchange barriers' initialisation has its own fence),
+// the wait acquires.
 TILE_DEVICE void tile_cluster_arrive() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;" : : : "memory");
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" : : : "memory");
 #else
   __trap();
 #endif
