@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "backend/cpu/executor.hpp"
+#include "ir/printer.hpp"
 #include "support/cluster_kernel.hpp"
 
 namespace tile::ir {
@@ -393,6 +394,93 @@ TEST(VerifierProof, RejectsClusterSynchronisationWithoutClusters) {
   const std::vector<std::string> errors = verify(k);
   EXPECT_TRUE(mentions(errors, "barrier of scope cluster in a kernel without clusters"));
   EXPECT_TRUE(mentions(errors, "remote shared load in a kernel without clusters"));
+}
+
+// Exchange proof cases (tests/support/cluster_kernel.hpp): the row sum merged through pushes
+// into every group's exchange region, with a split cluster barrier before the first push.
+using testing::cluster_exchange_sum;
+using testing::ExchangeSumFlaws;
+
+TEST(VerifierProof, AcceptsAnExchangeAfterASplitClusterBarrier) {
+  for (int C : {2, 4, 16}) {
+    Kernel k = cluster_exchange_sum(C);
+    EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
+    run_cluster(k, 3);
+  }
+  // Printed: the arrive, the wait, the push and the exchange wait, one line each.
+  const std::string text = to_string(cluster_exchange_sum(2));
+  for (const char* line : {"barrier.cluster.arrive", "barrier.cluster.wait", "] at cta min(lane, 1)", "exchange_wait exchange (4 pushes)"})
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
+}
+
+TEST(VerifierProof, RejectsAPushBeforeTheClusterIsKnownResident) {
+  Kernel k = cluster_exchange_sum(2, {.no_wait_before_push = true});
+  EXPECT_TRUE(mentions(verify(k), "remote shared push into region 'exchange' before a cluster barrier on some path"));
+  EXPECT_TRUE(mentions(verify(k), "a cluster arrive has no cluster wait after it"));
+}
+
+// The executor catches what the verifier rejects: a read before the pushes landed is a race, a
+// second push into a slot and a push into a group that exited are errors.
+TEST(VerifierProof, RejectsReadingAnExchangeRegionBeforeItsWait) {
+  Kernel k = cluster_exchange_sum(2, {.read_before_wait = true});
+  EXPECT_TRUE(mentions(verify(k), "shared load of exchange region 'exchange' before its exchange wait on some path"));
+  try {
+    run_cluster(k, 2);
+    ADD_FAILURE() << "the racy read ran";
+  } catch (const cpu::ExecutionError& e) {
+    EXPECT_NE(std::string(e.what()).find("reads it before its exchange wait"), std::string::npos) << e.what();
+  }
+}
+
+TEST(VerifierProof, RejectsAGroupThatNeverWaitsForItsPushes) {
+  Kernel k = cluster_exchange_sum(2, {.no_exchange_wait = true});
+  const std::vector<std::string> errors = verify(k);
+  EXPECT_TRUE(mentions(errors, "exchange region 'exchange' is not waited on every path"));
+  EXPECT_THROW(run_cluster(k, 2), cpu::ExecutionError);
+  k = cluster_exchange_sum(2, {.wait_divergent = true});
+  EXPECT_TRUE(mentions(verify(k), "exchange wait of 'exchange' under control flow that is not uniform across the cluster"));
+  EXPECT_THROW(run_cluster(k, 2), cpu::ExecutionError);
+  k = cluster_exchange_sum(2, {.wait_in_loop = true});
+  EXPECT_TRUE(mentions(verify(k), "exchange wait of 'exchange' inside a loop"));
+}
+
+TEST(VerifierProof, TheExecutorRefusesTwoPushesIntoOneSlot) {
+  Kernel k = cluster_exchange_sum(2, {.same_slot = true});
+  try {
+    run_cluster(k, 2);
+    ADD_FAILURE() << "two pushes into one slot ran";
+  } catch (const cpu::ExecutionError& e) {
+    EXPECT_NE(std::string(e.what()).find("second remote shared push into slot 0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(VerifierProof, RejectsAnArriveLeftWithoutItsWait) {
+  Kernel k = cluster_exchange_sum(2, {.arrive_unwaited = true});
+  EXPECT_TRUE(mentions(verify(k), "a cluster arrive has no cluster wait after it before the kernel ends"));
+  // A cluster wait with no arrive before it, and a remote load after only a split barrier.
+  k = cluster_exchange_sum(2);
+  k.body.erase(k.body.begin());
+  EXPECT_TRUE(mentions(verify(k), "cluster wait without a cluster arrive before it"));
+  Kernel pull = cluster_row_sum(2);
+  for (Stmt& st : pull.body)
+    if (st.kind == Stmt::Kind::barrier && st.scope == Scope::cluster) {
+      st = cluster_wait();
+      pull.body.insert(pull.body.begin(), cluster_arrive());
+      break;
+    }
+  EXPECT_TRUE(mentions(verify(pull), "a split barrier publishes none"));
+}
+
+TEST(VerifierProof, RejectsExchangeRegionsOutsideClustersOrStoredLocally) {
+  Kernel k = cluster_exchange_sum(2);
+  k.body.push_back(shared_store(0, i32_const(0), f32_const(1.0)));
+  EXPECT_TRUE(mentions(verify(k), "shared store into exchange region 'exchange'"));
+  k = cluster_exchange_sum(2);
+  k.shared[0].pushes = 0;
+  EXPECT_TRUE(mentions(verify(k), "remote shared push into region 'exchange', which is not an exchange region"));
+  k = cluster_exchange_sum(2);
+  k.ctas_per_cluster = 1;
+  EXPECT_TRUE(mentions(verify(k), "exchange region 'exchange' awaits 4 pushes"));
 }
 
 }  // namespace

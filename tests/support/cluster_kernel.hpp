@@ -92,3 +92,73 @@ inline ir::Kernel cluster_row_sum(int C, ClusterSumFlaws f = {}) {
 }
 
 }  // namespace tile::testing
+
+namespace tile::testing {
+
+// The same row sum merged through an exchange region instead: a split cluster barrier (arrive
+// first, wait before the first push), then lane r < C of each warp pushes the warp's sum to the
+// group of rank r (slot rank x 2 + warp), each group waits for its 2 x C pushes and every
+// worker folds the slots in order; worker 0 of rank 0 stores the sum. Each flag breaks one rule.
+struct ExchangeSumFlaws {
+  bool no_wait_before_push = false;  // pushes with no cluster barrier (split or whole) before them
+  bool read_before_wait = false;     // a slot read before the exchange wait
+  bool no_exchange_wait = false;     // the group never waits for its pushes
+  bool same_slot = false;            // every warp pushes into slot 0 of each rank
+  bool wait_divergent = false;       // only rank 0 waits
+  bool wait_in_loop = false;         // the wait runs inside a loop of one iteration
+  bool arrive_unwaited = false;      // a second arrive, never waited
+};
+
+inline ir::Kernel cluster_exchange_sum(int C, ExchangeSumFlaws f = {}) {
+  using namespace ir;
+  Kernel k;
+  k.name = "cluster_exchange_sum";
+  k.programs_per_group = 1;
+  k.workers_per_program = 64;
+  k.ctas_per_cluster = C;
+  k.buffers = {{"x", DType::f32, false}, {"y", DType::f32, true}};
+  k.params = {{"rows", Type::i64}};
+  k.shared = {{"exchange", 0, 2 * C, 0, 2 * C}};
+  const int row = k.add_reg("row", Type::i64), v = k.add_reg("v", Type::f32), t = k.add_reg("t", Type::f32);
+  const int total = k.add_reg("total", Type::f32), it = k.add_reg("it", Type::i64);
+  auto r = [&](int id) { return reg(id, k.regs[id].type); };
+  auto add = [](ExprPtr a, ExprPtr b) { return binary(BinOp::add, std::move(a), std::move(b)); };
+  auto eq = [](ExprPtr a, ExprPtr b) { return binary(BinOp::eq, std::move(a), std::move(b)); };
+  const ExprPtr cols = i64_const(64 * C);
+  const ExprPtr valid = select(binary(BinOp::lt, r(row), param(0, Type::i64)), i64_const(1), i64_const(0));
+  std::vector<Stmt>& b = k.body;
+  b.push_back(cluster_arrive());
+  b.push_back(assign(row, special(Special::cluster_index)));
+  const ExprPtr col = add(binary(BinOp::mul, cast(Type::i64, special(Special::cta_in_cluster)), i64_const(64)),
+                          cast(Type::i64, special(Special::worker_in_program)));
+  b.push_back(load({v}, 0, add(binary(BinOp::mul, r(row), cols), col), valid, b1_const(false), false, 0.0f));
+  for (int off = 16; off >= 1; off /= 2) {
+    b.push_back(shfl_xor(t, v, off, 32));
+    b.push_back(assign(v, add(r(v), r(t))));
+  }
+  if (!f.no_wait_before_push) b.push_back(cluster_wait());
+  const ExprPtr slot = f.same_slot ? i32_const(0)
+                                   : add(binary(BinOp::mul, special(Special::cta_in_cluster), i32_const(2)),
+                                         special(Special::warp_in_program));
+  b.push_back(if_(binary(BinOp::lt, special(Special::lane), i32_const(C)),
+                  {remote_shared_push(0, slot, binary(BinOp::min, special(Special::lane), i32_const(C - 1)), v)}));
+  if (f.read_before_wait) b.push_back(shared_load(t, 0, i32_const(0)));
+  if (f.wait_divergent)
+    b.push_back(if_(eq(special(Special::cta_in_cluster), i32_const(0)), {exchange_wait(0)}));
+  else if (f.wait_in_loop)
+    b.push_back(for_(it, i64_const(0), i64_const(1), {exchange_wait(0)}));
+  else if (!f.no_exchange_wait)
+    b.push_back(exchange_wait(0));
+  if (f.arrive_unwaited) b.push_back(cluster_arrive());
+  b.push_back(shared_load(total, 0, i32_const(0)));
+  for (int s = 1; s < 2 * C; ++s) {
+    b.push_back(shared_load(t, 0, i32_const(s)));
+    b.push_back(assign(total, add(r(total), r(t))));
+  }
+  b.push_back(if_(binary(BinOp::and_, eq(special(Special::worker_in_program), i32_const(0)),
+                         eq(special(Special::cta_in_cluster), i32_const(0))),
+                  {store({total}, 1, r(row), valid, b1_const(false))}));
+  return k;
+}
+
+}  // namespace tile::testing
