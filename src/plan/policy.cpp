@@ -159,11 +159,13 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // re-read against cluster: softmax f32 1024 x 65536 182 / 134, 512 x 131072 200 / 135,
   // 256 x 262144 203 / 145; bf16 1024 x 131072 186 / 169, 256 x 262144 106 / 97. RMSNorm lost
   // (f32 256 x 262144 206 / 239, bf16 116 / 141) and LayerNorm gained less (f32 208 / 192):
-  // they keep re-reading unless the request asks for register caching.
+  // they keep re-reading unless the request asks for register caching, as do programs of two
+  // row inputs (softmax_backward, log_softmax_backward: not measured on clusters).
   int cluster = 1, cluster_width = 0;
   const bool free_mapping = !req.stripes && !req.workers_per_program && req.programs_per_group.value_or(1) == 1 &&
                             req.caching.value_or(InputCaching::registers) == InputCaching::registers;
-  const bool cluster_wanted = req.caching == InputCaching::registers || (!req.caching && in.merge_parts <= 2);
+  const bool cluster_wanted =
+      req.caching == InputCaching::registers || (!req.caching && in.merge_parts <= 2 && in.row_inputs() == 1);
   if (req.ctas_per_program) {
     cluster = *req.ctas_per_program;
   } else if (limits.max_cluster_size > 1 && cols * xes > kRegisterRowBytes && free_mapping && !in.reduces_rows &&

@@ -348,6 +348,8 @@ TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
     PlanInputs two = in;
     two.merge_parts = 2;
     EXPECT_EQ(choose_plan(two, {}, clusters).ctas_per_program, w.workers == 256 ? w.ctas : 1);
+    two.row_operands.insert(two.row_operands.begin(), two.row_operands.front());  // a second row input
+    EXPECT_EQ(choose_plan(two, {}, clusters).ctas_per_program, 1);
     const MappingPlan p = choose_plan(in, cached, clusters);
     SCOPED_TRACE(std::to_string(w.cols) + " " + std::string(dtype_name(w.dt)) + ": " + p.to_json());
     EXPECT_EQ(p.ctas_per_program, w.ctas);
