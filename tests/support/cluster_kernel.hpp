@@ -1,10 +1,11 @@
-// A hand-built cluster kernel for the verifier's proof cases and the CPU executor's tests: the
+// Hand-built cluster kernels for the verifier's proof cases and the CPU executor's tests: the
 // sum of each row of a (rows, C x 64) f32 matrix, the row split over the C groups (64 workers,
-// two warps each) of a cluster. Each group sums its 64 elements (warp butterfly, shared slots,
-// group barrier), stores its partial in shared memory, and after a cluster barrier every worker
-// reads the C partials remotely in rank order; worker 0 of rank 0 stores the sum, and a last
-// cluster barrier keeps every group's shared memory alive until the others have read it.
-// Each flag breaks one rule the verifier proves (or the executor catches).
+// two warps each) of a cluster, merged by remote loads (cluster_row_sum) or through an exchange
+// region (cluster_exchange_sum, below). In cluster_row_sum each group sums its 64 elements
+// (warp butterfly, shared slots, group barrier), stores its partial in shared memory, and after
+// a cluster barrier every worker reads the C partials remotely in rank order; worker 0 of rank 0
+// stores the sum, and a last cluster barrier keeps every group's shared memory alive until the
+// others have read it. Each flag breaks one rule the verifier proves (or the executor catches).
 #pragma once
 
 #include <vector>
