@@ -439,6 +439,8 @@ class RowLowering {
                                                 bool all_programs);
   std::vector<std::vector<int>> merge_across_workers(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
                                                      std::vector<std::vector<int>> states);
+  void butterfly(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids, std::vector<std::vector<int>>& states,
+                 int width, const std::string& name);
   std::vector<std::vector<int>> merge_through_exchange(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
                                                      std::vector<std::vector<int>> states);
   std::vector<std::vector<int>> staged_states(std::vector<Stmt>& out, const std::vector<int>& reductions);
@@ -1423,25 +1425,7 @@ std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt
                                                                 const std::vector<const Monoid*>& monoids,
                                                                 std::vector<std::vector<int>> states) {
   const int W = plan_.workers_per_program;
-  auto butterfly = [&](std::vector<std::vector<int>>& mine, int width) {
-    for (int offset = width / 2; offset >= 1; offset /= 2) {
-      for (size_t i = 0; i < monoids.size(); ++i) {
-        const Monoid& m = *monoids[i];
-        std::vector<ExprPtr> self, other;
-        for (int reg_id : mine[i]) {
-          int t = em_.temp("t", real());
-          out.push_back(shfl_xor(t, reg_id, offset, width));
-          self.push_back(r(reg_id));
-          other.push_back(r(t));
-        }
-        std::vector<ExprPtr> merged = em_.combine(out, m, self, other);
-        std::vector<int> next;
-        for (const ExprPtr& v : merged) next.push_back(em_.materialize(out, v, "m"));
-        mine[i] = next;
-      }
-    }
-  };
-  butterfly(states, std::min(W, 32));
+  butterfly(out, monoids, states, std::min(W, 32), "m");
   if (plan_.ctas_per_program > 1) return merge_through_exchange(out, monoids, std::move(states));
   if (W <= 32) return states;
   const int warps = W / 32;
@@ -1468,8 +1452,27 @@ std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt
       totals[i].push_back(assign_new(out, "total", select(mine, r(partial), fc(m.identity[q]))));
     }
   }
-  butterfly(totals, 32);
+  butterfly(out, monoids, totals, 32, "m");
   return totals;
+}
+
+// Folds each monoid's states across the lanes of segments of `width` (a power of two) by a
+// shuffle butterfly; every lane of a segment ends with the same bits.
+void RowLowering::butterfly(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
+                            std::vector<std::vector<int>>& states, int width, const std::string& name) {
+  for (int offset = width / 2; offset >= 1; offset /= 2)
+    for (size_t i = 0; i < monoids.size(); ++i) {
+      std::vector<ExprPtr> self, other;
+      for (int reg_id : states[i]) {
+        int t = em_.temp("t", real());
+        out.push_back(shfl_xor(t, reg_id, offset, width));
+        self.push_back(r(reg_id));
+        other.push_back(r(t));
+      }
+      std::vector<ExprPtr> merged = em_.combine(out, *monoids[i], self, other);
+      states[i].clear();
+      for (const ExprPtr& v : merged) states[i].push_back(em_.materialize(out, v, name));
+    }
 }
 
 // The cluster rung, one-way: lanes 0 .. C-1 of every warp push the warp's states (after its
@@ -1514,7 +1517,6 @@ std::vector<std::vector<int>> RowLowering::merge_through_exchange(std::vector<St
   q = 0;
   for (size_t i = 0; i < states.size(); ++i) {
     const Monoid& m = *monoids[i];
-    std::vector<ExprPtr> acc;
     for (int k = 0; k < reads; ++k) {
       const ExprPtr at = k ? binary(BinOp::add, position, i32_const(32 * k)) : position;
       std::vector<ExprPtr> value;
@@ -1524,30 +1526,15 @@ std::vector<std::vector<int>> RowLowering::merge_through_exchange(std::vector<St
                                                      binary(BinOp::min, at, i32_const(n - 1)))));
         value.push_back(n % 32 == 0 ? r(v) : select(binary(BinOp::lt, at, i32_const(n)), r(v), fc(m.identity[j])));
       }
-      if (k == 0) {
-        for (const ExprPtr& v : value) acc.push_back(r(em_.materialize(out, v, "x")));
-      } else {
-        std::vector<ExprPtr> merged = em_.combine(out, m, acc, value);
-        acc.clear();
-        for (const ExprPtr& v : merged) acc.push_back(r(em_.materialize(out, v, "x")));
-      }
+      std::vector<ExprPtr> acc;
+      for (int reg_id : mine[i]) acc.push_back(r(reg_id));
+      const std::vector<ExprPtr> next = k == 0 ? value : em_.combine(out, m, acc, value);
+      mine[i].clear();
+      for (const ExprPtr& v : next) mine[i].push_back(em_.materialize(out, v, "x"));
     }
     q += int(states[i].size());
-    for (const ExprPtr& v : acc) mine[i].push_back(em_.materialize(out, v, "x"));
   }
-  for (int offset = B / 2; offset >= 1; offset /= 2)
-    for (size_t i = 0; i < monoids.size(); ++i) {
-      std::vector<ExprPtr> self, other;
-      for (int reg_id : mine[i]) {
-        int t = em_.temp("t", real());
-        out.push_back(shfl_xor(t, reg_id, offset, B));
-        self.push_back(r(reg_id));
-        other.push_back(r(t));
-      }
-      std::vector<ExprPtr> merged = em_.combine(out, *monoids[i], self, other);
-      mine[i].clear();
-      for (const ExprPtr& v : merged) mine[i].push_back(em_.materialize(out, v, "c"));
-    }
+  butterfly(out, monoids, mine, B, "c");
   return mine;
 }
 
