@@ -47,6 +47,11 @@ enum class CacheFormat : uint8_t { f32, packed };
 // its own (only additions and maxima cross workers, one merge per stage of the graph), which
 // needs the row cached in registers.
 enum class MergeStrategy : uint8_t { combine, staged };
+// When a register-cached program loads the per-column inputs of its output pass (a norm's
+// weight and bias): `ahead` of the stores that use them (about 16 scalars ahead on a cluster,
+// where they are used), or `with_row`, right after the cached row slice, so their latency
+// overlaps the reductions' merges instead of the output pass (registers held meanwhile).
+enum class ColumnLoads : uint8_t { ahead, with_row };
 
 // type, name, default, smallest, largest (integers), what it sets
 #define TILE_PLAN_FIELDS(X)                                                                          \
@@ -65,6 +70,7 @@ enum class MergeStrategy : uint8_t { combine, staged };
   X(CacheFormat, cache_format, CacheFormat::f32, 0, 1, "register cache of 16-bit input")            \
   X(RowHead, row_head, RowHead::as_is, 0, 1, "elements before the row's first aligned column")       \
   X(MergeStrategy, merge, MergeStrategy::combine, 0, 1, "how reductions merge across workers")      \
+  X(ColumnLoads, column_loads, ColumnLoads::ahead, 0, 1, "when a cached row's output pass loads per-column inputs") \
   X(int, resident_groups, 1, 1, 32, "groups per SM the kernel is compiled to fit (launch bounds)")  \
   X(int, grid_limit, 0, 0, 1 << 30, "most groups launched; each loops over rows (0: one per row block)") \
   X(int, finish_workers, 256, 32, 1024, "workers per group of the second phase of reductions over the rows")
@@ -119,5 +125,6 @@ std::string to_string(Alignment);
 std::string to_string(CacheFormat);
 std::string to_string(RowHead);
 std::string to_string(MergeStrategy);
+std::string to_string(ColumnLoads);
 
 }  // namespace tile

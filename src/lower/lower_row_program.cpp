@@ -415,6 +415,7 @@ class RowLowering {
   const std::vector<ExprPtr>& element(std::vector<Stmt>& out, Slot& slot, int node);
   void row_inputs_of(int node, std::set<int>& out) const;
   void column_inputs_of(int node, std::set<int>& out) const;  // per-column inputs (present) a node reads
+  std::set<int> output_column_inputs() const;  // per-column inputs of the output pass's row stores
   std::vector<ChunkGroup> slot_groups(std::vector<Stmt>& out, std::vector<Slot*> slots, const std::vector<int>& inputs);
   void level_pass(std::vector<Stmt>& out, const std::vector<int>& reductions);
   enum class LeafKind { sum, max, uniform };
@@ -751,6 +752,13 @@ void RowLowering::column_inputs_of(int node, std::set<int>& out) const {
   if (n.kind == RowNode::Kind::load && decl(n.operand).role == Role::col_in && present(n.operand)) out.insert(n.operand);
   for (int o : {n.a, n.b, n.c})
     if (o >= 0) column_inputs_of(o, out);
+}
+
+std::set<int> RowLowering::output_column_inputs() const {
+  std::set<int> columns;
+  for (int i : live_stores_)
+    if (decl(prog_.stores()[i].operand).role == Role::row_out) column_inputs_of(prog_.stores()[i].value, columns);
+  return columns;
 }
 
 void RowLowering::row_inputs_of(int node, std::set<int>& out) const {
@@ -1735,6 +1743,12 @@ std::vector<Stmt> RowLowering::row_body() {
       load_slot(body, head, cached_inputs_, /*cache=*/true);
       cached_.push_back(std::move(head));
     }
+    if (plan_.column_loads == ColumnLoads::with_row) {
+      body.push_back(comment("the output pass's per-column inputs, loaded with the row"));
+      const std::set<int> columns = output_column_inputs();
+      for (Slot& slot : cached_)
+        for (int operand : columns) column_values(body, slot, operand);
+    }
   }
   for (size_t l = 0; l < levels_.size(); ++l) {
     if (l + 1 == levels_.size() && program_fast(levels_[l])) {
@@ -1792,9 +1806,7 @@ void RowLowering::rest_of_row(std::vector<Stmt>& body) {
     // of the outputs that use them, so their latencies overlap instead of each store waiting
     // in turn. H200, f32 RMSNorm 256 x 262144 on clusters of 16 groups: 250 us loading each
     // slot's weight before its store.
-    std::set<int> columns;
-    for (int i : live_stores_)
-      if (decl(prog_.stores()[i].operand).role == Role::row_out) column_inputs_of(prog_.stores()[i].value, columns);
+    const std::set<int> columns = output_column_inputs();
     const size_t ahead = plan_.ctas_per_program > 1 && !columns.empty()
                              ? size_t(std::max<int64_t>(1, 16 / (int64_t(plan_.vector_elems) * int64_t(columns.size()))))
                              : 0;

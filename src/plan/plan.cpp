@@ -20,6 +20,7 @@ std::string to_string(Alignment v) { return v == Alignment::require ? "require" 
 std::string to_string(CacheFormat v) { return v == CacheFormat::packed ? "packed" : "f32"; }
 std::string to_string(RowHead v) { return v == RowHead::peel ? "peel" : "as_is"; }
 std::string to_string(MergeStrategy v) { return v == MergeStrategy::staged ? "staged" : "combine"; }
+std::string to_string(ColumnLoads v) { return v == ColumnLoads::with_row ? "with_row" : "ahead"; }
 
 namespace {
 
@@ -173,7 +174,8 @@ std::string MappingPlan::loop_nest() const {
      << "\n";
   if (caching == InputCaching::registers) {
     os << in << "      for stripe in 0.." << stripes << " (unrolled):    // row cached in " << stripes * vector_elems
-       << " of " << private_budget << " private scalars per row input\n";
+       << " of " << private_budget << " private scalars per row input"
+       << (column_loads == ColumnLoads::with_row ? "; per-column inputs loaded with it" : "") << "\n";
   } else {
     os << in << "      for pass in reduction levels + output:   // input re-read each pass\n"
        << in << "        for stripe in 0..ceil(cols/" << elems_per_stripe() << ") step " << stripe_unroll << ":\n";
@@ -184,7 +186,7 @@ std::string MappingPlan::loop_nest() const {
      << (caching == InputCaching::registers ? ", cache format: " + to_string(cache_format) : "") << "\n"
      << in << "      reductions over the row (" << to_string(merge) << "): per worker, warp shuffles"
      << (workers_per_program > 32 ? ", shared memory and a " + to_string(barrier_scope) + "-scope barrier" : "")
-     << (ctas_per_program > 1 ? ", then the cluster's partials through distributed shared memory between two cluster barriers"
+     << (ctas_per_program > 1 ? ", then every warp's partials pushed into each group's exchange region of the cluster"
                               : "")
      << "\n";
   if (loops) os << "  reductions over the rows: per group in registers/shared memory, then a second kernel\n";

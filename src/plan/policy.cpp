@@ -290,6 +290,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // the monoids' combines (divisions, exponentials at every butterfly level). H200: register-
   // cached LayerNorm and RMSNorm lost 5-50 % to combine merges at 1K-16K columns.
   p.merge = req.merge.value_or(p.caching == InputCaching::registers ? MergeStrategy::staged : MergeStrategy::combine);
+  p.column_loads = req.column_loads.value_or(ColumnLoads::ahead);
 
   // Packing: short-row programs share a group of about kTargetGroupThreads threads, unless
   // that would leave fewer than kGroupsPerSm groups per SM; sub-warp programs fill whole warps.
@@ -458,6 +459,9 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
   if (p.merge == MergeStrategy::staged && p.caching != InputCaching::registers)
     fail("merge", "\"combine\" unless the rows are cached in registers (a staged merge reads the row once per stage)",
          "\"staged\" with caching \"" + to_string(p.caching) + "\"");
+  if (p.column_loads == ColumnLoads::with_row && p.caching != InputCaching::registers)
+    fail("column_loads", "\"ahead\" unless the rows are cached in registers (a re-read loop loads them per iteration)",
+         "\"with_row\" with caching \"" + to_string(p.caching) + "\"");
   if (p.cache_format == CacheFormat::packed && (p.caching != InputCaching::registers || !inputs_16bit || V % 2 != 0))
     fail("cache_format", "\"f32\" unless the rows are cached in registers, every row input is 16-bit and vector_elems is even",
          "\"packed\" with caching \"" + to_string(p.caching) + "\", row inputs " + input_dtypes +

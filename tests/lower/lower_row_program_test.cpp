@@ -147,6 +147,7 @@ TEST(LowerRowProgram, RandomProgramsOnRandomPlansMatchTheFloat64Evaluation) {
         req.barrier_scope = BarrierScope::program;
       if (dt == DType::bf16 && plan.caching == InputCaching::registers && plan.vector_elems % 2 == 0 && pick(0, 1))
         req.cache_format = CacheFormat::packed;
+      if (plan.caching == InputCaching::registers && pick(0, 2) == 0) req.column_loads = ColumnLoads::with_row;
       // The row split over the groups of a cluster (stripes recomputed to cover the row once).
       if (plan.caching == InputCaching::registers && plan.programs_per_group == 1 && plan.workers_per_program % 32 == 0 &&
           !g.has_col_out && !g.has_total && pick(0, 2) == 0) {
@@ -581,6 +582,60 @@ TEST(LowerRowProgram, MaxOfMinFoldsOnlyForAConstantThatIsNotNaN) {
 }
 
 // Reductions over the rows are bitwise identical from run to run and across plans of the same
+
+// column_loads "with_row": the output pass's per-column inputs (weight, bias) are loaded right
+// after the cached row, before the first merge, and the results are bitwise those of "ahead";
+// a re-read plan refuses it by name.
+TEST(LowerRowProgram, ColumnLoadsWithTheRowPrecedeTheMergesAndChangeNoResult) {
+  RowProgram p("scaled_norm");
+  Operand x = p.row_in("x"), y = p.row_out("y");
+  Operand w = p.col_in("w", DTypeSet::floats(), false), b = p.col_in("b", DTypeSet::floats(), false);
+  RowExpr v = p.load(x);
+  auto [e, q] = p.reduce2(Axis::cols, monoid::scaled_sum_squares(), v);
+  // Σ x² = q 4^e for any exponent the state holds: only ldexp(q, 2e) is the program's value.
+  p.store(y, v * rsqrt(ldexp(q / p.cols(), e + e) + 1e-6) * p.load(w) + p.load(b));
+  std::mt19937_64 rng(21);
+  const int64_t rows = 3, cols = 3001;
+  testing::HostMatrix a(DType::bf16, rows, cols, cols), out(DType::f32, rows, cols, cols);
+  testing::HostVector wv(DType::f32, cols), bv(DType::bf16, cols);
+  a.fill_random(rng), wv.fill_random(rng, 1.0, 0.5), bv.fill_random(rng, 0.0, 0.5);
+  Args args;
+  args.set("x", a.view()).set("y", out.view()).set("w", wv.view()).set("b", bv.view());
+  const BoundCall call = bind(p, args);
+  for (int C : {1, 4}) {
+    PlanRequest req;
+    req.ctas_per_program = C, req.workers_per_program = 128, req.caching = InputCaching::registers;
+    SCOPED_TRACE("ctas_per_program " + std::to_string(C));
+    std::vector<std::vector<uint8_t>> results;
+    for (ColumnLoads loads : {ColumnLoads::ahead, ColumnLoads::with_row}) {
+      req.column_loads = loads;
+      const std::string ir =
+          ir::to_string(lower_row_program(p, call.signature(), choose_plan(call.plan_inputs(), req)).main.kernel);
+      const size_t first_w = ir.find("= load.whole w[") != std::string::npos ? ir.find("= load.whole w[") : ir.find("= load w[");
+      const size_t merge = C > 1 ? ir.find("exchange_wait ") : ir.find("shfl_xor(");
+      ASSERT_NE(first_w, std::string::npos) << ir;
+      ASSERT_NE(merge, std::string::npos) << ir;
+      EXPECT_EQ(first_w < merge, loads == ColumnLoads::with_row) << ir;
+      out.poison();
+      run(p, args, {req, nullptr, Backend::cpu});
+      const OracleCheck check = check_against_reference(p, args);
+      EXPECT_TRUE(check.ok) << check.first_mismatch;
+      EXPECT_TRUE(out.outside_untouched());
+      results.push_back(out.bytes());
+    }
+    EXPECT_EQ(results[0], results[1]);
+  }
+  PlanRequest reread;
+  reread.caching = InputCaching::reread, reread.column_loads = ColumnLoads::with_row;
+  try {
+    run(p, args, {reread, nullptr, Backend::cpu});
+    ADD_FAILURE() << "a re-read plan loading its columns with the row ran";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("plan.column_loads': expected \"ahead\" unless the rows are cached"), std::string::npos)
+        << err.what();
+  }
+}
+
 // grid (partials folded in slot order).
 TEST(LowerRowProgram, ReductionsOverRowsAreBitwiseRepeatable) {
   RowProgram p("weight_gradient");
