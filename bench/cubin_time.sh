@@ -8,6 +8,7 @@
 #   bench/cubin_time.sh prepare DIR TAG OP SHAPE DTYPE BUILD [PLAN_JSON]   (any machine with nvcc)
 #   bench/cubin_time.sh run DIR                                            (the GPU machine)
 #
+# CHECK_ROWS=R checks the variant on R rows instead (faster on the CPU; see below).
 # prepare adds one variant to DIR (TAG.cu, TAG.cubin, a line of DIR/list.txt); run builds the
 # timer and times every variant of DIR. bf16 or f32 (every operand of the call that dtype).
 set -euo pipefail
@@ -18,7 +19,11 @@ if [[ $mode == prepare ]]; then
   tag=$3 op=$4 shape=$5 dtype=$6 build=$7 plan=${8:-}
   [[ $dtype == bf16 || $dtype == f32 ]] || { echo "cubin_time.sh: dtype: expected bf16 or f32, got $dtype" >&2; exit 2; }
   mkdir -p "$dir"
-  args=(run --op "$op" --shape "$shape" --dtype "$dtype" --backend cpu --show source)
+  # CHECK_ROWS: the CPU oracle check runs on that many rows (the kernel does not depend on the
+  # row count for a plan that takes one row block a group); the grid is scaled to the shape's rows.
+  rows=${shape%x*}
+  check_rows=${CHECK_ROWS:-$rows}
+  args=(run --op "$op" --shape "${check_rows}x${shape#*x}" --dtype "$dtype" --backend cpu --show source)
   [[ -n $plan ]] && args+=(--plan "$plan")
   LD_LIBRARY_PATH=$build "$build/tile" "${args[@]}" > "$dir/$tag.txt"
   grep -q "PASS" "$dir/$tag.txt" || { echo "cubin_time.sh: $tag: the oracle check did not pass" >&2; exit 1; }
@@ -27,6 +32,11 @@ if [[ $mode == prepare ]]; then
     sed "s/^/$tag: /"
   kernel=$(grep -A1 '__global__' "$dir/$tag.cu" | tail -1 | sed 's/(.*//')
   grid=$(grep -o "launch: [0-9]* group" "$dir/$tag.txt" | grep -o "[0-9]*")
+  if ((check_rows != rows)); then
+    grep -q '"grid_limit":0' "$dir/$tag.txt" ||
+      { echo "cubin_time.sh: $tag: CHECK_ROWS needs a plan of one row block a group (grid_limit 0)" >&2; exit 1; }
+    grid=$((grid * rows / check_rows))
+  fi
   block=$(grep -o "x [0-9]* thread" "$dir/$tag.txt" | grep -o "[0-9]*")
   case $op in rms_norm) kind=rms ;; layer_norm) kind=ln ;; *) kind=softmax ;; esac
   echo "$tag $kernel $kind $dtype ${shape%x*} ${shape#*x} $grid $block" >> "$dir/list.txt"

@@ -47,7 +47,8 @@ TARGETS = {"softmax_backward": _BACKWARD_TARGETS, "rms_norm_backward": _BACKWARD
            "layer_norm_backward": _BACKWARD_TARGETS, "fused_add_rms_norm": [(2048, 16384, 92.0, ("bf16",))],
            "cross_entropy_fwd_bwd": [(1, 1 << 30, 100.0 / 1.15, None)]}
 THRESHOLDS = (95.0, 90.0, 85.0)
-# Plan fields in the table: (field, prefix) -> e.g. "w128 p2 v8 s4 registers".
+# Plan fields in the table: (field, prefix) -> e.g. "w128 p2 v8 s4 registers", then "c8 staged"
+# for a row split over a cluster of 8 groups.
 PLAN_FIELDS = [("workers_per_program", "w"), ("programs_per_group", "p"), ("vector_elems", "v"),
                ("stripes", "s"), ("caching", "")]
 
@@ -196,6 +197,9 @@ def plan_text(plan):
     for field, prefix in PLAN_FIELDS:
         v = plan.get(field)
         parts.append(f"{prefix}{'?' if v is None else v}")
+    # A row split over a cluster: its groups and how the merges cross them.
+    if plan.get("ctas_per_program", 1) > 1:
+        parts.append(f"c{plan['ctas_per_program']} {plan.get('merge', '?')}")
     return " ".join(parts)
 
 
@@ -247,7 +251,8 @@ def markdown(doc, source):
     out += ["% of copy = copy ms / implementation ms × 100 (same bytes, same process). "
             "Tile / best = fastest peer's ms / Tile's ms (> 1: Tile is faster). "
             f"Plan: w = workers_per_program, p = programs_per_group, v = vector_elems, s = stripes, "
-            "then caching. `error`: the entry errored or failed the float64 oracle (listed below); "
+            "then caching, and for a row split over a cluster c = ctas_per_program and the merge. "
+            "`error`: the entry errored or failed the float64 oracle (listed below); "
             "`n/a`: not supported.", ""]
 
     formulas = doc.get("bytes_formulas") if isinstance(doc.get("bytes_formulas"), dict) else {}

@@ -288,8 +288,15 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   p.cache_format = req.cache_format.value_or(CacheFormat::f32);
   // A cached row merges each sum and max on its own: additions and maxima cross workers, not
   // the monoids' combines (divisions, exponentials at every butterfly level). H200: register-
-  // cached LayerNorm and RMSNorm lost 5-50 % to combine merges at 1K-16K columns.
-  p.merge = req.merge.value_or(p.caching == InputCaching::registers ? MergeStrategy::staged : MergeStrategy::combine);
+  // cached LayerNorm and RMSNorm lost 5-50 % to combine merges at 1K-16K columns. Except on a
+  // cluster whose merges take at most two slots (softmax's maximum and sum): one exchange of
+  // combined states costs less than one exchange a stage (H200, kernels timed alone,
+  // evidence/cubin-time-h200-cluster-merges-c5eea4d.log, staged / combine us: bf16 softmax
+  // 1024 x 131072 169.0 / 158.4, 256 x 262144 97.6 / 90.8, 2048 x 65536 154.8 / 151.7; f32
+  // 256 x 262144 144.1 / 137.7), where RMSNorm and LayerNorm lost 9-26 % the same way.
+  const bool one_exchange = p.ctas_per_program > 1 && in.merge_parts <= 2;
+  p.merge = req.merge.value_or(p.caching == InputCaching::registers && !one_exchange ? MergeStrategy::staged
+                                                                                      : MergeStrategy::combine);
   p.column_loads = req.column_loads.value_or(ColumnLoads::ahead);
 
   // Packing: short-row programs share a group of about kTargetGroupThreads threads, unless

@@ -135,6 +135,12 @@ def test_markdown_table_cells(markdown):
     assert table_row(markdown, "bf16", "softmax", 1024) == [
         "softmax", "1024", "1024", "1000", "80.0", "50.0", "66.7", "100.0", "0.80", "Triton (row)",
         "w128 p2 v8 s4 registers"]
+    # A row split over a cluster names its groups and merge.
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    from plot_sweep import plan_text
+    assert plan_text({"workers_per_program": 256, "programs_per_group": 1, "vector_elems": 8, "stripes": 8,
+                      "caching": "registers", "ctas_per_program": 8, "merge": "combine"}) == \
+        "w256 p1 v8 s8 registers c8 combine"
     # The erroring peer shows as an error; the best peer is then the fastest of the others.
     assert table_row(markdown, "bf16", "softmax", 65536)[4:10] == [
         "96.2", "76.9", "83.3", "error", "1.15", "torch.compile"]

@@ -348,6 +348,11 @@ TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
     PlanInputs two = in;
     two.merge_parts = 2;
     EXPECT_EQ(choose_plan(two, {}, clusters).ctas_per_program, w.workers == 256 ? w.ctas : 1);
+    // One exchange of combined states where the merges take two slots (also when re-read, as
+    // every re-read plan); on a cluster, a stage each otherwise.
+    EXPECT_EQ(choose_plan(two, {}, clusters).merge, MergeStrategy::combine);
+    EXPECT_EQ(choose_plan(two, cached, clusters).merge, MergeStrategy::combine);
+    EXPECT_EQ(choose_plan(in, cached, clusters).merge, MergeStrategy::staged);
     two.row_operands.insert(two.row_operands.begin(), two.row_operands.front());  // a second row input
     EXPECT_EQ(choose_plan(two, {}, clusters).ctas_per_program, 1);
     const MappingPlan p = choose_plan(in, cached, clusters);
