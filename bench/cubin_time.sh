@@ -23,6 +23,7 @@ if [[ $mode == prepare ]]; then
   # row count for a plan that takes one row block a group); the grid is scaled to the shape's rows.
   rows=${shape%x*}
   check_rows=${CHECK_ROWS:-$rows}
+  ((check_rows < rows)) || check_rows=$rows
   args=(run --op "$op" --shape "${check_rows}x${shape#*x}" --dtype "$dtype" --backend cpu --show source)
   [[ -n $plan ]] && args+=(--plan "$plan")
   LD_LIBRARY_PATH=$build "$build/tile" "${args[@]}" > "$dir/$tag.txt"

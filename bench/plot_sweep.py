@@ -199,7 +199,7 @@ def plan_text(plan):
         parts.append(f"{prefix}{'?' if v is None else v}")
     # A row split over a cluster: its groups and how the merges cross them.
     if plan.get("ctas_per_program", 1) > 1:
-        parts.append(f"c{plan['ctas_per_program']} {plan.get('merge', '?')}")
+        parts.append(f"c{plan['ctas_per_program']}" + (f" {plan['merge']}" if "merge" in plan else ""))
     return " ".join(parts)
 
 

@@ -18,11 +18,10 @@ from regret import geomean_regret  # noqa: E402
 
 
 def plan_text(p):
-    # The sweep tables' compact plan, plus the unroll that tells re-read plans apart, a cluster's
-    # groups, and for a reduction over the rows (bench/train_regret.py) its grid limit and
-    # second-phase workers.
+    # The sweep tables' compact plan (a cluster's groups and merge among it), plus the unroll
+    # that tells re-read plans apart, and for a reduction over the rows (bench/train_regret.py)
+    # its grid limit and second-phase workers.
     return (sweep_plan_text(p) + (f" u{p['stripe_unroll']}" if p["caching"] == "reread" else "") +
-            (f" c{p['ctas_per_program']}" if p.get("ctas_per_program", 1) > 1 else "") +
             (f" g{p['grid_limit']} f{p['finish_workers']}" if p.get("grid_limit") else ""))
 
 
