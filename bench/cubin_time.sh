@@ -6,6 +6,7 @@
 # 9 batches of back-to-back launches over buffers beyond L2), two passes in turn.
 #
 #   bench/cubin_time.sh prepare DIR TAG OP SHAPE DTYPE BUILD [PLAN_JSON]   (any machine with nvcc)
+#   bench/cubin_time.sh prepare-list DIR LIST BUILD   (every line of LIST: TAG OP SHAPE DTYPE [PLAN_JSON], tab-separated)
 #   bench/cubin_time.sh run DIR                                            (the GPU machine)
 #
 # CHECK_ROWS=R checks the variant on R rows instead (faster on the CPU; see below).
@@ -41,6 +42,16 @@ if [[ $mode == prepare ]]; then
   block=$(grep -o "x [0-9]* thread" "$dir/$tag.txt" | grep -o "[0-9]*")
   case $op in rms_norm) kind=rms ;; layer_norm) kind=ln ;; *) kind=softmax ;; esac
   echo "$tag $kernel $kind $dtype ${shape%x*} ${shape#*x} $grid $block" >> "$dir/list.txt"
+elif [[ $mode == prepare-list ]]; then
+  list=${3:?LIST} build=${4:?BUILD}
+  # Two variants at a time (the CPU checks dominate); a tag already in DIR is kept.
+  n=0
+  while IFS=$'\t' read -r tag op shape dtype plan; do
+    [[ -z $tag || $tag == \#* || -f $dir/$tag.cubin ]] && continue
+    "$0" prepare "$dir" "$tag" "$op" "$shape" "$dtype" "$build" "$plan" &
+    if (( ++n % 2 == 0 )); then wait; fi
+  done < "$list"
+  wait
 elif [[ $mode == run ]]; then
   nvcc -O2 -o "$dir/cubin_time" "$here/cubin_time.cu" -L"${CUDA_HOME:-/usr/local/cuda}/lib64/stubs" -lcuda
   for pass in 1 2; do
@@ -49,6 +60,6 @@ elif [[ $mode == run ]]; then
     done < "$dir/list.txt"
   done
 else
-  echo "cubin_time.sh: mode: expected prepare or run, got $mode" >&2
+  echo "cubin_time.sh: mode: expected prepare, prepare-list or run, got $mode" >&2
   exit 2
 fi
