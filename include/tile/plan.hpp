@@ -49,9 +49,11 @@ enum class CacheFormat : uint8_t { f32, packed };
 enum class MergeStrategy : uint8_t { combine, staged };
 // When a register-cached program loads the per-column inputs of its output pass (a norm's
 // weight and bias): `ahead` of the stores that use them (about 16 scalars ahead on a cluster,
-// where they are used), or `with_row`, right after the cached row slice, so their latency
-// overlaps the reductions' merges instead of the output pass (registers held meanwhile).
-enum class ColumnLoads : uint8_t { ahead, with_row };
+// where they are used); `with_row`, right after the cached row slice, so their latency
+// overlaps the reductions' merges instead of the output pass (registers held meanwhile); or
+// `once`, before a group's loop over row blocks (grid_limit > 0), kept in registers for every
+// row it owns: a worker's columns are the same in every row.
+enum class ColumnLoads : uint8_t { ahead, with_row, once };
 
 // type, name, default, smallest, largest (integers), what it sets
 #define TILE_PLAN_FIELDS(X)                                                                          \
@@ -70,7 +72,7 @@ enum class ColumnLoads : uint8_t { ahead, with_row };
   X(CacheFormat, cache_format, CacheFormat::f32, 0, 1, "register cache of 16-bit input")            \
   X(RowHead, row_head, RowHead::as_is, 0, 1, "elements before the row's first aligned column")       \
   X(MergeStrategy, merge, MergeStrategy::combine, 0, 1, "how reductions merge across workers")      \
-  X(ColumnLoads, column_loads, ColumnLoads::ahead, 0, 1, "when a cached row's output pass loads per-column inputs") \
+  X(ColumnLoads, column_loads, ColumnLoads::ahead, 0, 2, "when a cached row's output pass loads per-column inputs") \
   X(int, resident_groups, 1, 1, 32, "groups per SM the kernel is compiled to fit (launch bounds)")  \
   X(int, grid_limit, 0, 0, 1 << 30, "most groups launched; each loops over rows (0: one per row block)") \
   X(int, finish_workers, 256, 32, 1024, "workers per group of the second phase of reductions over the rows")

@@ -416,6 +416,7 @@ class RowLowering {
   void row_inputs_of(int node, std::set<int>& out) const;
   void column_inputs_of(int node, std::set<int>& out) const;  // per-column inputs (present) a node reads
   std::set<int> output_column_inputs() const;  // per-column inputs of the output pass's row stores
+  void hold_columns(std::vector<Stmt>& body);
   std::vector<ChunkGroup> slot_groups(std::vector<Stmt>& out, std::vector<Slot*> slots, const std::vector<int>& inputs);
   void level_pass(std::vector<Stmt>& out, const std::vector<int>& reductions);
   enum class LeafKind { sum, max, uniform };
@@ -490,6 +491,9 @@ class RowLowering {
   bool cluster_resident_ = false;  // the cluster wait before the first push is emitted
   int loop_it_ = -1;        // the iteration register of the re-read loop being built
   int head_ = -1;           // row_head "peel": elements before the row's first aligned column
+  // column_loads "once": per stripe, the output pass's per-column inputs loaded before the loop
+  // over row blocks (operand -> registers), shared by every row the group owns.
+  std::vector<std::map<int, std::vector<int>>> held_columns_;
   bool peel_ = false;
 };
 
@@ -548,6 +552,7 @@ LoweredProgram RowLowering::run() {
           row_acc_[red].push_back(assign_new(body, "racc", fc(rr.monoid.identity[q])));
       }
     }
+    if (plan_.column_loads == ColumnLoads::once) hold_columns(body);
     int it = em_.temp("block_it", Type::i64);
     first_row_ = assign_new(body, "first", b1_const(true));
     std::vector<Stmt> loop;
@@ -752,6 +757,35 @@ void RowLowering::column_inputs_of(int node, std::set<int>& out) const {
   if (n.kind == RowNode::Kind::load && decl(n.operand).role == Role::col_in && present(n.operand)) out.insert(n.operand);
   for (int o : {n.a, n.b, n.c})
     if (o >= 0) column_inputs_of(o, out);
+}
+
+// column_loads "once": a worker's columns are the same in every row, so the output pass's
+// per-column inputs are loaded once, before the loop over row blocks, against cols (in bounds
+// whatever the row), and kept in registers counted against the private budget.
+void RowLowering::hold_columns(std::vector<Stmt>& body) {
+  body.push_back(comment("the output pass's per-column inputs, loaded once for every row block"));
+  const std::set<int> columns = output_column_inputs();
+  const int V = plan_.vector_elems;
+  ExprPtr cols = param(p_cols_, Type::i64);
+  std::map<int, ExprPtr> aligned;
+  for (int operand : columns) {
+    const int buffer = buffer_of_.at(operand);
+    aligned[operand] = whole_ ? b1_const(true)
+                              : r(assign_new(body, decl(operand).name + "_aligned",
+                                             row_aligned(buffer, i64(0), V * dtype_size(k_.buffers[buffer].dtype))));
+  }
+  for (int s = 0; s < plan_.stripes; ++s) {
+    ExprPtr col = r(assign_new(body, "col", stripe_col(i64(s))));
+    std::map<int, std::vector<int>> held;
+    for (int operand : columns) {
+      std::vector<int>& regs = held[operand];
+      for (int j = 0; j < V; ++j) regs.push_back(k_.add_reg(decl(operand).name + std::to_string(k_.regs.size()),
+                                                            value_type(dtype(operand), real()), /*cached=*/true));
+      body.push_back(whole(load(regs, buffer_of_.at(operand), col, binary(BinOp::sub, cols, col), aligned[operand],
+                                plan_.tail == TailHandling::clamp, 0.0f)));
+    }
+    held_columns_.push_back(std::move(held));
+  }
 }
 
 std::set<int> RowLowering::output_column_inputs() const {
@@ -1736,6 +1770,7 @@ std::vector<Stmt> RowLowering::row_body() {
       Slot slot;
       slot.col = stripe_col(i64(s));
       load_slot(body, slot, cached_inputs_, /*cache=*/true);
+      if (!held_columns_.empty()) slot.column = held_columns_[size_t(s)];
       cached_.push_back(std::move(slot));
     }
     if (peel_) {  // last: every worker's first cached element stays its lowest column

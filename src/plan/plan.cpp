@@ -20,20 +20,30 @@ std::string to_string(Alignment v) { return v == Alignment::require ? "require" 
 std::string to_string(CacheFormat v) { return v == CacheFormat::packed ? "packed" : "f32"; }
 std::string to_string(RowHead v) { return v == RowHead::peel ? "peel" : "as_is"; }
 std::string to_string(MergeStrategy v) { return v == MergeStrategy::staged ? "staged" : "combine"; }
-std::string to_string(ColumnLoads v) { return v == ColumnLoads::with_row ? "with_row" : "ahead"; }
+std::string to_string(ColumnLoads v) {
+  return v == ColumnLoads::with_row ? "with_row" : v == ColumnLoads::once ? "once" : "ahead";
+}
 
 namespace {
 
-// Every plan enum has exactly two values, 0 and 1, named by to_string.
+// A plan enum's values are 0 .. its field's largest, each named by to_string.
 template <typename T>
 constexpr bool kIsEnum = std::is_enum_v<T>;
 
 template <typename T>
-std::vector<std::string> enum_names() {
+std::vector<std::string> enum_names(int64_t hi) {
+  std::vector<std::string> names;
   if constexpr (kIsEnum<T>)
-    return {to_string(T(0)), to_string(T(1))};
-  else
-    return {};
+    for (int64_t v = 0; v <= hi; ++v) names.push_back(to_string(T(v)));
+  return names;
+}
+
+// "a" or "b"; "a", "b" or "c".
+std::string quoted_choice(const std::vector<std::string>& names) {
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + ("\"" + names[i] + "\"");
+  return text;
 }
 
 template <typename T>
@@ -48,9 +58,9 @@ template <typename T>
 T parse_value(const json& j, const char* field, int64_t lo, int64_t hi) {
   if constexpr (kIsEnum<T>) {
     if (j.is_string())
-      for (int v = 0; v <= 1; ++v)
+      for (int64_t v = lo; v <= hi; ++v)
         if (to_string(T(v)) == j.get<std::string>()) return T(v);
-    throw_argument_error("mapping plan", field, "\"" + to_string(T(0)) + "\" or \"" + to_string(T(1)) + "\"", j.dump());
+    throw_argument_error("mapping plan", field, quoted_choice(enum_names<T>(hi)), j.dump());
   } else {
     const std::string range = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
     // A float beyond the range (1e30, 2^64) is out of range first; one inside it is not an integer.
@@ -88,7 +98,7 @@ json parse_object(const std::string& text) {
 
 const std::vector<PlanFieldInfo>& plan_fields() {
   static const std::vector<PlanFieldInfo> fields = {
-#define TILE_PLAN_INFO(type, name, def, lo, hi, doc) {#name, kIsEnum<type>, lo, hi, enum_names<type>(), doc},
+#define TILE_PLAN_INFO(type, name, def, lo, hi, doc) {#name, kIsEnum<type>, lo, hi, enum_names<type>(hi), doc},
       TILE_PLAN_FIELDS(TILE_PLAN_INFO)
 #undef TILE_PLAN_INFO
   };
@@ -164,7 +174,9 @@ std::string MappingPlan::loop_nest() const {
      << std::string(loops ? 6 : 23, ' ') << "// " << threads_per_group() << " threads, " << resident_groups
      << " resident per SM\n";
   const std::string in = loops ? "  " : "";
-  if (loops) os << "  for block in group, group + grid, ...:    // row blocks this group owns\n";
+  if (loops)
+    os << "  for block in group, group + grid, ...:    // row blocks this group owns"
+       << (column_loads == ColumnLoads::once ? "; per-column inputs loaded once before" : "") << "\n";
   os << in << "  parallel program in 0.." << programs_per_group << ":       // row = block * " << programs_per_group
      << " + program\n";
   if (ctas_per_program > 1)

@@ -147,8 +147,10 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // One 16-bit row input (the forward operators' bf16 and f16 calls): the rules measured for it below.
   const bool one_16bit_input = in.row_inputs() == 1 && xes == 2;
   // Registers a cached column position costs a worker: one per row input, plus accumulators
-  // of reductions over the rows (two each in f64: the budget counts 32-bit registers).
-  const int64_t per_elem = (in.row_inputs() + in.rows_reduction_parts) * (in.real_bytes / 4);
+  // of reductions over the rows (two each in f64: the budget counts 32-bit registers), plus
+  // the per-column inputs a request holds across rows (column_loads "once").
+  const int64_t held_columns = req.column_loads == ColumnLoads::once ? int64_t(in.column_dtypes.size()) : 0;
+  const int64_t per_elem = (in.row_inputs() + in.rows_reduction_parts + held_columns) * (in.real_bytes / 4);
   // A row too long for one group's registers is split over the groups of a cluster where the
   // target has clusters: the smallest power-of-two cluster whose groups of kClusterWidth
   // workers each cache at most kClusterSliceScalars scalars (asked for register caching, wider
@@ -432,7 +434,9 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
                           " >= cols = " + str(in.cols),
            str(p.stripes) + " x " + (C > 1 ? str(C) + " x " : std::string()) + str(W) + " x " + str(V) + " = " +
                str(covered));
-    const int64_t per_elem = (in.row_inputs() + in.rows_reduction_parts) * (in.real_bytes / 4);
+    // Per-column inputs held across rows (column_loads "once") are cached beside the row.
+    const int64_t held_columns = p.column_loads == ColumnLoads::once ? int64_t(in.column_dtypes.size()) : 0;
+    const int64_t per_elem = (in.row_inputs() + in.rows_reduction_parts + held_columns) * (in.real_bytes / 4);
     // A peeled head is one more cached vector.
     const int64_t vectors = int64_t(p.stripes) + (p.row_head == RowHead::peel ? 1 : 0);
     if (vectors * V * per_elem > p.private_budget)
@@ -440,6 +444,7 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
                           " scalars (or caching \"reread\")",
            std::string(p.row_head == RowHead::peel ? "(stripes + 1 for the peeled head)" : "stripes") +
                " x vector_elems x " + str(per_elem) + " (row inputs and row-reduction accumulators" +
+               (held_columns ? std::string(", per-column inputs held across rows") : std::string()) +
                (in.real_bytes == 8 ? ", two scalars each in f64" : "") + ") = " + str(vectors * V * per_elem) +
                " scalars per worker");
   }
@@ -466,9 +471,13 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
   if (p.merge == MergeStrategy::staged && p.caching != InputCaching::registers)
     fail("merge", "\"combine\" unless the rows are cached in registers (a staged merge reads the row once per stage)",
          "\"staged\" with caching \"" + to_string(p.caching) + "\"");
-  if (p.column_loads == ColumnLoads::with_row && p.caching != InputCaching::registers)
+  if (p.column_loads != ColumnLoads::ahead && p.caching != InputCaching::registers)
     fail("column_loads", "\"ahead\" unless the rows are cached in registers (a re-read loop loads them per iteration)",
-         "\"with_row\" with caching \"" + to_string(p.caching) + "\"");
+         "\"" + to_string(p.column_loads) + "\" with caching \"" + to_string(p.caching) + "\"");
+  if (p.column_loads == ColumnLoads::once && (p.grid_limit == 0 || p.row_head != RowHead::as_is))
+    fail("column_loads",
+         "\"once\" only for groups that loop over row blocks (grid_limit > 0) with row_head \"as_is\"",
+         "grid_limit " + str(p.grid_limit) + ", row_head \"" + to_string(p.row_head) + "\"");
   if (p.cache_format == CacheFormat::packed && (p.caching != InputCaching::registers || !inputs_16bit || V % 2 != 0))
     fail("cache_format", "\"f32\" unless the rows are cached in registers, every row input is 16-bit and vector_elems is even",
          "\"packed\" with caching \"" + to_string(p.caching) + "\", row inputs " + input_dtypes +

@@ -147,7 +147,8 @@ TEST(LowerRowProgram, RandomProgramsOnRandomPlansMatchTheFloat64Evaluation) {
         req.barrier_scope = BarrierScope::program;
       if (dt == DType::bf16 && plan.caching == InputCaching::registers && plan.vector_elems % 2 == 0 && pick(0, 1))
         req.cache_format = CacheFormat::packed;
-      if (plan.caching == InputCaching::registers && pick(0, 2) == 0) req.column_loads = ColumnLoads::with_row;
+      if (plan.caching == InputCaching::registers && pick(0, 2) == 0)
+        req.column_loads = plan.grid_limit > 0 && pick(0, 1) ? ColumnLoads::once : ColumnLoads::with_row;
       // The row split over the groups of a cluster (stripes recomputed to cover the row once).
       if (plan.caching == InputCaching::registers && plan.programs_per_group == 1 && plan.workers_per_program % 32 == 0 &&
           !g.has_col_out && !g.has_total && pick(0, 2) == 0) {
@@ -581,19 +582,24 @@ TEST(LowerRowProgram, MaxOfMinFoldsOnlyForAConstantThatIsNotNaN) {
   }
 }
 
-// Reductions over the rows are bitwise identical from run to run and across plans of the same
-
-// column_loads "with_row": the output pass's per-column inputs (weight, bias) are loaded right
-// after the cached row, before the first merge, and the results are bitwise those of "ahead";
-// a re-read plan refuses it by name.
-TEST(LowerRowProgram, ColumnLoadsWithTheRowPrecedeTheMergesAndChangeNoResult) {
-  RowProgram p("scaled_norm");
+// x * rstd * w + b over a scaled sum of squares, with required weight and bias: a norm whose
+// output pass reads two per-column inputs.
+RowProgram affine_rms_program() {
+  RowProgram p("affine_rms");
   Operand x = p.row_in("x"), y = p.row_out("y");
   Operand w = p.col_in("w", DTypeSet::floats(), false), b = p.col_in("b", DTypeSet::floats(), false);
   RowExpr v = p.load(x);
   auto [e, q] = p.reduce2(Axis::cols, monoid::scaled_sum_squares(), v);
   // Σ x² = q 4^e for any exponent the state holds: only ldexp(q, 2e) is the program's value.
   p.store(y, v * rsqrt(ldexp(q / p.cols(), e + e) + 1e-6) * p.load(w) + p.load(b));
+  return p;
+}
+
+// column_loads "with_row": the output pass's per-column inputs (weight, bias) are loaded right
+// after the cached row, before the first merge, and the results are bitwise those of "ahead";
+// a re-read plan refuses it by name.
+TEST(LowerRowProgram, ColumnLoadsWithTheRowPrecedeTheMergesAndChangeNoResult) {
+  const RowProgram p = affine_rms_program();
   std::mt19937_64 rng(21);
   const int64_t rows = 3, cols = 3001;
   testing::HostMatrix a(DType::bf16, rows, cols, cols), out(DType::f32, rows, cols, cols);
@@ -636,6 +642,61 @@ TEST(LowerRowProgram, ColumnLoadsWithTheRowPrecedeTheMergesAndChangeNoResult) {
   }
 }
 
+
+// column_loads "once": in a group looping over row blocks the weight and bias are loaded before
+// the loop, once a group, and every row reuses them: the same bits as loading them each row,
+// with (rows - groups) x stripes x workers fewer vector loads of each.
+TEST(LowerRowProgram, ColumnsLoadedOnceServeEveryRowBlockOfAGroup) {
+  const RowProgram p = affine_rms_program();
+  std::mt19937_64 rng(22);
+  const int64_t rows = 300, cols = 4096, groups = 8;
+  testing::HostMatrix a(DType::f32, rows, cols, cols), out(DType::f32, rows, cols, cols);
+  testing::HostVector wv(DType::f32, cols), bv(DType::f32, cols);
+  a.fill_random(rng), wv.fill_random(rng, 1.0, 0.5), bv.fill_random(rng, 0.0, 0.5);
+  Args args;
+  args.set("x", a.view()).set("y", out.view()).set("w", wv.view()).set("b", bv.view());
+  const BoundCall call = bind(p, args);
+  PlanRequest req;
+  req.workers_per_program = 256, req.caching = InputCaching::registers, req.grid_limit = int(groups);
+  std::vector<std::vector<uint8_t>> results;
+  std::vector<LaunchRecord> records;
+  for (ColumnLoads loads : {ColumnLoads::ahead, ColumnLoads::once}) {
+    req.column_loads = loads;
+    const MappingPlan plan = choose_plan(call.plan_inputs(), req);
+    ASSERT_EQ(plan.stripes, 4);
+    ASSERT_EQ(plan.vector_elems, 4);
+    const std::string ir = ir::to_string(lower_row_program(p, call.signature(), plan).main.kernel);
+    const size_t first_w = ir.find("= load.whole w["), loop = ir.find("for (");
+    ASSERT_NE(first_w, std::string::npos) << ir;
+    ASSERT_NE(loop, std::string::npos) << ir;
+    EXPECT_EQ(first_w < loop, loads == ColumnLoads::once) << ir;
+    out.poison();
+    records.push_back(run(p, args, {req, nullptr, Backend::cpu}));
+    const OracleCheck check = check_against_reference(p, args);
+    EXPECT_TRUE(check.ok) << check.first_mismatch;
+    results.push_back(out.bytes());
+  }
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(records[0].vector_accesses - records[1].vector_accesses, (rows - groups) * 4 * 256 * 2);
+  // Refused by name without a loop over row blocks, and where the slice and columns exceed the budget.
+  req.grid_limit = 0;
+  try {
+    run(p, args, {req, nullptr, Backend::cpu});
+    ADD_FAILURE() << "column_loads once without a loop over row blocks ran";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("plan.column_loads': expected \"once\" only for groups that loop over row blocks"),
+              std::string::npos) << err.what();
+  }
+  req.grid_limit = int(groups), req.workers_per_program = 64;
+  try {
+    run(p, args, {req, nullptr, Backend::cpu});
+    ADD_FAILURE() << "a slice of 64 scalars and two held columns ran within a budget of 64";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("per-column inputs held across rows) = 192 scalars"), std::string::npos) << err.what();
+  }
+}
+
+// Reductions over the rows are bitwise identical from run to run and across plans of the same
 // grid (partials folded in slot order).
 TEST(LowerRowProgram, ReductionsOverRowsAreBitwiseRepeatable) {
   RowProgram p("weight_gradient");
