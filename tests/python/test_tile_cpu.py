@@ -163,6 +163,25 @@ def test_record_counts_vector_and_scalar_accesses():
     assert_close(peeled["out"], reference("softmax", x))
 
 
+def test_columns_loaded_once_serve_every_row_block():
+    # 8 groups looping over 300 rows of 4096: the weight is loaded once a group, not once a row,
+    # and the output is the same to the bit.
+    x = make((300, 4096), np.float32)
+    weight = make(4096, np.float32)
+    plan = {"grid_limit": 8, "workers_per_program": 256}
+    ahead = tile.run("rms_norm", x, weight=weight, plan=plan)
+    once = tile.run("rms_norm", x, weight=weight, plan=dict(plan, column_loads="once"))
+    assert once["plan"]["column_loads"] == "once" and ahead["plan"]["column_loads"] == "ahead"
+    stripes = once["plan"]["stripes"]
+    assert ahead["vector_accesses"] - once["vector_accesses"] == (300 - 8) * stripes * 256
+    assert np.array_equal(once["out"], ahead["out"])
+    assert_close(once["out"], reference("rms_norm", x, weight))
+    with pytest.raises(ValueError, match="plan.column_loads.*\"once\" only for groups that loop over row blocks"):
+        tile.run("rms_norm", x, weight=weight, plan={"column_loads": "once"})
+    with pytest.raises(ValueError, match='plan.*column_loads.*"ahead", "with_row" or "once"'):
+        tile.run("rms_norm", x, weight=weight, plan={"column_loads": "never"})
+
+
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_every_printed_plan_given_back_launches_the_same_kernel(op, dtype):
