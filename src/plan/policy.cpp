@@ -295,7 +295,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // combined states costs less than one exchange a stage (H200, kernels timed alone,
   // evidence/cubin-time-h200-cluster-merges-c5eea4d.log, staged / combine us: bf16 softmax
   // 1024 x 131072 169.0 / 158.4, 256 x 262144 97.6 / 90.8, 2048 x 65536 154.8 / 151.7; f32
-  // 256 x 262144 144.1 / 137.7), where RMSNorm and LayerNorm lost 9-26 % the same way.
+  // 256 x 262144 144.1 / 137.7), where RMSNorm lost 6-10 % and LayerNorm 21-26 % the same way.
   const bool one_exchange = p.ctas_per_program > 1 && in.merge_parts <= 2;
   p.merge = req.merge.value_or(p.caching == InputCaching::registers && !one_exchange ? MergeStrategy::staged
                                                                                       : MergeStrategy::combine);
