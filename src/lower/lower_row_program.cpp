@@ -408,6 +408,14 @@ class RowLowering {
   ExprPtr slot_aligned(const Slot& slot, int operand) const {
     return slot.scalar ? b1_const(false) : r(aligned_.at(operand));
   }
+  // Whether a vector access of `buffer` at element `offset` may be one instruction.
+  ExprPtr vector_aligned(int buffer, ExprPtr offset) const {
+    if (whole_) return b1_const(true);
+    return row_aligned(buffer, std::move(offset), plan_.vector_elems * dtype_size(k_.buffers[buffer].dtype));
+  }
+  // One vector of a per-column input at `col`, `valid` of it in the row; `held` registers count
+  // against the private budget (kept across row blocks).
+  std::vector<int> load_column(std::vector<Stmt>& out, int operand, ExprPtr col, ExprPtr valid, ExprPtr aligned, bool held);
   void load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<int>& inputs, bool cache);
   ExprPtr in_row(const Slot& slot, int j) const { return whole_ ? slot.live : binary(BinOp::lt, i32_const(j), slot.in_row_count); }
   ExprPtr row_value(std::vector<Stmt>& out, int node);
@@ -702,10 +710,6 @@ void RowLowering::begin_row(std::vector<Stmt>& b, ExprPtr block) {
   } else {
     load_cols_ = store_cols_;
   }
-  auto aligned = [&](int buffer, ExprPtr offset) -> ExprPtr {
-    if (whole_) return b1_const(true);
-    return row_aligned(buffer, std::move(offset), V * dtype_size(k_.buffers[buffer].dtype));
-  };
   for (auto& [operand, buffer] : buffer_of_) {
     const Role role = decl(operand).role;
     if (role == Role::row_in)
@@ -730,11 +734,11 @@ void RowLowering::begin_row(std::vector<Stmt>& b, ExprPtr block) {
   for (auto& [operand, buffer] : buffer_of_) {
     const Role role = decl(operand).role;
     if (role == Role::row_in)
-      aligned_[operand] = assign_new(b, decl(operand).name + "_aligned", aligned(buffer, at_start(r(load_off_[operand]))));
+      aligned_[operand] = assign_new(b, decl(operand).name + "_aligned", vector_aligned(buffer, at_start(r(load_off_[operand]))));
     else if (role == Role::row_out)
-      aligned_[operand] = assign_new(b, decl(operand).name + "_aligned", aligned(buffer, at_start(r(store_off_[operand]))));
+      aligned_[operand] = assign_new(b, decl(operand).name + "_aligned", vector_aligned(buffer, at_start(r(store_off_[operand]))));
     else if (role == Role::col_in)
-      aligned_[operand] = assign_new(b, decl(operand).name + "_aligned", aligned(buffer, start));
+      aligned_[operand] = assign_new(b, decl(operand).name + "_aligned", vector_aligned(buffer, start));
   }
   // Per-row inputs: one load per program row (every worker reads the same address).
   for (auto& [operand, buffer] : buffer_of_) {
@@ -765,25 +769,15 @@ void RowLowering::column_inputs_of(int node, std::set<int>& out) const {
 void RowLowering::hold_columns(std::vector<Stmt>& body) {
   body.push_back(comment("the output pass's per-column inputs, loaded once for every row block"));
   const std::set<int> columns = output_column_inputs();
-  const int V = plan_.vector_elems;
   ExprPtr cols = param(p_cols_, Type::i64);
   std::map<int, ExprPtr> aligned;
-  for (int operand : columns) {
-    const int buffer = buffer_of_.at(operand);
-    aligned[operand] = whole_ ? b1_const(true)
-                              : r(assign_new(body, decl(operand).name + "_aligned",
-                                             row_aligned(buffer, i64(0), V * dtype_size(k_.buffers[buffer].dtype))));
-  }
+  for (int operand : columns)
+    aligned[operand] = em_.keep(body, vector_aligned(buffer_of_.at(operand), i64(0)), decl(operand).name + "_aligned");
   for (int s = 0; s < plan_.stripes; ++s) {
     ExprPtr col = r(assign_new(body, "col", stripe_col(i64(s))));
     std::map<int, std::vector<int>> held;
-    for (int operand : columns) {
-      std::vector<int>& regs = held[operand];
-      for (int j = 0; j < V; ++j) regs.push_back(k_.add_reg(decl(operand).name + std::to_string(k_.regs.size()),
-                                                            value_type(dtype(operand), real()), /*cached=*/true));
-      body.push_back(whole(load(regs, buffer_of_.at(operand), col, binary(BinOp::sub, cols, col), aligned[operand],
-                                plan_.tail == TailHandling::clamp, 0.0f)));
-    }
+    for (int operand : columns)
+      held[operand] = load_column(body, operand, col, binary(BinOp::sub, cols, col), aligned[operand], /*held=*/true);
     held_columns_.push_back(std::move(held));
   }
 }
@@ -1736,14 +1730,20 @@ void RowLowering::flush_rows(std::vector<Stmt>& out) {
 }
 
 // A per-column input's values in a slot, loaded on first use.
+std::vector<int> RowLowering::load_column(std::vector<Stmt>& out, int operand, ExprPtr col, ExprPtr valid, ExprPtr aligned,
+                                          bool held) {
+  std::vector<int> regs;
+  for (int j = 0; j < plan_.vector_elems; ++j)
+    regs.push_back(k_.add_reg(decl(operand).name + std::to_string(k_.regs.size()), value_type(dtype(operand), real()), held));
+  out.push_back(whole(load(regs, buffer_of_.at(operand), std::move(col), std::move(valid), std::move(aligned),
+                           plan_.tail == TailHandling::clamp, 0.0f)));
+  return regs;
+}
+
 const std::vector<int>& RowLowering::column_values(std::vector<Stmt>& out, Slot& slot, int operand) {
   std::vector<int>& loaded = slot.column[operand];
-  if (loaded.empty()) {
-    const DType dt = dtype(operand);
-    for (int j = 0; j < plan_.vector_elems; ++j) loaded.push_back(em_.temp(decl(operand).name, value_type(dt, real())));
-    out.push_back(whole(load(loaded, buffer_of_.at(operand), slot.col, slot_count(slot, load_cols_),
-                             slot_aligned(slot, operand), plan_.tail == TailHandling::clamp, 0.0f)));
-  }
+  if (loaded.empty())
+    loaded = load_column(out, operand, slot.col, slot_count(slot, load_cols_), slot_aligned(slot, operand), /*held=*/false);
   return loaded;
 }
 

@@ -43,6 +43,14 @@ constexpr int kTargetGroupThreads = 256;
 // Groups per SM below which packing more rows per group would leave SMs idle.
 constexpr int64_t kGroupsPerSm = 2;
 
+// Registers a cached column position costs a worker: one per row input, plus accumulators of
+// reductions over the rows, plus the per-column inputs held across rows (column_loads "once");
+// two each in f64 (the budget counts 32-bit registers).
+int64_t cached_scalars_per_column(const PlanInputs& in, ColumnLoads loads) {
+  const int64_t held = loads == ColumnLoads::once ? int64_t(in.column_dtypes.size()) : 0;
+  return (in.row_inputs() + in.rows_reduction_parts + held) * (in.real_bytes / 4);
+}
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 int pow2_at_least(int64_t v) {
@@ -146,11 +154,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   const int64_t xes = in.input_bytes_per_col();
   // One 16-bit row input (the forward operators' bf16 and f16 calls): the rules measured for it below.
   const bool one_16bit_input = in.row_inputs() == 1 && xes == 2;
-  // Registers a cached column position costs a worker: one per row input, plus accumulators
-  // of reductions over the rows (two each in f64: the budget counts 32-bit registers), plus
-  // the per-column inputs a request holds across rows (column_loads "once").
-  const int64_t held_columns = req.column_loads == ColumnLoads::once ? int64_t(in.column_dtypes.size()) : 0;
-  const int64_t per_elem = (in.row_inputs() + in.rows_reduction_parts + held_columns) * (in.real_bytes / 4);
+  const int64_t per_elem = cached_scalars_per_column(in, req.column_loads.value_or(ColumnLoads::ahead));
   // A row too long for one group's registers is split over the groups of a cluster where the
   // target has clusters: the smallest power-of-two cluster whose groups of kClusterWidth
   // workers each cache at most kClusterSliceScalars scalars (asked for register caching, wider
@@ -434,9 +438,8 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
                           " >= cols = " + str(in.cols),
            str(p.stripes) + " x " + (C > 1 ? str(C) + " x " : std::string()) + str(W) + " x " + str(V) + " = " +
                str(covered));
-    // Per-column inputs held across rows (column_loads "once") are cached beside the row.
-    const int64_t held_columns = p.column_loads == ColumnLoads::once ? int64_t(in.column_dtypes.size()) : 0;
-    const int64_t per_elem = (in.row_inputs() + in.rows_reduction_parts + held_columns) * (in.real_bytes / 4);
+    const bool held_columns = p.column_loads == ColumnLoads::once && !in.column_dtypes.empty();
+    const int64_t per_elem = cached_scalars_per_column(in, p.column_loads);
     // A peeled head is one more cached vector.
     const int64_t vectors = int64_t(p.stripes) + (p.row_head == RowHead::peel ? 1 : 0);
     if (vectors * V * per_elem > p.private_budget)

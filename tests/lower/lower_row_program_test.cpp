@@ -14,6 +14,7 @@
 
 #include "bind/bind.hpp"
 #include "ir/printer.hpp"
+#include "support/error_of.hpp"
 #include "testing/host_tensor.hpp"
 #include "tile/tile.hpp"
 
@@ -595,18 +596,27 @@ RowProgram affine_rms_program() {
   return p;
 }
 
+// Random x (of `x_dtype`) and weight and bias (the bias of `bias_dtype`) for it, y in f32.
+struct AffineRmsCall {
+  testing::HostMatrix x, y;
+  testing::HostVector w, b;
+  Args args;
+  AffineRmsCall(DType x_dtype, DType bias_dtype, int64_t rows, int64_t cols, uint64_t seed)
+      : x(x_dtype, rows, cols, cols), y(DType::f32, rows, cols, cols), w(DType::f32, cols), b(bias_dtype, cols) {
+    std::mt19937_64 rng(seed);
+    x.fill_random(rng), w.fill_random(rng, 1.0, 0.5), b.fill_random(rng, 0.0, 0.5);
+    args.set("x", x.view()).set("y", y.view()).set("w", w.view()).set("b", b.view());
+  }
+};
+
 // column_loads "with_row": the output pass's per-column inputs (weight, bias) are loaded right
 // after the cached row, before the first merge, and the results are bitwise those of "ahead";
 // a re-read plan refuses it by name.
 TEST(LowerRowProgram, ColumnLoadsWithTheRowPrecedeTheMergesAndChangeNoResult) {
   const RowProgram p = affine_rms_program();
-  std::mt19937_64 rng(21);
-  const int64_t rows = 3, cols = 3001;
-  testing::HostMatrix a(DType::bf16, rows, cols, cols), out(DType::f32, rows, cols, cols);
-  testing::HostVector wv(DType::f32, cols), bv(DType::bf16, cols);
-  a.fill_random(rng), wv.fill_random(rng, 1.0, 0.5), bv.fill_random(rng, 0.0, 0.5);
-  Args args;
-  args.set("x", a.view()).set("y", out.view()).set("w", wv.view()).set("b", bv.view());
+  AffineRmsCall c(DType::bf16, DType::bf16, 3, 3001, 21);
+  const Args& args = c.args;
+  testing::HostMatrix& out = c.y;
   const BoundCall call = bind(p, args);
   for (int C : {1, 4}) {
     PlanRequest req;
@@ -633,13 +643,8 @@ TEST(LowerRowProgram, ColumnLoadsWithTheRowPrecedeTheMergesAndChangeNoResult) {
   }
   PlanRequest reread;
   reread.caching = InputCaching::reread, reread.column_loads = ColumnLoads::with_row;
-  try {
-    run(p, args, {reread, nullptr, Backend::cpu});
-    ADD_FAILURE() << "a re-read plan loading its columns with the row ran";
-  } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("plan.column_loads': expected \"ahead\" unless the rows are cached"), std::string::npos)
-        << err.what();
-  }
+  const std::string error = testing::error_of([&] { run(p, args, {reread, nullptr, Backend::cpu}); });
+  EXPECT_NE(error.find("plan.column_loads': expected \"ahead\" unless the rows are cached"), std::string::npos) << error;
 }
 
 
@@ -648,13 +653,10 @@ TEST(LowerRowProgram, ColumnLoadsWithTheRowPrecedeTheMergesAndChangeNoResult) {
 // with (rows - groups) x stripes x workers fewer vector loads of each.
 TEST(LowerRowProgram, ColumnsLoadedOnceServeEveryRowBlockOfAGroup) {
   const RowProgram p = affine_rms_program();
-  std::mt19937_64 rng(22);
-  const int64_t rows = 300, cols = 4096, groups = 8;
-  testing::HostMatrix a(DType::f32, rows, cols, cols), out(DType::f32, rows, cols, cols);
-  testing::HostVector wv(DType::f32, cols), bv(DType::f32, cols);
-  a.fill_random(rng), wv.fill_random(rng, 1.0, 0.5), bv.fill_random(rng, 0.0, 0.5);
-  Args args;
-  args.set("x", a.view()).set("y", out.view()).set("w", wv.view()).set("b", bv.view());
+  const int64_t rows = 300, groups = 8;
+  AffineRmsCall c(DType::f32, DType::f32, rows, 4096, 22);
+  const Args& args = c.args;
+  testing::HostMatrix& out = c.y;
   const BoundCall call = bind(p, args);
   PlanRequest req;
   req.workers_per_program = 256, req.caching = InputCaching::registers, req.grid_limit = int(groups);
@@ -679,21 +681,14 @@ TEST(LowerRowProgram, ColumnsLoadedOnceServeEveryRowBlockOfAGroup) {
   EXPECT_EQ(results[0], results[1]);
   EXPECT_EQ(records[0].vector_accesses - records[1].vector_accesses, (rows - groups) * 4 * 256 * 2);
   // Refused by name without a loop over row blocks, and where the slice and columns exceed the budget.
+  auto refusal = [&] { return testing::error_of([&] { run(p, args, {req, nullptr, Backend::cpu}); }); };
   req.grid_limit = 0;
-  try {
-    run(p, args, {req, nullptr, Backend::cpu});
-    ADD_FAILURE() << "column_loads once without a loop over row blocks ran";
-  } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("plan.column_loads': expected \"once\" only for groups that loop over row blocks"),
-              std::string::npos) << err.what();
-  }
-  req.grid_limit = int(groups), req.workers_per_program = 64;
-  try {
-    run(p, args, {req, nullptr, Backend::cpu});
-    ADD_FAILURE() << "a slice of 64 scalars and two held columns ran within a budget of 64";
-  } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("per-column inputs held across rows) = 192 scalars"), std::string::npos) << err.what();
-  }
+  std::string error = refusal();
+  EXPECT_NE(error.find("plan.column_loads': expected \"once\" only for groups that loop over row blocks"), std::string::npos)
+      << error;
+  req.grid_limit = int(groups), req.workers_per_program = 64;  // 64 scalars of slice and two held columns
+  error = refusal();
+  EXPECT_NE(error.find("per-column inputs held across rows) = 192 scalars"), std::string::npos) << error;
 }
 
 // Reductions over the rows are bitwise identical from run to run and across plans of the same
