@@ -1640,6 +1640,7 @@ void RowLowering::accumulate_rows(std::vector<Stmt>& out, Slot& slot) {
     if (!prog_.nodes()[rr.inputs[0]].shape.cols) continue;  // row values: accumulated once per row
     std::vector<std::vector<ExprPtr>> inputs;
     for (int in : rr.inputs) inputs.push_back(element(out, slot, in));
+    std::vector<std::vector<ExprPtr>> contributions;
     for (int j = 0; j < V; ++j) {
       // A chunk of one element: valid when the row is real and the element in it.
       ExprPtr valid = em_.keep(out, binary(BinOp::and_, r(row_valid_), in_row(slot, j)), "ok");
@@ -1649,41 +1650,48 @@ void RowLowering::accumulate_rows(std::vector<Stmt>& out, Slot& slot) {
       for (auto& v : inputs) e.inputs.push_back(v[j]);
       e.valid = valid;
       g.elems.push_back(e);
-      std::vector<ExprPtr> contribution = chunk_state(em_, out, m, {g});
-      if (plan_.caching == InputCaching::registers) {
-        const size_t index = size_t(&slot - cached_.data()) * V + j;
-        std::vector<int>& acc = elem_acc_[red][index];
-        std::vector<ExprPtr> mine;
-        for (int a : acc) mine.push_back(r(a));
-        em_.assign_all(out, acc, em_.combine(out, m, mine, contribution));
-      } else {
-        // Re-read plans keep each slot's partial in the workspace: read (unless this is the
-        // slot's first row), merge, write back. Only this program touches these elements.
-        std::vector<ExprPtr> mine;
-        std::vector<int> loaded;
-        for (size_t q = 0; q < m.parts.size(); ++q) {
-          ExprPtr index = binary(BinOp::add,
-                                 binary(BinOp::add, slot_base(),
-                                        binary(BinOp::mul, i64_const(ws_offset_[red] + int(q)), param(p_cols_, Type::i64))),
-                                 binary(BinOp::add, slot.col, i64(j)));
-          ExprPtr in_cols = binary(BinOp::lt, binary(BinOp::add, slot.col, i64(j)), param(p_cols_, Type::i64));
-          ExprPtr valid_count = select(binary(BinOp::and_, in_cols, unary(UnOp::not_, r(first_row_))), i64(1), i64(0));
-          int v = em_.temp("w", real());
-          out.push_back(load({v}, ws_buffer_, index, valid_count, b1_const(false), false, float(m.identity[q])));
-          mine.push_back(r(v));
-          loaded.push_back(v);
-        }
-        std::vector<ExprPtr> merged = em_.combine(out, m, mine, contribution);
-        for (size_t q = 0; q < m.parts.size(); ++q) {
-          ExprPtr index = binary(BinOp::add,
-                                 binary(BinOp::add, slot_base(),
-                                        binary(BinOp::mul, i64_const(ws_offset_[red] + int(q)), param(p_cols_, Type::i64))),
-                                 binary(BinOp::add, slot.col, i64(j)));
-          ExprPtr in_cols = binary(BinOp::lt, binary(BinOp::add, slot.col, i64(j)), param(p_cols_, Type::i64));
-          int v = em_.materialize(out, merged[q], "w");
-          out.push_back(store({v}, ws_buffer_, index, select(in_cols, i64(1), i64(0)), b1_const(false)));
-        }
+      contributions.push_back(chunk_state(em_, out, m, {g}));
+      if (plan_.caching != InputCaching::registers) continue;
+      const size_t index = size_t(&slot - cached_.data()) * V + j;
+      std::vector<int>& acc = elem_acc_[red][index];
+      std::vector<ExprPtr> mine;
+      for (int a : acc) mine.push_back(r(a));
+      em_.assign_all(out, acc, em_.combine(out, m, mine, contributions.back()));
+    }
+    if (plan_.caching == InputCaching::registers) continue;
+    // Re-read plans keep each slot's partial in the workspace: read (none on the slot's first
+    // row), merge, write back, in vector accesses of up to 16 bytes: one scalar access an element
+    // made the workspace's traffic the kernel's bottleneck. Only this program touches these elements.
+    const int bytes = dtype_size(workspace_dtype(real()));
+    const int width = std::min(V, 16 / bytes);
+    for (int j0 = 0; j0 < V; j0 += width) {
+      ExprPtr col = em_.keep(out, binary(BinOp::add, slot.col, i64(j0)), "col");
+      ExprPtr left = em_.keep(out, binary(BinOp::sub, param(p_cols_, Type::i64), col), "left");
+      std::vector<ExprPtr> index;
+      std::vector<std::vector<int>> loaded;
+      for (size_t q = 0; q < m.parts.size(); ++q) {
+        index.push_back(em_.keep(
+            out,
+            binary(BinOp::add,
+                   binary(BinOp::add, slot_base(),
+                          binary(BinOp::mul, i64_const(ws_offset_[red] + int(q)), param(p_cols_, Type::i64))),
+                   col),
+            "wi"));
+        std::vector<int> regs;
+        for (int j = 0; j < width; ++j) regs.push_back(em_.temp("w", real()));
+        out.push_back(load(regs, ws_buffer_, index[q], select(r(first_row_), i64(0), left), row_aligned(ws_buffer_, index[q], width * bytes),
+                           false, float(m.identity[q])));
+        loaded.push_back(std::move(regs));
       }
+      std::vector<std::vector<int>> merged(m.parts.size());
+      for (int j = 0; j < width; ++j) {
+        std::vector<ExprPtr> mine;
+        for (size_t q = 0; q < m.parts.size(); ++q) mine.push_back(r(loaded[q][size_t(j)]));
+        std::vector<ExprPtr> sum = em_.combine(out, m, mine, contributions[size_t(j0 + j)]);
+        for (size_t q = 0; q < m.parts.size(); ++q) merged[q].push_back(em_.materialize(out, sum[q], "w"));
+      }
+      for (size_t q = 0; q < m.parts.size(); ++q)
+        out.push_back(store(merged[q], ws_buffer_, index[q], left, row_aligned(ws_buffer_, index[q], width * bytes)));
     }
   }
 }

@@ -718,5 +718,33 @@ TEST(LowerRowProgram, ReductionsOverRowsAreBitwiseRepeatable) {
   }
 }
 
+// Re-read plans read and write their partials of reductions over the rows in vector accesses
+// where the workspace row is aligned, and sum them as register-cached plans of the same grid do.
+TEST(LowerRowProgram, ReReadPartialsOfReductionsOverRowsMoveInVectorAccesses) {
+  RowProgram p("weight_gradient");
+  Operand x = p.row_in("x"), dy = p.row_in("dy");
+  Operand dw = p.col_out("dweight");
+  p.store(dw, p.reduce1(Axis::rows, monoid::sum(), p.load(x) * p.load(dy)));
+  std::mt19937_64 rng(6);
+  testing::HostMatrix a(DType::f32, 300, 256, 256), b(DType::f32, 300, 256, 256);
+  a.fill_random(rng), b.fill_random(rng);
+  testing::HostVector out(DType::f32, 256);
+  Args args;
+  args.set("x", a.view()).set("dy", b.view()).set("dweight", out.view());
+  std::vector<std::vector<uint8_t>> results;
+  for (InputCaching caching : {InputCaching::reread, InputCaching::registers}) {
+    PlanRequest req;
+    req.caching = caching, req.workers_per_program = 64, req.vector_elems = 4, req.grid_limit = 7;
+    std::fill(out.bytes.begin(), out.bytes.end(), 0xff);
+    const LaunchRecord record = run(p, args, {req, nullptr, Backend::cpu});
+    EXPECT_EQ(record.scalar_accesses, 0) << to_string(caching);
+    EXPECT_GT(record.vector_accesses, 0) << to_string(caching);
+    const OracleCheck check = check_against_reference(p, args);
+    EXPECT_TRUE(check.ok) << check.first_mismatch;
+    results.push_back(out.bytes);
+  }
+  EXPECT_EQ(results[0], results[1]);
+}
+
 }  // namespace
 }  // namespace tile
