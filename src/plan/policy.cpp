@@ -38,6 +38,7 @@ constexpr int64_t kClusterSliceScalars = 64;
 // Where 16 such groups cannot hold a row, a request for register caching widens them to 512,
 // then 1024 workers of at most 32 scalars (index math needs the rest of their registers).
 constexpr int64_t kWideClusterSliceScalars = 32;
+constexpr int64_t kClusterCombinedStripes = 4;
 // Threads a group of packed short-row programs aims for.
 constexpr int kTargetGroupThreads = 256;
 // Groups per SM below which packing more rows per group would leave SMs idle.
@@ -165,13 +166,17 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // re-read against cluster: softmax f32 1024 x 65536 182 / 134, 512 x 131072 200 / 135,
   // 256 x 262144 203 / 145; bf16 1024 x 131072 186 / 169, 256 x 262144 106 / 97. RMSNorm lost
   // (f32 256 x 262144 206 / 239, bf16 116 / 141) and LayerNorm gained less (f32 208 / 192):
-  // they keep re-reading unless the request asks for register caching, as do programs of two
-  // row inputs (softmax_backward, log_softmax_backward: not measured on clusters).
+  // they keep re-reading unless the request asks for register caching. Programs of two or more
+  // row inputs go to a cluster whatever their merges: a re-read reads every input row twice.
+  // H200, training regret (bench/results/train-regret-h200-a322eb9.json), policy's re-read /
+  // fastest cluster plan, us: softmax_backward bf16 x 131072 318.6 / 193.3, f32 x 32768
+  // 316.2 / 194.9; log_softmax_backward f32 x 32768 246.0 / 189.3; fused_add_rms_norm f32 x
+  // 131072 406.0 / 282.3, bf16 x 65536 383.7 / 305.7.
   int cluster = 1, cluster_width = 0;
   const bool free_mapping = !req.stripes && !req.workers_per_program && req.programs_per_group.value_or(1) == 1 &&
                             req.caching.value_or(InputCaching::registers) == InputCaching::registers;
-  const bool cluster_wanted =
-      req.caching == InputCaching::registers || (!req.caching && in.merge_parts <= 2 && in.row_inputs() == 1);
+  const bool cluster_wanted = req.caching == InputCaching::registers ||
+                              (!req.caching && (in.row_inputs() >= 2 || in.merge_parts <= 2));
   if (req.ctas_per_program) {
     cluster = *req.ctas_per_program;
   } else if (limits.max_cluster_size > 1 && cols * xes > kRegisterRowBytes && free_mapping && !in.reduces_rows &&
@@ -179,11 +184,21 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     const int64_t budget = req.private_budget.value_or(64);
     const std::pair<int, int64_t> tiers[] = {
         {kClusterWidth, kClusterSliceScalars}, {512, kWideClusterSliceScalars}, {1024, kWideClusterSliceScalars}};
+    // Programs of several row inputs whose merges take one exchange (softmax_backward,
+    // log_softmax_backward) cache at most kClusterCombinedStripes vectors of each input a
+    // worker, in groups of 512 where 256 workers would need more (not 1024: re-reading was as
+    // fast or faster at 262144). H200 (the same run), us: f32 x 32768, 4 or 2 stripes against
+    // 8, softmax_backward 215 or 195 against 272; x 131072 on 512 workers, 287 against 321
+    // re-reading; x 262144 on 1024, 323 against 320 (log_softmax_backward 289 against 261).
+    const bool several_combined = in.row_inputs() >= 2 && in.merge_parts <= 2;
     for (auto [w, scalars] : tiers) {
-      if (cluster_width || w > limits.max_threads_per_group || (w != kClusterWidth && req.caching != InputCaching::registers))
+      if (cluster_width || w > limits.max_threads_per_group ||
+          (w != kClusterWidth && req.caching != InputCaching::registers && !(several_combined && w <= 512)))
         continue;
       for (int c = 2; c <= std::min(16, limits.max_cluster_size); c *= 2)
-        if (ceil_div(vectors, int64_t(c) * w) * p.vector_elems * per_elem <= std::min(scalars, budget)) {
+        if (const int64_t stripes = ceil_div(vectors, int64_t(c) * w);
+            stripes * p.vector_elems * per_elem <= std::min(scalars, budget) &&
+            (!several_combined || stripes <= kClusterCombinedStripes)) {
           cluster = c, cluster_width = w;
           break;
         }

@@ -329,6 +329,9 @@ TEST(Policy, ClusterPlansAreValidatedFieldByField) {
 // groups of 256 cannot, when the request asks for caching), so the row is read once; re-read
 // where 16 groups cannot hold it and on targets without clusters. Unasked, a program whose
 // merges take two slots (softmax's) goes to the same cluster; one of three (RMSNorm's) re-reads.
+// A program of two row inputs goes to a cluster either way: at most four vectors of each input
+// a worker, on 256 or 512 workers, where its merges take one exchange (softmax_backward's), else
+// the smallest cluster of 256 caching 64 scalars (fused_add_rms_norm's).
 TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
   DeviceLimits clusters;
   clusters.max_cluster_size = 16;
@@ -338,11 +341,13 @@ TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
     int64_t cols;
     DType dt;
     int ctas, workers;
+    int two_inputs_combined_ctas, two_inputs_combined_workers, two_inputs_staged_ctas;
   };
-  for (Want w : {Want{16384, DType::f32, 2, 256}, {32768, DType::f32, 2, 256}, {65536, DType::f32, 4, 256},
-                 {131072, DType::f32, 8, 256}, {262144, DType::f32, 16, 256}, {524288, DType::f32, 16, 1024},
-                 {32768, DType::bf16, 2, 256}, {65536, DType::bf16, 4, 256}, {262144, DType::bf16, 16, 256},
-                 {524288, DType::bf16, 16, 1024}}) {
+  for (Want w : {Want{16384, DType::f32, 2, 256, 4, 256, 2}, {32768, DType::f32, 2, 256, 8, 256, 4},
+                 {65536, DType::f32, 4, 256, 16, 256, 8}, {131072, DType::f32, 8, 256, 16, 512, 16},
+                 {262144, DType::f32, 16, 256, 1, 0, 1}, {524288, DType::f32, 16, 1024, 1, 0, 1},
+                 {32768, DType::bf16, 2, 256, 4, 256, 4}, {65536, DType::bf16, 4, 256, 8, 256, 8},
+                 {262144, DType::bf16, 16, 256, 1, 0, 1}, {524288, DType::bf16, 16, 1024, 1, 0, 1}}) {
     const PlanInputs in = inputs(4096, w.cols, w.dt);
     EXPECT_EQ(choose_plan(in, {}, clusters).ctas_per_program, 1);  // unasked, three merged parts: re-read
     PlanInputs two = in;
@@ -354,7 +359,23 @@ TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
     EXPECT_EQ(choose_plan(two, cached, clusters).merge, MergeStrategy::combine);
     EXPECT_EQ(choose_plan(in, cached, clusters).merge, MergeStrategy::staged);
     two.row_operands.insert(two.row_operands.begin(), two.row_operands.front());  // a second row input
-    EXPECT_EQ(choose_plan(two, {}, clusters).ctas_per_program, 1);
+    const MappingPlan combined = choose_plan(two, {}, clusters);
+    EXPECT_EQ(combined.ctas_per_program, w.two_inputs_combined_ctas) << combined.to_json();
+    if (w.two_inputs_combined_workers) {
+      EXPECT_EQ(combined.workers_per_program, w.two_inputs_combined_workers) << combined.to_json();
+      EXPECT_LE(combined.stripes, 4) << combined.to_json();
+      EXPECT_EQ(combined.merge, MergeStrategy::combine);
+      EXPECT_NO_THROW(validate_plan(combined, two, clusters, "softmax_backward"));
+    }
+    PlanInputs staged = in;
+    staged.row_operands.insert(staged.row_operands.begin(), staged.row_operands.front());
+    const MappingPlan s = choose_plan(staged, {}, clusters);
+    EXPECT_EQ(s.ctas_per_program, w.two_inputs_staged_ctas) << s.to_json();
+    if (w.two_inputs_staged_ctas > 1) {
+      EXPECT_EQ(s.workers_per_program, 256) << s.to_json();
+      EXPECT_EQ(s.merge, MergeStrategy::staged);
+      EXPECT_NO_THROW(validate_plan(s, staged, clusters, "fused_add_rms_norm"));
+    }
     const MappingPlan p = choose_plan(in, cached, clusters);
     SCOPED_TRACE(std::to_string(w.cols) + " " + std::string(dtype_name(w.dt)) + ": " + p.to_json());
     EXPECT_EQ(p.ctas_per_program, w.ctas);
