@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -208,8 +209,12 @@ def fmt_s(v):
     return f"{v:.2f}" if v >= 1 else f"{v:.3f}" if v >= 0.01 else f"{v:.4f}"
 
 
+# Terminal colour codes some peers put in their error messages (QuACK's CuTe DSL errors).
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def one_line(msg, limit=240):
-    msg = " ".join(str(msg).split())
+    msg = " ".join(ANSI_ESCAPE.sub("", str(msg)).split())
     return msg if len(msg) <= limit else msg[:limit - 1] + "…"
 
 

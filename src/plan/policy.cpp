@@ -39,6 +39,9 @@ constexpr int64_t kClusterSliceScalars = 64;
 // then 1024 workers of at most 32 scalars (index math needs the rest of their registers).
 constexpr int64_t kWideClusterSliceScalars = 32;
 constexpr int64_t kClusterCombinedStripes = 4;
+// Longest row of all row inputs together that a program reducing over the rows caches where
+// its slice and accumulators take more than kWideClusterSliceScalars scalars a worker.
+constexpr int64_t kRowsReducingCachedBytes = 64 * 1024;
 // Threads a group of packed short-row programs aims for.
 constexpr int kTargetGroupThreads = 256;
 // Groups per SM below which packing more rows per group would leave SMs idle.
@@ -221,6 +224,14 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // from 390 to 305 us (bf16) and 393 to 231 (f32), layer_norm_backward from 745 to 390 and
   // 499 to 238; at N = 8192, 1024 rather than 512 took layer_norm_backward from 784 to 460
   // (bf16) and 641 to 278 (f32), fused_add_rms_norm_backward from 855 to 485 and 865 to 364.
+  //
+  // Where the row inputs of a column take more than kRowsReducingCachedBytes a row together and
+  // the slice with its accumulators more than 32 scalars a worker, it re-reads instead: such a
+  // cache spills (ptxas: 92-468 bytes a thread at 1024 workers x 16384), and the workspace's
+  // vector accesses made re-reading cheaper. H200, N = 16384, register cache / re-read, us
+  // (bench/results/train-regret-h200-f6a80b8-subset.json): f32 rms_norm_backward 420 / 311,
+  // layer_norm_backward 661 / 459, fused_add_rms_norm_backward 875 / 531, bf16 863 / 651;
+  // bf16 rms_norm_backward (64 KiB) 406 / 486 and layer_norm_backward 731 / 966 keep caching.
   int rows_cache_width = 0;
   if (in.rows_reduction_parts > 0 && cluster == 1 && vectors > 16 && !req.workers_per_program && !req.stripes &&
       req.programs_per_group.value_or(1) == 1 && req.caching.value_or(InputCaching::registers) == InputCaching::registers) {
@@ -231,7 +242,9 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     for (int64_t w = std::clamp<int64_t>(round_up(ceil_div(cols, kRowsReducingElems), 32), occupancy_width, widest);;
          w *= 2) {
       const int64_t width = std::min(w, widest);
-      if (ceil_div(vectors, width) * p.vector_elems * per_elem <= budget) rows_cache_width = int(width);
+      const int64_t scalars = ceil_div(vectors, width) * p.vector_elems * per_elem;
+      if (scalars <= budget && (cols * xes <= kRowsReducingCachedBytes || scalars <= kWideClusterSliceScalars))
+        rows_cache_width = int(width);
       if (rows_cache_width || width == widest) break;
     }
   }

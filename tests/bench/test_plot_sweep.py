@@ -225,3 +225,8 @@ def test_not_json(tmp_path):
 def test_nothing_to_do(tmp_path):
     proc = invoke(write_json(tmp_path, build_sweep()))
     assert proc.returncode == 2 and "nothing to do" in proc.stderr
+
+
+def test_error_messages_lose_terminal_colour_codes():
+    from plot_sweep import one_line
+    assert one_line("\x1b[91m\x1b[1merror[X]:\x1b[0m launch\n  failed") == "error[X]: launch failed"
