@@ -42,6 +42,9 @@ constexpr int64_t kClusterCombinedStripes = 4;
 // Longest row of all row inputs together that a program reducing over the rows caches where
 // its slice and accumulators take more than kWideClusterSliceScalars scalars a worker.
 constexpr int64_t kRowsReducingCachedBytes = 64 * 1024;
+// Program slots an SM of the partials of a register-cached program reducing over the rows: its
+// workspace holds at most kMaxPartialSlotsPerSm x SMs x cols x parts floats.
+constexpr int64_t kMaxPartialSlotsPerSm = 8;
 // Threads a group of packed short-row programs aims for.
 constexpr int kTargetGroupThreads = 256;
 // Groups per SM below which packing more rows per group would leave SMs idle.
@@ -398,9 +401,24 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // groups an SM took rms_norm_backward from 437 to 310 us, layer_norm_backward from 533 to 407,
   // fused_add_rms_norm_backward from 547 to 408). Such groups come from short rows, so the
   // partials stay small.
+  //
+  // A register-cached row takes one wave of resident groups instead (resident_groups an SM), up
+  // to kMaxPartialSlotsPerSm program slots an SM: two groups of 1024 threads an SM ran two waves,
+  // and halving the groups for packed programs left the SMs half full. H200, kernels in the
+  // training regret (bench/results/train-regret-h200-a322eb9.json), us, before / after: bf16 x
+  // 1024 (two programs a group of 256) rms_norm_backward 466 / 349, layer_norm_backward
+  // 592 / 495, fused_add_rms_norm_backward 574 / 459; x 8192 (1024 workers) f32 231 / 211,
+  // 281 / 250, 372 / 345, bf16 358 / 345, 467 / 449, 486 / 490; bf16 x 16384
+  // (-f6a80b8-subset.json) 406 / 384, 731 / 689. Re-read rows keep the rule above: one wave
+  // gained 0-5 % at 32768 and lost up to 4 % beyond.
   const int64_t groups_per_sm = 2 * std::max<int64_t>(1, 512 / std::max<int64_t>(threads, 1));
+  const int64_t one_wave = std::min<int64_t>(int64_t(p.resident_groups) * limits.sm_count,
+                                             kMaxPartialSlotsPerSm * limits.sm_count / std::max(1, p.programs_per_group));
   p.grid_limit = req.grid_limit.value_or(
-      in.reduces_rows ? int(std::max<int64_t>(1, ceil_div(groups_per_sm * limits.sm_count, p.programs_per_group))) : 0);
+      !in.reduces_rows ? 0
+      : p.caching == InputCaching::registers && cluster == 1
+          ? int(std::max<int64_t>(1, one_wave))
+          : int(std::max<int64_t>(1, ceil_div(groups_per_sm * limits.sm_count, p.programs_per_group))));
   // The second phase reads slots x columns partials, one column per worker: 256 workers keep
   // a group's reads coalesced across a whole row of slots and leave 8 groups an SM.
   p.finish_workers = req.finish_workers.value_or(256);

@@ -115,6 +115,25 @@ TEST(Policy, RowsReducingProgramsStartAtEightColumnsAWorker) {
   EXPECT_EQ(p.workers_per_program, 256);
   EXPECT_EQ(p.stripes, 1);
   EXPECT_EQ(p.grid_limit, 2 * grid_512);
+  // A register-cached row takes one wave of resident groups, at most 8 program slots an SM:
+  // 1024 workers one group an SM (H200, f32 x 8192: layer_norm_backward 250 us against 281 on
+  // two), two programs of 128 in a group of 256 four groups an SM (bf16 x 1024:
+  // rms_norm_backward 349 against 466 on two), four programs of 64 capped at two groups an SM.
+  const int sms = DeviceLimits{}.sm_count;
+  p = choose_plan(two_inputs(16384, 8192, 1), {});
+  EXPECT_EQ(p.resident_groups, 1);
+  EXPECT_EQ(p.grid_limit, sms);
+  p = choose_plan(two_inputs(131072, 1024, 1), {});
+  ASSERT_EQ(p.threads_per_group(), 256) << p.to_json();
+  EXPECT_EQ(p.programs_per_group, 2);
+  EXPECT_EQ(p.grid_limit, 4 * sms);
+  p = choose_plan(two_inputs(131072, 512, 1), {});
+  ASSERT_EQ(p.programs_per_group, 4) << p.to_json();
+  EXPECT_EQ(p.grid_limit, 2 * sms) << p.to_json();
+  // Re-read rows keep about two groups an SM.
+  p = choose_plan(two_inputs(4096, 65536, 1), {});
+  ASSERT_EQ(p.caching, InputCaching::reread);
+  EXPECT_EQ(p.grid_limit, 2 * sms);
   PlanRequest grid;
   grid.grid_limit = 7;  // a requested grid limit is kept
   EXPECT_EQ(choose_plan(two_inputs(65536, 2048, 1), grid).grid_limit, 7);
