@@ -284,8 +284,14 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     // loads of y and dy (x and the residual) are all in flight at once. H200, N = 4096 (the
     // same subset): softmax_backward bf16 186 us with 256 workers of 2 stripes against 260 with
     // 128 of 4, log_softmax_backward 202 against 314; f32 and fused_add_rms_norm within 1 %.
-    int64_t stripes_wanted =
-        req.stripes ? *req.stripes : std::max<int64_t>(1, kTargetStripes / std::max(1, in.row_inputs()));
+    // Several 16-bit row inputs take one vector of each a worker (eight elements, as f32 rows take
+    // two vectors): H200, bf16 (bench/results/train-regret-h200-a322eb9.json), two stripes / one,
+    // us: log_softmax_backward x 1024 236 / 194, x 4096 234 / 206; fused_add_rms_norm 264 / 258,
+    // 267 / 263; softmax_backward 189 / 188, 187 / 186.
+    const bool several_16bit = in.row_inputs() >= 2 && xes == 2 * in.row_inputs();
+    int64_t stripes_wanted = req.stripes               ? *req.stripes
+                             : several_16bit && cluster == 1 ? 1
+                                                             : std::max<int64_t>(1, kTargetStripes / std::max(1, in.row_inputs()));
     // One 16-bit input of 17 to 32 vectors whose merges take at most two parts (softmax's
     // maximum and sum) takes two vectors a worker in half-warp programs: two rows a warp share
     // each butterfly level, one level fewer (H200, bf16 softmax x 256, kernels timed alone:

@@ -140,13 +140,24 @@ TEST(Policy, RowsReducingProgramsStartAtEightColumnsAWorker) {
 }
 
 TEST(Policy, SeveralRowInputsTakeFewerStripesAWorker) {
-  // Two bf16 row inputs of 4096 columns, no reduction over the rows: 2 stripes of 256 workers
-  // (H200: softmax_backward 186 us against 260 for 128 workers of 4 stripes packed in pairs).
+  // Two bf16 row inputs of 4096 columns, no reduction over the rows: one vector of each a worker,
+  // 512 workers (H200: log_softmax_backward 206 us against 234 for 256 workers of 2 stripes,
+  // 314 for 128 of 4).
   MappingPlan p = choose_plan(two_inputs(32768, 4096, 0), {});
   EXPECT_EQ(p.caching, InputCaching::registers);
-  EXPECT_EQ(p.workers_per_program, 256);
-  EXPECT_EQ(p.stripes, 2);
+  EXPECT_EQ(p.workers_per_program, 512);
+  EXPECT_EQ(p.stripes, 1);
   EXPECT_EQ(p.programs_per_group, 1);
+  // bf16 x 1024: two programs of 128 a group; x 8192: the automatic width stops at 512, 2 stripes.
+  p = choose_plan(two_inputs(131072, 1024, 0), {});
+  EXPECT_EQ(p.workers_per_program, 128);
+  EXPECT_EQ(p.stripes, 1);
+  EXPECT_EQ(p.programs_per_group, 2);
+  EXPECT_EQ(choose_plan(two_inputs(16384, 8192, 0), {}).stripes, 2);
+  // f32 rows keep two vectors of each a worker: eight elements.
+  p = choose_plan(several_inputs(DType::f32, 16384, 4096, 2, 0), {});
+  EXPECT_EQ(p.workers_per_program, 512);
+  EXPECT_EQ(p.stripes, 2);
   // One input keeps 4 stripes (the forward operators' plans).
   p = choose_plan(PlanInputs::for_rows(DType::bf16, DType::bf16, 32768, 4096), {});
   EXPECT_EQ(p.workers_per_program, 128);
