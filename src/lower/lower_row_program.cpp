@@ -1670,17 +1670,17 @@ void RowLowering::accumulate_rows(std::vector<Stmt>& out, Slot& slot) {
       std::vector<ExprPtr> index;
       std::vector<std::vector<int>> loaded;
       for (size_t q = 0; q < m.parts.size(); ++q) {
-        index.push_back(em_.keep(
-            out,
-            binary(BinOp::add,
-                   binary(BinOp::add, slot_base(),
-                          binary(BinOp::mul, i64_const(ws_offset_[red] + int(q)), param(p_cols_, Type::i64))),
-                   col),
-            "wi"));
+        index.push_back(
+            em_.keep(out,
+                     binary(BinOp::add,
+                            binary(BinOp::add, slot_base(),
+                                   binary(BinOp::mul, i64_const(ws_offset_[red] + int(q)), param(p_cols_, Type::i64))),
+                            col),
+                     "wi"));
         std::vector<int> regs;
         for (int j = 0; j < width; ++j) regs.push_back(em_.temp("w", real()));
-        out.push_back(load(regs, ws_buffer_, index[q], select(r(first_row_), i64(0), left), row_aligned(ws_buffer_, index[q], width * bytes),
-                           false, float(m.identity[q])));
+        out.push_back(load(regs, ws_buffer_, index[q], select(r(first_row_), i64(0), left),
+                           row_aligned(ws_buffer_, index[q], width * bytes), false, float(m.identity[q])));
         loaded.push_back(std::move(regs));
       }
       std::vector<std::vector<int>> merged(m.parts.size());

@@ -181,8 +181,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   int cluster = 1, cluster_width = 0;
   const bool free_mapping = !req.stripes && !req.workers_per_program && req.programs_per_group.value_or(1) == 1 &&
                             req.caching.value_or(InputCaching::registers) == InputCaching::registers;
-  const bool cluster_wanted = req.caching == InputCaching::registers ||
-                              (!req.caching && (in.row_inputs() >= 2 || in.merge_parts <= 2));
+  const bool cluster_wanted =
+      req.caching == InputCaching::registers || (!req.caching && (in.row_inputs() >= 2 || in.merge_parts <= 2));
   if (req.ctas_per_program) {
     cluster = *req.ctas_per_program;
   } else if (limits.max_cluster_size > 1 && cols * xes > kRegisterRowBytes && free_mapping && !in.reduces_rows &&
@@ -289,9 +289,10 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     // us: log_softmax_backward x 1024 236 / 194, x 4096 234 / 206; fused_add_rms_norm 264 / 258,
     // 267 / 263; softmax_backward 189 / 188, 187 / 186.
     const bool several_16bit = in.row_inputs() >= 2 && xes == 2 * in.row_inputs();
-    int64_t stripes_wanted = req.stripes               ? *req.stripes
-                             : several_16bit && cluster == 1 ? 1
-                                                             : std::max<int64_t>(1, kTargetStripes / std::max(1, in.row_inputs()));
+    int64_t stripes_wanted = req.stripes ? *req.stripes
+                             : several_16bit && cluster == 1
+                                 ? 1
+                                 : std::max<int64_t>(1, kTargetStripes / std::max(1, in.row_inputs()));
     // One 16-bit input of 17 to 32 vectors whose merges take at most two parts (softmax's
     // maximum and sum) takes two vectors a worker in half-warp programs: two rows a warp share
     // each butterfly level, one level fewer (H200, bf16 softmax x 256, kernels timed alone:
@@ -418,8 +419,9 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // (-f6a80b8-subset.json) 406 / 384, 731 / 689. Re-read rows keep the rule above: one wave
   // gained 0-5 % at 32768 and lost up to 4 % beyond.
   const int64_t groups_per_sm = 2 * std::max<int64_t>(1, 512 / std::max<int64_t>(threads, 1));
-  const int64_t one_wave = std::min<int64_t>(int64_t(p.resident_groups) * limits.sm_count,
-                                             kMaxPartialSlotsPerSm * limits.sm_count / std::max(1, p.programs_per_group));
+  const int64_t one_wave =
+      std::min<int64_t>(int64_t(p.resident_groups) * limits.sm_count,
+                        kMaxPartialSlotsPerSm * limits.sm_count / std::max(1, p.programs_per_group));
   p.grid_limit = req.grid_limit.value_or(
       !in.reduces_rows ? 0
       : p.caching == InputCaching::registers && cluster == 1

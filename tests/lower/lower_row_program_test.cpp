@@ -691,19 +691,29 @@ TEST(LowerRowProgram, ColumnsLoadedOnceServeEveryRowBlockOfAGroup) {
   EXPECT_NE(error.find("per-column inputs held across rows) = 192 scalars"), std::string::npos) << error;
 }
 
+// dweight = the sum over the rows of x * dy (a weight gradient's shape), f32, on random rows.
+struct WeightGradientCall {
+  RowProgram p{"weight_gradient"};
+  testing::HostMatrix a, b;
+  testing::HostVector out;
+  Args args;
+  WeightGradientCall(int64_t rows, int64_t cols, uint64_t seed)
+      : a(DType::f32, rows, cols, cols), b(DType::f32, rows, cols, cols), out(DType::f32, cols) {
+    Operand x = p.row_in("x"), dy = p.row_in("dy");
+    p.store(p.col_out("dweight"), p.reduce1(Axis::rows, monoid::sum(), p.load(x) * p.load(dy)));
+    std::mt19937_64 rng(seed);
+    a.fill_random(rng), b.fill_random(rng);
+    args.set("x", a.view()).set("dy", b.view()).set("dweight", out.view());
+  }
+};
+
 // Reductions over the rows are bitwise identical from run to run and across plans of the same
 // grid (partials folded in slot order).
 TEST(LowerRowProgram, ReductionsOverRowsAreBitwiseRepeatable) {
-  RowProgram p("weight_gradient");
-  Operand x = p.row_in("x"), dy = p.row_in("dy");
-  Operand dw = p.col_out("dweight");
-  p.store(dw, p.reduce1(Axis::rows, monoid::sum(), p.load(x) * p.load(dy)));
-  std::mt19937_64 rng(5);
-  testing::HostMatrix a(DType::f32, 300, 257, 257), b(DType::f32, 300, 257, 257);
-  a.fill_random(rng), b.fill_random(rng);
-  testing::HostVector out(DType::f32, 257);
-  Args args;
-  args.set("x", a.view()).set("dy", b.view()).set("dweight", out.view());
+  WeightGradientCall c(300, 257, 5);
+  const RowProgram& p = c.p;
+  const Args& args = c.args;
+  testing::HostVector& out = c.out;
   for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
     PlanRequest req;
     req.caching = caching;
@@ -721,16 +731,10 @@ TEST(LowerRowProgram, ReductionsOverRowsAreBitwiseRepeatable) {
 // Re-read plans read and write their partials of reductions over the rows in vector accesses
 // where the workspace row is aligned, and sum them as register-cached plans of the same grid do.
 TEST(LowerRowProgram, ReReadPartialsOfReductionsOverRowsMoveInVectorAccesses) {
-  RowProgram p("weight_gradient");
-  Operand x = p.row_in("x"), dy = p.row_in("dy");
-  Operand dw = p.col_out("dweight");
-  p.store(dw, p.reduce1(Axis::rows, monoid::sum(), p.load(x) * p.load(dy)));
-  std::mt19937_64 rng(6);
-  testing::HostMatrix a(DType::f32, 300, 256, 256), b(DType::f32, 300, 256, 256);
-  a.fill_random(rng), b.fill_random(rng);
-  testing::HostVector out(DType::f32, 256);
-  Args args;
-  args.set("x", a.view()).set("dy", b.view()).set("dweight", out.view());
+  WeightGradientCall c(300, 256, 6);
+  const RowProgram& p = c.p;
+  const Args& args = c.args;
+  testing::HostVector& out = c.out;
   std::vector<std::vector<uint8_t>> results;
   for (InputCaching caching : {InputCaching::reread, InputCaching::registers}) {
     PlanRequest req;

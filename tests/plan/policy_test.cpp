@@ -382,11 +382,16 @@ TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
     int ctas, workers;
     int two_inputs_combined_ctas, two_inputs_combined_workers, two_inputs_staged_ctas;
   };
-  for (Want w : {Want{16384, DType::f32, 2, 256, 4, 256, 2}, {32768, DType::f32, 2, 256, 8, 256, 4},
-                 {65536, DType::f32, 4, 256, 16, 256, 8}, {131072, DType::f32, 8, 256, 16, 512, 16},
-                 {262144, DType::f32, 16, 256, 1, 0, 1}, {524288, DType::f32, 16, 1024, 1, 0, 1},
-                 {32768, DType::bf16, 2, 256, 4, 256, 4}, {65536, DType::bf16, 4, 256, 8, 256, 8},
-                 {262144, DType::bf16, 16, 256, 1, 0, 1}, {524288, DType::bf16, 16, 1024, 1, 0, 1}}) {
+  for (Want w : {Want{16384, DType::f32, 2, 256, 4, 256, 2},
+                 {32768, DType::f32, 2, 256, 8, 256, 4},
+                 {65536, DType::f32, 4, 256, 16, 256, 8},
+                 {131072, DType::f32, 8, 256, 16, 512, 16},
+                 {262144, DType::f32, 16, 256, 1, 0, 1},
+                 {524288, DType::f32, 16, 1024, 1, 0, 1},
+                 {32768, DType::bf16, 2, 256, 4, 256, 4},
+                 {65536, DType::bf16, 4, 256, 8, 256, 8},
+                 {262144, DType::bf16, 16, 256, 1, 0, 1},
+                 {524288, DType::bf16, 16, 1024, 1, 0, 1}}) {
     const PlanInputs in = inputs(4096, w.cols, w.dt);
     EXPECT_EQ(choose_plan(in, {}, clusters).ctas_per_program, 1);  // unasked, three merged parts: re-read
     PlanInputs two = in;
