@@ -464,6 +464,13 @@ class RowLowering {
   void accumulate_rows(std::vector<Stmt>& out, Slot& slot);
   void flush_rows(std::vector<Stmt>& out);
   ExprPtr slot_base() const;
+  // This program's partial of part q of reduction red at column col, in the workspace.
+  ExprPtr partial_index(int red, size_t q, ExprPtr col) const;
+  // Elements of a workspace access: at most 16 bytes (the widest vector access), at most a vector.
+  int partial_width() const { return std::min(plan_.vector_elems, 16 / dtype_size(workspace_dtype(real()))); }
+  ExprPtr partial_aligned(ExprPtr index) const {
+    return row_aligned(ws_buffer_, std::move(index), partial_width() * dtype_size(workspace_dtype(real())));
+  }
   LoweredKernel lower_finish();
 
   const RowProgram& prog_;
@@ -1631,6 +1638,13 @@ ExprPtr RowLowering::slot_base() const {
   return binary(BinOp::mul, slot, stride);
 }
 
+ExprPtr RowLowering::partial_index(int red, size_t q, ExprPtr col) const {
+  return binary(BinOp::add,
+                binary(BinOp::add, slot_base(),
+                       binary(BinOp::mul, i64_const(ws_offset_.at(red) + int(q)), param(p_cols_, Type::i64))),
+                std::move(col));
+}
+
 // Folds this row's contribution into the accumulators of reductions over the rows.
 void RowLowering::accumulate_rows(std::vector<Stmt>& out, Slot& slot) {
   const int V = plan_.vector_elems;
@@ -1662,25 +1676,18 @@ void RowLowering::accumulate_rows(std::vector<Stmt>& out, Slot& slot) {
     // Re-read plans keep each slot's partial in the workspace: read (none on the slot's first
     // row), merge, write back, in vector accesses of up to 16 bytes: one scalar access an element
     // made the workspace's traffic the kernel's bottleneck. Only this program touches these elements.
-    const int bytes = dtype_size(workspace_dtype(real()));
-    const int width = std::min(V, 16 / bytes);
+    const int width = partial_width();
     for (int j0 = 0; j0 < V; j0 += width) {
       ExprPtr col = em_.keep(out, binary(BinOp::add, slot.col, i64(j0)), "col");
       ExprPtr left = em_.keep(out, binary(BinOp::sub, param(p_cols_, Type::i64), col), "left");
       std::vector<ExprPtr> index;
       std::vector<std::vector<int>> loaded;
       for (size_t q = 0; q < m.parts.size(); ++q) {
-        index.push_back(
-            em_.keep(out,
-                     binary(BinOp::add,
-                            binary(BinOp::add, slot_base(),
-                                   binary(BinOp::mul, i64_const(ws_offset_[red] + int(q)), param(p_cols_, Type::i64))),
-                            col),
-                     "wi"));
+        index.push_back(em_.keep(out, partial_index(red, q, col), "wi"));
         std::vector<int> regs;
         for (int j = 0; j < width; ++j) regs.push_back(em_.temp("w", real()));
-        out.push_back(load(regs, ws_buffer_, index[q], select(r(first_row_), i64(0), left),
-                           row_aligned(ws_buffer_, index[q], width * bytes), false, float(m.identity[q])));
+        out.push_back(load(regs, ws_buffer_, index[q], select(r(first_row_), i64(0), left), partial_aligned(index[q]),
+                           false, float(m.identity[q])));
         loaded.push_back(std::move(regs));
       }
       std::vector<std::vector<int>> merged(m.parts.size());
@@ -1691,7 +1698,7 @@ void RowLowering::accumulate_rows(std::vector<Stmt>& out, Slot& slot) {
         for (size_t q = 0; q < m.parts.size(); ++q) merged[q].push_back(em_.materialize(out, sum[q], "w"));
       }
       for (size_t q = 0; q < m.parts.size(); ++q)
-        out.push_back(store(merged[q], ws_buffer_, index[q], left, row_aligned(ws_buffer_, index[q], width * bytes)));
+        out.push_back(store(merged[q], ws_buffer_, index[q], left, partial_aligned(index[q])));
     }
   }
 }
@@ -1716,21 +1723,16 @@ void RowLowering::flush_rows(std::vector<Stmt>& out) {
       continue;
     }
     if (plan_.caching != InputCaching::registers) continue;  // already in the workspace
-    // Partials in accesses of at most 16 bytes (the widest vector access).
-    const int bytes = dtype_size(workspace_dtype(real()));
-    const int width = std::min(V, 16 / bytes);
+    const int width = partial_width();
     for (int s = 0; s < plan_.stripes; ++s) {
       for (int j0 = 0; j0 < V; j0 += width) {
         ExprPtr col = em_.keep(out, binary(BinOp::add, stripe_col(i64(s)), i64(j0)), "col");
         for (size_t q = 0; q < rr.monoid.parts.size(); ++q) {
           std::vector<int> regs;
           for (int j = j0; j < j0 + width; ++j) regs.push_back(elem_acc_[red][size_t(s) * V + j][q]);
-          ExprPtr index = binary(BinOp::add,
-                                 binary(BinOp::add, slot_base(),
-                                        binary(BinOp::mul, i64_const(ws_offset_[red] + int(q)), param(p_cols_, Type::i64))),
-                                 col);
+          ExprPtr index = partial_index(red, q, col);
           out.push_back(store(regs, ws_buffer_, index, binary(BinOp::sub, param(p_cols_, Type::i64), col),
-                              row_aligned(ws_buffer_, index, width * bytes)));
+                              partial_aligned(index)));
         }
       }
     }

@@ -418,15 +418,15 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // 281 / 250, 372 / 345, bf16 358 / 345, 467 / 449, 486 / 490; bf16 x 16384
   // (-f6a80b8-subset.json) 406 / 384, 731 / 689. Re-read rows keep the rule above: one wave
   // gained 0-5 % at 32768 and lost up to 4 % beyond.
-  const int64_t groups_per_sm = 2 * std::max<int64_t>(1, 512 / std::max<int64_t>(threads, 1));
-  const int64_t one_wave =
-      std::min<int64_t>(int64_t(p.resident_groups) * limits.sm_count,
-                        kMaxPartialSlotsPerSm * limits.sm_count / std::max(1, p.programs_per_group));
-  p.grid_limit = req.grid_limit.value_or(
-      !in.reduces_rows ? 0
-      : p.caching == InputCaching::registers && cluster == 1
-          ? int(std::max<int64_t>(1, one_wave))
-          : int(std::max<int64_t>(1, ceil_div(groups_per_sm * limits.sm_count, p.programs_per_group))));
+  int64_t grid = 0;  // one group a row block
+  if (in.reduces_rows && p.caching == InputCaching::registers) {
+    grid = std::min<int64_t>(int64_t(p.resident_groups) * limits.sm_count,
+                             kMaxPartialSlotsPerSm * limits.sm_count / std::max(1, p.programs_per_group));
+  } else if (in.reduces_rows) {
+    const int64_t groups_per_sm = 2 * std::max<int64_t>(1, 512 / std::max<int64_t>(threads, 1));
+    grid = ceil_div(groups_per_sm * limits.sm_count, p.programs_per_group);
+  }
+  p.grid_limit = req.grid_limit.value_or(int(in.reduces_rows ? std::max<int64_t>(1, grid) : 0));
   // The second phase reads slots x columns partials, one column per worker: 256 workers keep
   // a group's reads coalesced across a whole row of slots and leave 8 groups an SM.
   p.finish_workers = req.finish_workers.value_or(256);
