@@ -201,6 +201,9 @@ def plan_text(plan):
     # A row split over a cluster: its groups and how the merges cross them.
     if plan.get("ctas_per_program", 1) > 1:
         parts.append(f"c{plan['ctas_per_program']}" + (f" {plan['merge']}" if "merge" in plan else ""))
+    # Loads of the next row block during this one (groups looping over row blocks).
+    if plan.get("row_prefetch") == "next":
+        parts.append("prefetch")
     return " ".join(parts)
 
 

@@ -24,8 +24,9 @@ policy re-reads) and the program has no reduction over the rows, rows split over
 2, 4, 8 or 16 groups of 256, 512 or 1024 workers caching the row (where at most half the
 workers of a stripe have no vector); where the program reduces over the rows (dweight, dbias;
 cross-entropy's summed losses, absent here), half, twice and four times the policy's grid
-limit, the groups that loop over the rows (where it changes the grid), and where the call has a
-second phase (a workspace of partials), 128, 512 or 1024 workers folding the partials.
+limit, the groups that loop over the rows (where it changes the grid), and for a register-cached
+row the other row_prefetch, prefetching with a budget of 128 scalars (so at half and twice the
+grid limit, and at the widths giving 1, 2 or 4 stripes); and where the call has a second phase (a workspace of partials), 128, 512 or 1024 workers folding the partials.
 Candidates are resolved with tile.builtin(name).plan() and deduplicated; a request the
 validation refuses is recorded as rejected with its message.
 Every plan is run with its outputs poisoned (NaN; the logits restored before a cross-entropy
@@ -178,12 +179,16 @@ def candidates(n, rows, policy, row_bytes, second_phase):
     second kernel (its workspace is not empty). The module's docstring says which."""
     v = policy["vector_elems"]
     vectors = -(-n // v)
+    reduces_rows = policy["grid_limit"] > 0
+    prefetching = reduces_rows and policy["caching"] == "registers"
     out = [None]
     for stripes in (1, 2, 4, 8, 16):
         w = 32 * -(-vectors // (32 * stripes))  # ceil(vectors / stripes), rounded up to whole warps
         if w > 1024 or (stripes > 1 and vectors < 32 * stripes):
             continue
         out.append({"workers_per_program": w})
+        if prefetching and stripes <= 4:
+            out.append({"workers_per_program": w, "row_prefetch": "next", "private_budget": 128})
         if w <= 256:
             out += [{"workers_per_program": w, "programs_per_group": p} for p in (2, 4, 8, 16) if w * p <= 1024]
     if vectors <= 32:
@@ -196,13 +201,18 @@ def candidates(n, rows, policy, row_bytes, second_phase):
     # The other caching at the policy's width (a long row asking for registers may get a cluster)
     out.append({"caching": "reread"} if policy["caching"] == "registers" else
                {"caching": "registers", "private_budget": 128})
-    reduces_rows = policy["grid_limit"] > 0
     if n * row_bytes > REGISTER_ROW_BYTES and not reduces_rows:
         out += [{"ctas_per_program": c, "workers_per_program": w, "caching": "registers"} for c in (2, 4, 8, 16)
                 for w in (256, 512, 1024) if c * w * v <= 2 * n]
     if reduces_rows:
         g0, blocks = policy["grid_limit"], -(-rows // policy["programs_per_group"])
         out += [{"grid_limit": g} for g in (g0 // 2, 2 * g0, 4 * g0) if g >= 1 and min(g, blocks) != min(g0, blocks)]
+    if prefetching:
+        # Loads of the next row block during this one (row_prefetch), within the policy's budget
+        # or twice it, and at half and twice the grid.
+        other = "none" if policy["row_prefetch"] == "next" else "next"
+        out += [{"row_prefetch": other}, {"row_prefetch": "next", "private_budget": 128}]
+        out += [{"row_prefetch": "next", "private_budget": 128, "grid_limit": g} for g in (g0 // 2, 2 * g0) if g >= 1]
     if second_phase:
         out += [{"finish_workers": f} for f in (128, 512, 1024) if f != policy["finish_workers"]]
     return out

@@ -54,6 +54,11 @@ enum class MergeStrategy : uint8_t { combine, staged };
 // `once`, before a group's loop over row blocks (grid_limit > 0), kept in registers for every
 // row it owns: a worker's columns are the same in every row.
 enum class ColumnLoads : uint8_t { ahead, with_row, once };
+// Whether a group looping over row blocks (grid_limit > 0) with its row cached in registers
+// loads the next row block's row inputs and per-row inputs while it works on the current one
+// (`next`, into registers counted against private_budget), or only when it starts it (`none`):
+// one row at a time otherwise leaves no load in flight during the merges and the stores.
+enum class RowPrefetch : uint8_t { none, next };
 
 // type, name, default, smallest, largest (integers), what it sets
 #define TILE_PLAN_FIELDS(X)                                                                          \
@@ -73,6 +78,7 @@ enum class ColumnLoads : uint8_t { ahead, with_row, once };
   X(RowHead, row_head, RowHead::as_is, 0, 1, "elements before the row's first aligned column")       \
   X(MergeStrategy, merge, MergeStrategy::combine, 0, 1, "how reductions merge across workers")      \
   X(ColumnLoads, column_loads, ColumnLoads::ahead, 0, 2, "when a cached row's output pass loads per-column inputs") \
+  X(RowPrefetch, row_prefetch, RowPrefetch::none, 0, 1, "loads of the next row block while the current one runs") \
   X(int, resident_groups, 1, 1, 32, "groups per SM the kernel is compiled to fit (launch bounds)")  \
   X(int, grid_limit, 0, 0, 1 << 30, "most groups launched; each loops over rows (0: one per row block)") \
   X(int, finish_workers, 256, 32, 1024, "workers per group of the second phase of reductions over the rows")
@@ -128,5 +134,6 @@ std::string to_string(CacheFormat);
 std::string to_string(RowHead);
 std::string to_string(MergeStrategy);
 std::string to_string(ColumnLoads);
+std::string to_string(RowPrefetch);
 
 }  // namespace tile

@@ -416,7 +416,13 @@ class RowLowering {
   // One vector of a per-column input at `col`, `valid` of it in the row; `held` registers count
   // against the private budget (kept across row blocks).
   std::vector<int> load_column(std::vector<Stmt>& out, int operand, ExprPtr col, ExprPtr valid, ExprPtr aligned, bool held);
-  void load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<int>& inputs, bool cache);
+  // `from`: the operands' registers of this row block as prefetched (row_prefetch "next"),
+  // copied instead of loaded.
+  void load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<int>& inputs, bool cache,
+                 const std::map<int, std::vector<int>>* from = nullptr);
+  // row_prefetch "next": loads of row block `block`'s cached row inputs and per-row inputs into
+  // the prefetch registers.
+  void prefetch_rows(std::vector<Stmt>& out, ExprPtr block);
   ExprPtr in_row(const Slot& slot, int j) const { return whole_ ? slot.live : binary(BinOp::lt, i32_const(j), slot.in_row_count); }
   ExprPtr row_value(std::vector<Stmt>& out, int node);
   void hoist_row_values(std::vector<Stmt>& out, int node);
@@ -510,11 +516,22 @@ class RowLowering {
   // over row blocks (operand -> registers), shared by every row the group owns.
   std::vector<std::map<int, std::vector<int>>> held_columns_;
   bool peel_ = false;
+  // row_prefetch "next": per stripe, each cached row input's registers of the next row block (raw
+  // 16-bit pairs where the vector is even, values otherwise); each per-row input's register;
+  // the block after the current one.
+  bool prefetch_ = false;
+  std::vector<std::map<int, std::vector<int>>> prefetched_;
+  std::map<int, int> prefetched_scalars_;
+  ExprPtr next_block_;
 };
 
 LoweredProgram RowLowering::run() {
   whole_ = plan_.alignment == Alignment::require;
   peel_ = plan_.row_head == RowHead::peel;
+  prefetch_ = plan_.row_prefetch == RowPrefetch::next;
+  TILE_CHECK(!prefetch_ || (plan_.grid_limit > 0 && plan_.caching == InputCaching::registers && !peel_ &&
+                            plan_.ctas_per_program == 1),
+             "a prefetching plan that validation should have refused");
   const int W = plan_.workers_per_program;
   // tile_<program>_<dtypes of the row operands>_p<P>w<W>v<V>s<S><c|r>
   std::string dtypes;
@@ -572,6 +589,10 @@ LoweredProgram RowLowering::run() {
     first_row_ = assign_new(body, "first", b1_const(true));
     std::vector<Stmt> loop;
     ExprPtr block = binary(BinOp::add, owner, binary(BinOp::mul, r(it), owners));
+    if (prefetch_) {
+      prefetch_rows(body, owner);  // the group's first row block
+      next_block_ = binary(BinOp::add, block, owners);
+    }
     begin_row(loop, block);
     for (Stmt& s : row_body()) loop.push_back(std::move(s));
     // The next row block reuses the merges' shared slots: every warp must have read the
@@ -752,9 +773,13 @@ void RowLowering::begin_row(std::vector<Stmt>& b, ExprPtr block) {
     if (decl(operand).role != Role::row_scalar_in) continue;
     const Type t = value_type(dtype(operand), real());
     int v = em_.temp(decl(operand).name, t);
-    ExprPtr index = binary(BinOp::mul, load_row, param(stride_of_[operand], Type::i64));
-    ExprPtr valid = plan_.tail == TailHandling::clamp ? i64(1) : select(r(row_valid_), i64(1), i64(0));
-    b.push_back(load({v}, buffer, index, valid, b1_const(false), false, 0.0f));
+    if (prefetch_) {
+      b.push_back(assign(v, r(prefetched_scalars_.at(operand))));
+    } else {
+      ExprPtr index = binary(BinOp::mul, load_row, param(stride_of_[operand], Type::i64));
+      ExprPtr valid = plan_.tail == TailHandling::clamp ? i64(1) : select(r(row_valid_), i64(1), i64(0));
+      b.push_back(load({v}, buffer, index, valid, b1_const(false), false, 0.0f));
+    }
     for (size_t n = 0; n < prog_.nodes().size(); ++n) {
       const RowNode& node = prog_.nodes()[n];
       if (node.kind == RowNode::Kind::load && node.operand == operand) row_values_[int(n)] = r(v);
@@ -805,7 +830,8 @@ void RowLowering::row_inputs_of(int node, std::set<int>& out) const {
     if (o >= 0) row_inputs_of(o, out);
 }
 
-void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<int>& inputs, bool cache) {
+void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<int>& inputs, bool cache,
+                            const std::map<int, std::vector<int>>* from) {
   int col = assign_new(out, "col", slot.col);
   slot.col = r(col);
   // min(max(load_cols - col, 0), V) as i32: one compare per element instead of i64 math.
@@ -829,7 +855,16 @@ void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<i
     std::vector<int> regs;
     for (int j = 0; j < plan_.vector_elems; j += raw ? 2 : 1)
       regs.push_back(k_.add_reg(decl(operand).name + std::to_string(k_.regs.size()), raw ? Type::i32 : value_type(dt, real()), cache));
-    if (raw) {
+    if (from) {
+      // The prefetched registers hold raw pairs or values; the slot holds what cache_format asks.
+      const std::vector<int>& src = from->at(operand);
+      const bool src_raw = k_.regs[src[0]].type == Type::i32;
+      for (size_t i = 0; i < regs.size(); ++i) {
+        const int j = int(i) * (raw ? 2 : 1);
+        out.push_back(assign(regs[i], raw || !src_raw ? r(src[i]) : unpack16(dt, r(src[size_t(j / 2)]), j % 2)));
+      }
+      (raw ? slot.words : slot.values)[operand] = regs;
+    } else if (raw) {
       out.push_back(whole(load_raw(regs, buffer, index, valid, is_aligned, clamp)));
       slot.words[operand] = regs;
     } else {
@@ -1772,6 +1807,54 @@ void RowLowering::output_pass(std::vector<Stmt>& out, Slot& slot) {
   accumulate_rows(out, slot);
 }
 
+void RowLowering::prefetch_rows(std::vector<Stmt>& out, ExprPtr block) {
+  const int V = plan_.vector_elems;
+  const bool clamp = plan_.tail == TailHandling::clamp;
+  if (prefetched_.empty()) {  // the registers, once: every block's loads land in them
+    prefetched_.resize(size_t(plan_.stripes));
+    for (int operand : cached_inputs_) {
+      const DType dt = dtype(operand);
+      const bool raw = dtype_size(dt) == 2 && V % 2 == 0;
+      for (int s = 0; s < plan_.stripes; ++s)
+        for (int j = 0; j < V; j += raw ? 2 : 1)
+          prefetched_[size_t(s)][operand].push_back(
+              k_.add_reg(decl(operand).name + "_next" + std::to_string(k_.regs.size()), raw ? Type::i32 : value_type(dt, real()),
+                         /*cached=*/true));
+    }
+    for (auto& [operand, buffer] : buffer_of_)
+      if (decl(operand).role == Role::row_scalar_in)
+        prefetched_scalars_[operand] = k_.add_reg(decl(operand).name + "_next", value_type(dtype(operand), real()));
+  }
+  out.push_back(comment("row_prefetch: the row block after this one, loaded while this one runs"));
+  const ExprPtr rows = param(p_rows_, Type::i64);
+  ExprPtr row = r(assign_new(out, "next_row", binary(BinOp::add, binary(BinOp::mul, block, i64(plan_.programs_per_group)),
+                                                    cast(Type::i64, special(Special::program_in_group)))));
+  ExprPtr valid_row = binary(BinOp::lt, row, rows);
+  // As begin_row: guard programs load nothing, or (tail "clamp") the last row in full.
+  ExprPtr load_row = clamp ? r(assign_new(out, "next_load_row", binary(BinOp::min, row, binary(BinOp::sub, rows, i64(1))))) : row;
+  ExprPtr cols = param(p_cols_, Type::i64);
+  ExprPtr load_cols = clamp ? cols : r(assign_new(out, "next_cols", select(valid_row, cols, i64(0))));
+  for (int operand : cached_inputs_) {
+    const int buffer = buffer_of_.at(operand);
+    ExprPtr off = r(assign_new(out, decl(operand).name + "_next_off", binary(BinOp::mul, load_row, param(stride_of_[operand], Type::i64))));
+    ExprPtr aligned = em_.keep(out, vector_aligned(buffer, off), decl(operand).name + "_next_aligned");
+    for (int s = 0; s < plan_.stripes; ++s) {
+      ExprPtr col = r(assign_new(out, "col", stripe_col(i64(s))));
+      const std::vector<int>& regs = prefetched_[size_t(s)].at(operand);
+      ExprPtr index = binary(BinOp::add, off, col);
+      ExprPtr valid = binary(BinOp::sub, load_cols, col);
+      const bool raw = k_.regs[regs[0]].type == Type::i32;
+      out.push_back(whole(raw ? load_raw(regs, buffer, index, valid, aligned, clamp)
+                              : load(regs, buffer, index, valid, aligned, clamp, 0.0f)));
+    }
+  }
+  for (auto& [operand, reg] : prefetched_scalars_) {
+    ExprPtr index = binary(BinOp::mul, load_row, param(stride_of_[operand], Type::i64));
+    ExprPtr valid = clamp ? i64(1) : select(valid_row, i64(1), i64(0));
+    out.push_back(load({reg}, buffer_of_.at(operand), index, valid, b1_const(false), false, 0.0f));
+  }
+}
+
 std::vector<Stmt> RowLowering::row_body() {
   std::vector<Stmt> body;
   if (plan_.caching == InputCaching::registers) {
@@ -1779,10 +1862,12 @@ std::vector<Stmt> RowLowering::row_body() {
     for (int s = 0; s < plan_.stripes; ++s) {
       Slot slot;
       slot.col = stripe_col(i64(s));
-      load_slot(body, slot, cached_inputs_, /*cache=*/true);
+      load_slot(body, slot, cached_inputs_, /*cache=*/true, prefetch_ ? &prefetched_[size_t(s)] : nullptr);
       if (!held_columns_.empty()) slot.column = held_columns_[size_t(s)];
       cached_.push_back(std::move(slot));
     }
+    // The next row block's loads go out before this one's merges, barriers and stores.
+    if (prefetch_) prefetch_rows(body, next_block_);
     if (peel_) {  // last: every worker's first cached element stays its lowest column
       Slot head = head_slot();
       load_slot(body, head, cached_inputs_, /*cache=*/true);

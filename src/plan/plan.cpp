@@ -23,6 +23,7 @@ std::string to_string(MergeStrategy v) { return v == MergeStrategy::staged ? "st
 std::string to_string(ColumnLoads v) {
   return v == ColumnLoads::with_row ? "with_row" : v == ColumnLoads::once ? "once" : "ahead";
 }
+std::string to_string(RowPrefetch v) { return v == RowPrefetch::next ? "next" : "none"; }
 
 namespace {
 
@@ -176,7 +177,8 @@ std::string MappingPlan::loop_nest() const {
   const std::string in = loops ? "  " : "";
   if (loops)
     os << "  for block in group, group + grid, ...:    // row blocks this group owns"
-       << (column_loads == ColumnLoads::once ? "; per-column inputs loaded once before" : "") << "\n";
+       << (column_loads == ColumnLoads::once ? "; per-column inputs loaded once before" : "")
+       << (row_prefetch == RowPrefetch::next ? "; the next block's rows loaded during this one" : "") << "\n";
   os << in << "  parallel program in 0.." << programs_per_group << ":       // row = block * " << programs_per_group
      << " + program\n";
   if (ctas_per_program > 1)

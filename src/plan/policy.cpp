@@ -59,6 +59,12 @@ int64_t cached_scalars_per_column(const PlanInputs& in, ColumnLoads loads) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Scalars a worker holds for row_prefetch "next", counted as the register cache counts them (an
+// element each, two in f64): every row input's vectors of the next row block.
+int64_t prefetch_scalars(const PlanInputs& in, int stripes, int vector_elems) {
+  return int64_t(stripes) * vector_elems * in.row_inputs() * (in.real_bytes / 4);
+}
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 int pow2_at_least(int64_t v) {
   int p = 1;
@@ -427,6 +433,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     grid = ceil_div(groups_per_sm * limits.sm_count, p.programs_per_group);
   }
   p.grid_limit = req.grid_limit.value_or(int(in.reduces_rows ? std::max<int64_t>(1, grid) : 0));
+  p.row_prefetch = req.row_prefetch.value_or(RowPrefetch::none);
   // The second phase reads slots x columns partials, one column per worker: 256 workers keep
   // a group's reads coalesced across a whole row of slots and leave 8 groups an SM.
   p.finish_workers = req.finish_workers.value_or(256);
@@ -496,14 +503,17 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     const int64_t per_elem = cached_scalars_per_column(in, p.column_loads);
     // A peeled head is one more cached vector.
     const int64_t vectors = int64_t(p.stripes) + (p.row_head == RowHead::peel ? 1 : 0);
-    if (vectors * V * per_elem > p.private_budget)
+    const int64_t prefetched = p.row_prefetch == RowPrefetch::next ? prefetch_scalars(in, p.stripes, V) : 0;
+    if (vectors * V * per_elem + prefetched > p.private_budget)
       fail("caching", "a cached row slice within private_budget = " + str(p.private_budget) +
                           " scalars (or caching \"reread\")",
            std::string(p.row_head == RowHead::peel ? "(stripes + 1 for the peeled head)" : "stripes") +
                " x vector_elems x " + str(per_elem) + " (row inputs and row-reduction accumulators" +
                (held_columns ? std::string(", per-column inputs held across rows") : std::string()) +
-               (in.real_bytes == 8 ? ", two scalars each in f64" : "") + ") = " + str(vectors * V * per_elem) +
-               " scalars per worker");
+               (in.real_bytes == 8 ? ", two scalars each in f64" : "") + ")" +
+               (prefetched > 0 ? " + " + str(prefetched) + " prefetched (the next row block's row inputs)"
+                               : std::string()) +
+               " = " + str(vectors * V * per_elem + prefetched) + " scalars per worker");
   }
   if (p.row_head == RowHead::peel) {
     const char* expected =
@@ -535,6 +545,13 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("column_loads",
          "\"once\" only for groups that loop over row blocks (grid_limit > 0) with row_head \"as_is\"",
          "grid_limit " + str(p.grid_limit) + ", row_head \"" + to_string(p.row_head) + "\"");
+  if (p.row_prefetch == RowPrefetch::next &&
+      (p.caching != InputCaching::registers || p.grid_limit == 0 || p.row_head != RowHead::as_is || C != 1))
+    fail("row_prefetch",
+         "\"none\" unless groups loop over row blocks (grid_limit > 0) with their rows cached in registers, "
+         "row_head \"as_is\" and ctas_per_program 1",
+         "\"next\" with caching \"" + to_string(p.caching) + "\", grid_limit " + str(p.grid_limit) + ", row_head \"" +
+             to_string(p.row_head) + "\", ctas_per_program " + str(C));
   if (p.cache_format == CacheFormat::packed && (p.caching != InputCaching::registers || !inputs_16bit || V % 2 != 0))
     fail("cache_format", "\"f32\" unless the rows are cached in registers, every row input is 16-bit and vector_elems is even",
          "\"packed\" with caching \"" + to_string(p.caching) + "\", row inputs " + input_dtypes +

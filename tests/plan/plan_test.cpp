@@ -36,7 +36,7 @@ TEST(MappingPlan, HashIsTheSha256OfTheCanonicalJson) {
   EXPECT_EQ(a.to_json(),
             R"({"alignment":"scalar_fallback","barrier_scope":"group","cache_format":"f32","caching":"registers","column_loads":"ahead",")"
             R"(ctas_per_program":1,"finish_workers":256,"grid_limit":0,"merge":"combine",)"
-            R"("private_budget":64,"programs_per_group":1,"resident_groups":1,"row_head":"as_is","stripe_unroll":1,"stripes":1,"tail":"predicate",)"
+            R"("private_budget":64,"programs_per_group":1,"resident_groups":1,"row_head":"as_is","row_prefetch":"none","stripe_unroll":1,"stripes":1,"tail":"predicate",)"
             R"("vector_elems":4,"width_mode":"automatic","workers_per_program":256})");
 }
 
@@ -69,7 +69,7 @@ TEST(MappingPlan, EveryFieldIsInTheTable) {
       EXPECT_NO_THROW(PlanRequest::from_json("{\"" + f.name + "\":" + std::to_string(f.lo) + "}")) << f.name;
     }
   }
-  EXPECT_EQ(plan_fields().size(), 19u);
+  EXPECT_EQ(plan_fields().size(), 20u);
 }
 
 using tile::testing::error_of;
