@@ -1817,9 +1817,9 @@ void RowLowering::prefetch_rows(std::vector<Stmt>& out, ExprPtr block) {
       const bool raw = dtype_size(dt) == 2 && V % 2 == 0;
       for (int s = 0; s < plan_.stripes; ++s)
         for (int j = 0; j < V; j += raw ? 2 : 1)
-          prefetched_[size_t(s)][operand].push_back(
-              k_.add_reg(decl(operand).name + "_next" + std::to_string(k_.regs.size()), raw ? Type::i32 : value_type(dt, real()),
-                         /*cached=*/true));
+          prefetched_[size_t(s)][operand].push_back(k_.add_reg(
+              decl(operand).name + "_next" + std::to_string(k_.regs.size()), raw ? Type::i32 : value_type(dt, real()),
+              /*cached=*/true));
     }
     for (auto& [operand, buffer] : buffer_of_)
       if (decl(operand).role == Role::row_scalar_in)
@@ -1827,16 +1827,19 @@ void RowLowering::prefetch_rows(std::vector<Stmt>& out, ExprPtr block) {
   }
   out.push_back(comment("row_prefetch: the row block after this one, loaded while this one runs"));
   const ExprPtr rows = param(p_rows_, Type::i64);
-  ExprPtr row = r(assign_new(out, "next_row", binary(BinOp::add, binary(BinOp::mul, block, i64(plan_.programs_per_group)),
-                                                    cast(Type::i64, special(Special::program_in_group)))));
+  ExprPtr row = r(assign_new(out, "next_row",
+                             binary(BinOp::add, binary(BinOp::mul, block, i64(plan_.programs_per_group)),
+                                    cast(Type::i64, special(Special::program_in_group)))));
   ExprPtr valid_row = binary(BinOp::lt, row, rows);
   // As begin_row: guard programs load nothing, or (tail "clamp") the last row in full.
-  ExprPtr load_row = clamp ? r(assign_new(out, "next_load_row", binary(BinOp::min, row, binary(BinOp::sub, rows, i64(1))))) : row;
+  ExprPtr load_row =
+      clamp ? r(assign_new(out, "next_load_row", binary(BinOp::min, row, binary(BinOp::sub, rows, i64(1))))) : row;
   ExprPtr cols = param(p_cols_, Type::i64);
   ExprPtr load_cols = clamp ? cols : r(assign_new(out, "next_cols", select(valid_row, cols, i64(0))));
   for (int operand : cached_inputs_) {
     const int buffer = buffer_of_.at(operand);
-    ExprPtr off = r(assign_new(out, decl(operand).name + "_next_off", binary(BinOp::mul, load_row, param(stride_of_[operand], Type::i64))));
+    ExprPtr off = r(assign_new(out, decl(operand).name + "_next_off",
+                               binary(BinOp::mul, load_row, param(stride_of_[operand], Type::i64))));
     ExprPtr aligned = em_.keep(out, vector_aligned(buffer, off), decl(operand).name + "_next_aligned");
     for (int s = 0; s < plan_.stripes; ++s) {
       ExprPtr col = r(assign_new(out, "col", stripe_col(i64(s))));

@@ -241,20 +241,32 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // (bench/results/train-regret-h200-f6a80b8-subset.json): f32 rms_norm_backward 420 / 311,
   // layer_norm_backward 661 / 459, fused_add_rms_norm_backward 875 / 531, bf16 863 / 651;
   // bf16 rms_norm_backward (64 KiB) 406 / 486 and layer_norm_backward 731 / 966 keep caching.
+  //
+  // A row of at most one vector a worker of the widest group takes one stripe when its slice,
+  // accumulators and the next row block's vectors fit the budget: the group then loads the
+  // next row block while it works on this one (row_prefetch "next", below). H200, f32 x 4096
+  // (bench/results/train-regret-h200-5d4b5b2-prefetch.json): 1024 workers prefetching, 217.7
+  // us for rms_norm_backward and 235.6 for layer_norm_backward, against 232.1 and 245.8 for
+  // 512 workers of two stripes without.
   int rows_cache_width = 0;
   if (in.rows_reduction_parts > 0 && cluster == 1 && vectors > 16 && !req.workers_per_program && !req.stripes &&
       req.programs_per_group.value_or(1) == 1 && req.caching.value_or(InputCaching::registers) == InputCaching::registers) {
     const int64_t budget = req.private_budget.value_or(64);
     const int64_t widest = std::min<int64_t>(1024, limits.max_threads_per_group);
     const int64_t occupancy_width = std::min<int64_t>(kMaxAutomaticWidth, round_up(vectors, 32));
-    // The usual width, then twice that, ..., then the widest.
-    for (int64_t w = std::clamp<int64_t>(round_up(ceil_div(cols, kRowsReducingElems), 32), occupancy_width, widest);;
-         w *= 2) {
-      const int64_t width = std::min(w, widest);
-      const int64_t scalars = ceil_div(vectors, width) * p.vector_elems * per_elem;
-      if (scalars <= budget && (cols * xes <= kRowsReducingCachedBytes || scalars <= kWideClusterSliceScalars))
-        rows_cache_width = int(width);
-      if (rows_cache_width || width == widest) break;
+    if (vectors <= widest && req.row_prefetch.value_or(RowPrefetch::next) == RowPrefetch::next &&
+        p.vector_elems * per_elem + prefetch_scalars(in, 1, p.vector_elems) <= budget) {
+      rows_cache_width = int(round_up(vectors, 32));  // one stripe
+    } else {
+      // The usual width, then twice that, ..., then the widest.
+      for (int64_t w = std::clamp<int64_t>(round_up(ceil_div(cols, kRowsReducingElems), 32), occupancy_width, widest);;
+           w *= 2) {
+        const int64_t width = std::min(w, widest);
+        const int64_t scalars = ceil_div(vectors, width) * p.vector_elems * per_elem;
+        if (scalars <= budget && (cols * xes <= kRowsReducingCachedBytes || scalars <= kWideClusterSliceScalars))
+          rows_cache_width = int(width);
+        if (rows_cache_width || width == widest) break;
+      }
     }
   }
   const bool long_row = cluster == 1 && !rows_cache_width && cols * xes > kRegisterRowBytes &&
@@ -433,7 +445,18 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     grid = ceil_div(groups_per_sm * limits.sm_count, p.programs_per_group);
   }
   p.grid_limit = req.grid_limit.value_or(int(in.reduces_rows ? std::max<int64_t>(1, grid) : 0));
-  p.row_prefetch = req.row_prefetch.value_or(RowPrefetch::none);
+  // A group looping over row blocks with one cached vector of each input a worker loads the
+  // next row block while it works on this one: otherwise no load is in flight during the
+  // merges, barriers and stores. H200 (bench/results/train-regret-h200-5d4b5b2-prefetch.json),
+  // us, without / with: rms_norm_backward bf16 x 1024 349.0 / 280.5, x 4096 307.2 / 226.9, x 8192
+  // 343.5 / 224.0, f32 x 1024 260.6 / 230.5; layer_norm_backward bf16 x 4096 397.5 / 373.4,
+  // x 8192 446.0 / 356.4, f32 x 1024 315.9 / 299.9. Not with two stripes: 1024 workers of
+  // two vectors prefetching lost 21-98 % (f32 x 8192 rms_norm_backward 207.1 / 251.7).
+  const bool prefetch_fits =
+      p.caching == InputCaching::registers && p.grid_limit > 0 && p.stripes == 1 && p.ctas_per_program == 1 &&
+      p.row_head == RowHead::as_is &&
+      int64_t(p.vector_elems) * per_elem + prefetch_scalars(in, 1, p.vector_elems) <= p.private_budget;
+  p.row_prefetch = req.row_prefetch.value_or(prefetch_fits ? RowPrefetch::next : RowPrefetch::none);
   // The second phase reads slots x columns partials, one column per worker: 256 workers keep
   // a group's reads coalesced across a whole row of slots and leave 8 groups an SM.
   p.finish_workers = req.finish_workers.value_or(256);
@@ -505,8 +528,8 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     const int64_t vectors = int64_t(p.stripes) + (p.row_head == RowHead::peel ? 1 : 0);
     const int64_t prefetched = p.row_prefetch == RowPrefetch::next ? prefetch_scalars(in, p.stripes, V) : 0;
     if (vectors * V * per_elem + prefetched > p.private_budget)
-      fail("caching", "a cached row slice within private_budget = " + str(p.private_budget) +
-                          " scalars (or caching \"reread\")",
+      fail("caching",
+           "a cached row slice within private_budget = " + str(p.private_budget) + " scalars (or caching \"reread\")",
            std::string(p.row_head == RowHead::peel ? "(stripes + 1 for the peeled head)" : "stripes") +
                " x vector_elems x " + str(per_elem) + " (row inputs and row-reduction accumulators" +
                (held_columns ? std::string(", per-column inputs held across rows") : std::string()) +

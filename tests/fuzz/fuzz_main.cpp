@@ -146,6 +146,8 @@ MappingPlan perturb(MappingPlan p, const PlanInputs& in, Rng& rng) {
   if (rng.chance(0.3)) attempt([&](MappingPlan& q) { q.column_loads = ColumnLoads::with_row; });
   if (rng.chance(0.3)) attempt([&](MappingPlan& q) { q.grid_limit = 1 + rng.below(8); });  // groups loop over rows
   if (rng.chance(0.4)) attempt([&](MappingPlan& q) { q.column_loads = ColumnLoads::once; });  // valid where they loop
+  if (rng.chance(0.5))  // valid where they loop over cached rows
+    attempt([&](MappingPlan& q) { q.row_prefetch = rng.chance(0.7) ? RowPrefetch::next : RowPrefetch::none; });
   return p;
 }
 
@@ -168,6 +170,7 @@ std::optional<MappingPlan> random_plan(const PlanInputs& in, Rng& rng) {
   if (rng.chance(0.2)) r.grid_limit = rng.below(8);
   if (rng.chance(0.3)) r.merge = rng.chance(0.5) ? MergeStrategy::staged : MergeStrategy::combine;
   if (rng.chance(0.2)) r.column_loads = ColumnLoads(rng.below(3));
+  if (rng.chance(0.2)) r.row_prefetch = RowPrefetch(rng.below(2));
   if (rng.chance(0.2)) {  // a cluster: mostly with the one program a group and the caching it needs
     r.ctas_per_program = rng.pick({2, 3, 4, 8, 16});
     if (rng.chance(0.8)) r.programs_per_group = 1;
@@ -809,6 +812,7 @@ int fuzz(const Options& o) {
       if (p.column_loads == ColumnLoads::with_row) ++tally["column loads with the row"];
       if (p.column_loads == ColumnLoads::once) ++tally["column loads once a group"];
       if (p.grid_limit > 0) ++tally["row-block loops"];
+      if (p.row_prefetch == RowPrefetch::next) ++tally["next row block prefetched"];
       if (p.ctas_per_program > 1) ++tally["cluster programs"];
       if (f.c.special_values) ++tally["special values"];
       if (f.c.x == DType::f64) ++tally["float64 calls"];

@@ -17,6 +17,7 @@
 #include "support/error_of.hpp"
 #include "testing/host_tensor.hpp"
 #include "tile/tile.hpp"
+#include "tile/training.hpp"
 
 namespace tile {
 namespace {
@@ -748,6 +749,63 @@ TEST(LowerRowProgram, ReReadPartialsOfReductionsOverRowsMoveInVectorAccesses) {
     results.push_back(out.bytes);
   }
   EXPECT_EQ(results[0], results[1]);
+}
+
+// Load statements of `buffer` in `body` itself, outside its loops and branches.
+int top_level_loads(const std::vector<ir::Stmt>& body, int buffer) {
+  int n = 0;
+  for (const ir::Stmt& s : body) n += s.kind == ir::Stmt::Kind::load && s.buffer == buffer;
+  return n;
+}
+
+// row_prefetch "next": a group looping over row blocks loads the next block's row inputs and
+// per-row inputs (rstd) before its loop and during each block, and computes what loading each
+// block in turn computes, bit for bit: rms_norm_backward in bf16, f32 and f64, odd and even
+// columns (scalar and vector accesses), predicated and clamped tails, one or two programs a
+// group, row counts that leave guard programs and groups without a last block.
+TEST(LowerRowProgram, PrefetchedRowBlocksComputeWhatLoadingEachInTurnComputes) {
+  const RowProgram& p = training_program("rms_norm_backward");
+  for (DType dt : {DType::bf16, DType::f32, DType::f64})
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 300}, {50, 257}, {64, 256}}) {
+      std::mt19937_64 rng(uint64_t(rows * cols) + uint64_t(dt));
+      testing::HostMatrix dy(dt, rows, cols, cols), x(dt, rows, cols, cols), dx(dt, rows, cols, cols);
+      testing::HostVector w(dt, cols), dw(dt, cols), rstd(dt == DType::f64 ? DType::f64 : DType::f32, rows);
+      dy.fill_random(rng), x.fill_random(rng), w.fill_random(rng, 1.0, 0.5), rstd.fill_random(rng, 1.0, 0.2);
+      Args args;
+      args.set("dy", dy.view()).set("x", x.view()).set("weight", w.view()).set("rstd", rstd.view());
+      args.set("dx", dx.view()).set("dweight", dw.view());
+      const BoundCall call = bind(p, args);
+      const Reference want = reference(p, args);
+      for (TailHandling tail : {TailHandling::predicate, TailHandling::clamp})
+        for (int programs : {1, 2}) {
+          std::vector<std::vector<uint8_t>> results;
+          for (RowPrefetch prefetch : {RowPrefetch::none, RowPrefetch::next}) {
+            PlanRequest req;
+            req.workers_per_program = 32, req.programs_per_group = programs, req.grid_limit = 3, req.tail = tail;
+            req.caching = InputCaching::registers, req.private_budget = 128, req.row_prefetch = prefetch;
+            const MappingPlan plan = choose_plan(call.plan_inputs(), req);
+            SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" + std::to_string(cols) + " " +
+                         plan.to_json());
+            ASSERT_EQ(plan.row_prefetch, prefetch);
+            const ir::Kernel k = lower_row_program(p, call.signature(), plan).main.kernel;
+            int xb = 0, rb = 0;
+            while (k.buffers[xb].name != "x") ++xb;
+            while (k.buffers[rb].name != "rstd") ++rb;
+            // Before the loop: the first block's slice of x (a vector or a word a stripe) and rstd.
+            EXPECT_EQ(top_level_loads(k.body, xb), prefetch == RowPrefetch::next ? plan.stripes : 0);
+            EXPECT_EQ(top_level_loads(k.body, rb), prefetch == RowPrefetch::next ? 1 : 0);
+            dx.poison();
+            std::fill(dw.bytes.begin(), dw.bytes.end(), 0xff);
+            run(p, args, {req, nullptr, Backend::cpu});
+            const OracleCheck check = check_against_reference(p, args, want);
+            EXPECT_TRUE(check.ok) << check.first_mismatch;
+            std::vector<uint8_t> out(dx.bytes());
+            out.insert(out.end(), dw.bytes.begin(), dw.bytes.end());
+            results.push_back(std::move(out));
+          }
+          EXPECT_EQ(results[0], results[1]) << dtype_name(dt) << " " << rows << "x" << cols;
+        }
+    }
 }
 
 }  // namespace

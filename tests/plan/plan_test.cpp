@@ -33,11 +33,12 @@ TEST(MappingPlan, HashIsTheSha256OfTheCanonicalJson) {
   b.programs_per_group = 2;
   EXPECT_NE(a.hash(), b.hash());
   // The canonical text has sorted keys and no spaces, so the hash is stable across builds.
-  EXPECT_EQ(a.to_json(),
-            R"({"alignment":"scalar_fallback","barrier_scope":"group","cache_format":"f32","caching":"registers","column_loads":"ahead",")"
-            R"(ctas_per_program":1,"finish_workers":256,"grid_limit":0,"merge":"combine",)"
-            R"("private_budget":64,"programs_per_group":1,"resident_groups":1,"row_head":"as_is","row_prefetch":"none","stripe_unroll":1,"stripes":1,"tail":"predicate",)"
-            R"("vector_elems":4,"width_mode":"automatic","workers_per_program":256})");
+  EXPECT_EQ(
+      a.to_json(),
+      R"({"alignment":"scalar_fallback","barrier_scope":"group","cache_format":"f32","caching":"registers","column_loads":"ahead",")"
+      R"(ctas_per_program":1,"finish_workers":256,"grid_limit":0,"merge":"combine",)"
+      R"("private_budget":64,"programs_per_group":1,"resident_groups":1,"row_head":"as_is","row_prefetch":"none","stripe_unroll":1,"stripes":1,"tail":"predicate",)"
+      R"("vector_elems":4,"width_mode":"automatic","workers_per_program":256})");
 }
 
 TEST(MappingPlan, FullPlanJsonNeedsEveryField) {
