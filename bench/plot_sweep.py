@@ -202,6 +202,8 @@ def plan_text(plan):
     if plan.get("ctas_per_program", 1) > 1:
         parts.append(f"c{plan['ctas_per_program']}" + (f" {plan['merge']}" if "merge" in plan else ""))
     # Loads of the next row block during this one (groups looping over row blocks).
+    if plan.get("cache_format") == "packed":
+        parts.append("packed")
     if plan.get("row_prefetch") == "next":
         parts.append("prefetch")
     return " ".join(parts)

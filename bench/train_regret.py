@@ -26,7 +26,8 @@ workers of a stripe have no vector); where the program reduces over the rows (dw
 cross-entropy's summed losses, absent here), half, twice and four times the policy's grid
 limit, the groups that loop over the rows (where it changes the grid), and for a register-cached
 row the other row_prefetch, prefetching with a budget of 128 scalars (so at half and twice the
-grid limit, and at the widths giving 1, 2 or 4 stripes); and where the call has a second phase (a workspace of partials), 128, 512 or 1024 workers folding the partials.
+grid limit, and at the widths giving 1, 2 or 4 stripes), and for 16-bit row inputs the packed
+register cache, prefetching or not; and where the call has a second phase (a workspace of partials), 128, 512 or 1024 workers folding the partials.
 Candidates are resolved with tile.builtin(name).plan() and deduplicated; a request the
 validation refuses is recorded as rejected with its message.
 Every plan is run with its outputs poisoned (NaN; the logits restored before a cross-entropy
@@ -173,10 +174,11 @@ def row_input_bytes(program, ops):
     return sum(ops[d.name].itemsize for d in program.operands if d.role == "row_in" and ops.get(d.name) is not None)
 
 
-def candidates(n, rows, policy, row_bytes, second_phase):
+def candidates(n, rows, policy, row_bytes, second_phase, all_16bit=False):
     """Plan requests around the policy's plan (None), for rows of n elements of row_bytes input
     bytes a column; second_phase: the call folds partials of a reduction over the rows in a
-    second kernel (its workspace is not empty). The module's docstring says which."""
+    second kernel (its workspace is not empty); all_16bit: every row input is 16-bit. The
+    module's docstring says which."""
     v = policy["vector_elems"]
     vectors = -(-n // v)
     reduces_rows = policy["grid_limit"] > 0
@@ -213,6 +215,9 @@ def candidates(n, rows, policy, row_bytes, second_phase):
         other = "none" if policy["row_prefetch"] == "next" else "next"
         out += [{"row_prefetch": other}, {"row_prefetch": "next", "private_budget": 128}]
         out += [{"row_prefetch": "next", "private_budget": 128, "grid_limit": g} for g in (g0 // 2, 2 * g0) if g >= 1]
+        if all_16bit and policy["vector_elems"] % 2 == 0:
+            # The slice kept as loaded (two 16-bit elements a register), prefetching or not.
+            out += [{"cache_format": "packed"}, {"cache_format": "packed", "row_prefetch": "next", "private_budget": 128}]
     if second_phase:
         out += [{"finish_workers": f} for f in (128, 512, 1024) if f != policy["finish_workers"]]
     return out
@@ -228,7 +233,10 @@ def family(program, ops, rows, n):
     if "rejected" in first[0]:
         return first
     second_phase = program.workspace_bytes(**ops) > 0
-    return regret.resolve(candidates(n, rows, first[0]["plan"], row_input_bytes(program, ops), second_phase), plan_of)
+    all_16bit = all(ops[d.name].itemsize == 2 for d in program.operands
+                    if d.role == "row_in" and ops.get(d.name) is not None)
+    return regret.resolve(candidates(n, rows, first[0]["plan"], row_input_bytes(program, ops), second_phase, all_16bit),
+                          plan_of)
 
 
 def dry_family(op, dtype, n, rows):
