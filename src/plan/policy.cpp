@@ -345,9 +345,19 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   p.alignment = req.alignment.value_or(whole_vectors(in, p.vector_elems) ? Alignment::require : Alignment::scalar_fallback);
   p.row_head = req.row_head.value_or(RowHead::as_is);
   if (p.row_head == RowHead::peel) p.alignment = req.alignment.value_or(Alignment::scalar_fallback);
-  // Packed caching is offered for experiments; ptxas register counts alone do not favour it
-  // (fewer registers for RMSNorm, more for log-softmax), so the default stays f32.
-  p.cache_format = req.cache_format.value_or(CacheFormat::f32);
+  // Packed caching: ptxas register counts alone do not favour it for the forward operators
+  // (fewer registers for RMSNorm, more for log-softmax), so their default stays f32. A program
+  // with per-column accumulators (a weight gradient) that caches two or more stripes of 16-bit
+  // row inputs keeps them packed: beside its accumulators, 1024 workers of two f32-converted
+  // stripes ran short of registers. H200, bf16 x 16384 (bench/results/train-regret-h200-e20b301-packed.json), us,
+  // f32 / packed: rms_norm_backward 395.5 / 332.0, layer_norm_backward 699.5 / 654.3; at one
+  // stripe (1K-8K) packed was within -5 to +1 %.
+  bool all_16bit = in.row_inputs() > 0;
+  for (const RowOperandInfo& r : in.row_operands)
+    if (r.input) all_16bit &= dtype_size(r.dtype) == 2;
+  const bool packed_rows = in.rows_reduction_parts > 0 && p.caching == InputCaching::registers && cluster == 1 &&
+                           p.stripes >= 2 && all_16bit && p.vector_elems % 2 == 0;
+  p.cache_format = req.cache_format.value_or(packed_rows ? CacheFormat::packed : CacheFormat::f32);
   // A cached row merges each sum and max on its own: additions and maxima cross workers, not
   // the monoids' combines (divisions, exponentials at every butterfly level). H200: register-
   // cached LayerNorm and RMSNorm lost 5-50 % to combine merges at 1K-16K columns. Except on a

@@ -170,6 +170,19 @@ TEST(Policy, RowsReducingProgramsOfOneVectorAWorkerPrefetchTheNextRowBlock) {
   EXPECT_EQ(choose_plan(two_inputs(16384, 8192, 1), small).row_prefetch, RowPrefetch::none);
 }
 
+TEST(Policy, RowsReducingProgramsOfTwoStripesOfSixteenBitRowsKeepThemPacked) {
+  // bf16 x 16384 on 1024 workers, two stripes (H200: rms_norm_backward 332 us packed against
+  // 396); one stripe, f32 rows and programs without per-column accumulators stay f32.
+  EXPECT_EQ(choose_plan(two_inputs(8192, 16384, 1), {}).cache_format, CacheFormat::packed);
+  EXPECT_EQ(choose_plan(two_inputs(8192, 16384, 2), {}).cache_format, CacheFormat::packed);
+  EXPECT_EQ(choose_plan(two_inputs(16384, 8192, 1), {}).cache_format, CacheFormat::f32);
+  EXPECT_EQ(choose_plan(several_inputs(DType::f32, 8192, 8192, 2, 1), {}).cache_format, CacheFormat::f32);
+  EXPECT_EQ(choose_plan(two_inputs(8192, 16384, 0), {}).cache_format, CacheFormat::f32);
+  PlanRequest f32;
+  f32.cache_format = CacheFormat::f32;  // a request is kept
+  EXPECT_EQ(choose_plan(two_inputs(8192, 16384, 1), f32).cache_format, CacheFormat::f32);
+}
+
 TEST(Policy, RowPrefetchIsValidatedAgainstItsLoopAndBudget) {
   const PlanInputs in = two_inputs(16384, 8192, 1);
   const MappingPlan p = choose_plan(in, {});
