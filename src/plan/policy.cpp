@@ -461,11 +461,16 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // us, without / with: rms_norm_backward bf16 x 1024 349.0 / 280.5, x 4096 307.2 / 226.9, x 8192
   // 343.5 / 224.0, f32 x 1024 260.6 / 230.5; layer_norm_backward bf16 x 4096 397.5 / 373.4,
   // x 8192 446.0 / 356.4, f32 x 1024 315.9 / 299.9. Not with two stripes: 1024 workers of
-  // two vectors prefetching lost 21-98 % (f32 x 8192 rms_norm_backward 207.1 / 251.7).
-  const bool prefetch_fits =
-      p.caching == InputCaching::registers && p.grid_limit > 0 && p.stripes == 1 && p.ctas_per_program == 1 &&
-      p.row_head == RowHead::as_is &&
-      int64_t(p.vector_elems) * per_elem + prefetch_scalars(in, 1, p.vector_elems) <= p.private_budget;
+  // two vectors prefetching lost 21-98 % (f32 x 8192 rms_norm_backward 207.1 / 251.7). Nor
+  // where programs share a group (short rows, four groups of 256 an SM) and merge two sums or
+  // more a row: bf16 x 1024, without / with, us, three runs (-5d4b5b2-prefetch.json,
+  // -cba3683-subset.json, -e20b301-packed.json): layer_norm_backward (two sums) 490-492 /
+  // 542-576, where rms_norm_backward (one) took 337-349 / 281-287 and
+  // fused_add_rms_norm_backward (one) 440-442 / 434-439.
+  const int64_t prefetch_held = int64_t(p.vector_elems) * per_elem + prefetch_scalars(in, 1, p.vector_elems);
+  const bool prefetch_fits = p.caching == InputCaching::registers && p.grid_limit > 0 && p.stripes == 1 &&
+                             p.ctas_per_program == 1 && p.row_head == RowHead::as_is &&
+                             prefetch_held <= p.private_budget && (p.programs_per_group == 1 || in.merge_parts < 2);
   p.row_prefetch = req.row_prefetch.value_or(prefetch_fits ? RowPrefetch::next : RowPrefetch::none);
   // The second phase reads slots x columns partials, one column per worker: 256 workers keep
   // a group's reads coalesced across a whole row of slots and leave 8 groups an SM.
