@@ -201,7 +201,7 @@ def plan_text(plan):
     # A row split over a cluster: its groups and how the merges cross them.
     if plan.get("ctas_per_program", 1) > 1:
         parts.append(f"c{plan['ctas_per_program']}" + (f" {plan['merge']}" if "merge" in plan else ""))
-    # Loads of the next row block during this one (groups looping over row blocks).
+    # A 16-bit row cached two elements a register; loads of the next row block during this one.
     if plan.get("cache_format") == "packed":
         parts.append("packed")
     if plan.get("row_prefetch") == "next":

@@ -27,7 +27,8 @@ cross-entropy's summed losses, absent here), half, twice and four times the poli
 limit, the groups that loop over the rows (where it changes the grid), and for a register-cached
 row the other row_prefetch, prefetching with a budget of 128 scalars (so at half and twice the
 grid limit, and at the widths giving 1, 2 or 4 stripes), and for 16-bit row inputs the packed
-register cache, prefetching or not; and where the call has a second phase (a workspace of partials), 128, 512 or 1024 workers folding the partials.
+register cache, prefetching or not; and where the call has a second phase (a workspace of
+partials), 128, 512 or 1024 workers folding the partials.
 Candidates are resolved with tile.builtin(name).plan() and deduplicated; a request the
 validation refuses is recorded as rejected with its message.
 Every plan is run with its outputs poisoned (NaN; the logits restored before a cross-entropy
@@ -169,9 +170,14 @@ def operands(op, c, o):
             "loss_sum": None, "loss_mean": None, "ignore_index": -100, "z_loss": 0.0}
 
 
+def row_inputs(program, ops):
+    """The row inputs present in the call."""
+    return [ops[d.name] for d in program.operands if d.role == "row_in" and ops.get(d.name) is not None]
+
+
 def row_input_bytes(program, ops):
     """Bytes of every row input present in one column (what a register-cached row holds)."""
-    return sum(ops[d.name].itemsize for d in program.operands if d.role == "row_in" and ops.get(d.name) is not None)
+    return sum(a.itemsize for a in row_inputs(program, ops))
 
 
 def candidates(n, rows, policy, row_bytes, second_phase, all_16bit=False):
@@ -233,8 +239,7 @@ def family(program, ops, rows, n):
     if "rejected" in first[0]:
         return first
     second_phase = program.workspace_bytes(**ops) > 0
-    all_16bit = all(ops[d.name].itemsize == 2 for d in program.operands
-                    if d.role == "row_in" and ops.get(d.name) is not None)
+    all_16bit = all(a.itemsize == 2 for a in row_inputs(program, ops))
     return regret.resolve(candidates(n, rows, first[0]["plan"], row_input_bytes(program, ops), second_phase, all_16bit),
                           plan_of)
 

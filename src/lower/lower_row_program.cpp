@@ -423,6 +423,13 @@ class RowLowering {
   // row_prefetch "next": loads of row block `block`'s cached row inputs and per-row inputs into
   // the prefetch registers.
   void prefetch_rows(std::vector<Stmt>& out, ExprPtr block);
+  // A per-row input's element of row `load_row` into `reg`: 0 where `row_valid` is false, unless
+  // the tail is clamped (guard programs then read the last row).
+  Stmt load_row_scalar(int operand, int reg, ExprPtr load_row, ExprPtr row_valid) {
+    ExprPtr index = binary(BinOp::mul, std::move(load_row), param(stride_of_.at(operand), Type::i64));
+    ExprPtr valid = plan_.tail == TailHandling::clamp ? i64(1) : select(std::move(row_valid), i64(1), i64(0));
+    return load({reg}, buffer_of_.at(operand), index, valid, b1_const(false), false, 0.0f);
+  }
   ExprPtr in_row(const Slot& slot, int j) const { return whole_ ? slot.live : binary(BinOp::lt, i32_const(j), slot.in_row_count); }
   ExprPtr row_value(std::vector<Stmt>& out, int node);
   void hoist_row_values(std::vector<Stmt>& out, int node);
@@ -773,13 +780,10 @@ void RowLowering::begin_row(std::vector<Stmt>& b, ExprPtr block) {
     if (decl(operand).role != Role::row_scalar_in) continue;
     const Type t = value_type(dtype(operand), real());
     int v = em_.temp(decl(operand).name, t);
-    if (prefetch_) {
+    if (prefetch_)
       b.push_back(assign(v, r(prefetched_scalars_.at(operand))));
-    } else {
-      ExprPtr index = binary(BinOp::mul, load_row, param(stride_of_[operand], Type::i64));
-      ExprPtr valid = plan_.tail == TailHandling::clamp ? i64(1) : select(r(row_valid_), i64(1), i64(0));
-      b.push_back(load({v}, buffer, index, valid, b1_const(false), false, 0.0f));
-    }
+    else
+      b.push_back(load_row_scalar(operand, v, load_row, r(row_valid_)));
     for (size_t n = 0; n < prog_.nodes().size(); ++n) {
       const RowNode& node = prog_.nodes()[n];
       if (node.kind == RowNode::Kind::load && node.operand == operand) row_values_[int(n)] = r(v);
@@ -1851,11 +1855,7 @@ void RowLowering::prefetch_rows(std::vector<Stmt>& out, ExprPtr block) {
                               : load(regs, buffer, index, valid, aligned, clamp, 0.0f)));
     }
   }
-  for (auto& [operand, reg] : prefetched_scalars_) {
-    ExprPtr index = binary(BinOp::mul, load_row, param(stride_of_[operand], Type::i64));
-    ExprPtr valid = clamp ? i64(1) : select(valid_row, i64(1), i64(0));
-    out.push_back(load({reg}, buffer_of_.at(operand), index, valid, b1_const(false), false, 0.0f));
-  }
+  for (auto& [operand, reg] : prefetched_scalars_) out.push_back(load_row_scalar(operand, reg, load_row, valid_row));
 }
 
 std::vector<Stmt> RowLowering::row_body() {

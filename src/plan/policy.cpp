@@ -58,13 +58,21 @@ int64_t cached_scalars_per_column(const PlanInputs& in, ColumnLoads loads) {
   return (in.row_inputs() + in.rows_reduction_parts + held) * (in.real_bytes / 4);
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Scalars a worker holds for row_prefetch "next", counted as the register cache counts them (an
 // element each, two in f64): every row input's vectors of the next row block.
 int64_t prefetch_scalars(const PlanInputs& in, int stripes, int vector_elems) {
   return int64_t(stripes) * vector_elems * in.row_inputs() * (in.real_bytes / 4);
 }
+
+// Whether the program reads row inputs and every one is 16-bit.
+bool row_inputs_16bit(const PlanInputs& in) {
+  bool all = in.row_inputs() > 0;
+  for (const RowOperandInfo& r : in.row_operands)
+    if (r.input) all &= dtype_size(r.dtype) == 2;
+  return all;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 int pow2_at_least(int64_t v) {
   int p = 1;
@@ -248,6 +256,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // (bench/results/train-regret-h200-5d4b5b2-prefetch.json): 1024 workers prefetching, 217.7
   // us for rms_norm_backward and 235.6 for layer_norm_backward, against 232.1 and 245.8 for
   // 512 workers of two stripes without.
+  // A worker's slice, accumulators and prefetched vectors at one stripe.
+  const int64_t one_stripe_prefetching = p.vector_elems * per_elem + prefetch_scalars(in, 1, p.vector_elems);
   int rows_cache_width = 0;
   if (in.rows_reduction_parts > 0 && cluster == 1 && vectors > 16 && !req.workers_per_program && !req.stripes &&
       req.programs_per_group.value_or(1) == 1 && req.caching.value_or(InputCaching::registers) == InputCaching::registers) {
@@ -255,7 +265,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     const int64_t widest = std::min<int64_t>(1024, limits.max_threads_per_group);
     const int64_t occupancy_width = std::min<int64_t>(kMaxAutomaticWidth, round_up(vectors, 32));
     if (vectors <= widest && req.row_prefetch.value_or(RowPrefetch::next) == RowPrefetch::next &&
-        p.vector_elems * per_elem + prefetch_scalars(in, 1, p.vector_elems) <= budget) {
+        one_stripe_prefetching <= budget) {
       rows_cache_width = int(round_up(vectors, 32));  // one stripe
     } else {
       // The usual width, then twice that, ..., then the widest.
@@ -352,11 +362,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // stripes ran short of registers. H200, bf16 x 16384 (bench/results/train-regret-h200-e20b301-packed.json), us,
   // f32 / packed: rms_norm_backward 395.5 / 332.0, layer_norm_backward 699.5 / 654.3; at one
   // stripe (1K-8K) packed was within -5 to +1 %.
-  bool all_16bit = in.row_inputs() > 0;
-  for (const RowOperandInfo& r : in.row_operands)
-    if (r.input) all_16bit &= dtype_size(r.dtype) == 2;
   const bool packed_rows = in.rows_reduction_parts > 0 && p.caching == InputCaching::registers && cluster == 1 &&
-                           p.stripes >= 2 && all_16bit && p.vector_elems % 2 == 0;
+                           p.stripes >= 2 && row_inputs_16bit(in) && p.vector_elems % 2 == 0;
   p.cache_format = req.cache_format.value_or(packed_rows ? CacheFormat::packed : CacheFormat::f32);
   // A cached row merges each sum and max on its own: additions and maxima cross workers, not
   // the monoids' combines (divisions, exponentials at every butterfly level). H200: register-
@@ -467,10 +474,10 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // -cba3683-subset.json, -e20b301-packed.json): layer_norm_backward (two sums) 490-492 /
   // 542-576, where rms_norm_backward (one) took 337-349 / 281-287 and
   // fused_add_rms_norm_backward (one) 440-442 / 434-439.
-  const int64_t prefetch_held = int64_t(p.vector_elems) * per_elem + prefetch_scalars(in, 1, p.vector_elems);
   const bool prefetch_fits = p.caching == InputCaching::registers && p.grid_limit > 0 && p.stripes == 1 &&
                              p.ctas_per_program == 1 && p.row_head == RowHead::as_is &&
-                             prefetch_held <= p.private_budget && (p.programs_per_group == 1 || in.merge_parts < 2);
+                             one_stripe_prefetching <= p.private_budget &&
+                             (p.programs_per_group == 1 || in.merge_parts < 2);
   p.row_prefetch = req.row_prefetch.value_or(prefetch_fits ? RowPrefetch::next : RowPrefetch::none);
   // The second phase reads slots x columns partials, one column per worker: 256 workers keep
   // a group's reads coalesced across a whole row of slots and leave 8 groups an SM.
@@ -566,13 +573,10 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
                (in.row_inputs() == 0 ? ", no row input" : "") + (in.reduces_rows ? ", a reduction over the rows" : "") +
                ", cols " + str(in.cols) + ", vector_elems " + str(V));
   }
-  bool inputs_16bit = in.row_inputs() > 0;
+  const bool inputs_16bit = row_inputs_16bit(in);
   std::string input_dtypes;
   for (const RowOperandInfo& r : in.row_operands)
-    if (r.input) {
-      inputs_16bit &= dtype_size(r.dtype) == 2;
-      input_dtypes += (input_dtypes.empty() ? "" : ", ") + std::string(dtype_name(r.dtype));
-    }
+    if (r.input) input_dtypes += (input_dtypes.empty() ? "" : ", ") + std::string(dtype_name(r.dtype));
   if (p.merge == MergeStrategy::staged && p.caching != InputCaching::registers)
     fail("merge", "\"combine\" unless the rows are cached in registers (a staged merge reads the row once per stage)",
          "\"staged\" with caching \"" + to_string(p.caching) + "\"");
