@@ -5,9 +5,10 @@
 // one kernel can be compared for identical results). Inputs are N(0, 1) rows of the kernel's
 // dtype (bf16 or f32, every operand the same); the norms' weight ~ 1 + 0.1 N(0, 1), bias
 // 0.1 N(0, 1). A kernel whose name ends in _k<C> (a cluster plan) is launched in clusters of C
-// groups, as the library launches it. Built and driven by bench/cubin_time.sh.
+// groups, as the library launches it; SHARED bytes of dynamic shared memory (a staged plan's
+// row slices) are given to each group. Built and driven by bench/cubin_time.sh.
 //
-//   cubin_time CUBIN KERNEL softmax|rms|ln bf16|f32 ROWS COLS GRID BLOCK [LAUNCHES]
+//   cubin_time CUBIN KERNEL softmax|rms|ln bf16|f32 ROWS COLS GRID BLOCK [LAUNCHES [SHARED]]
 #include <cuda.h>
 
 #include <algorithm>
@@ -109,6 +110,9 @@ int main(int argc, char** argv) {
       cluster = std::atoi(name.c_str() + k + 2);
   }
   if (cluster > 8) check(cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1), "cluster size");
+  const int shared = argc > 10 ? std::atoi(argv[10]) : 0;
+  if (shared > 48 * 1024)
+    check(cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared), "dynamic shared memory");
 
   const size_t n = size_t(rows) * size_t(cols), bytes = n * elem;
   const int buffers = int(std::clamp<size_t>((size_t(160) << 20) / bytes + 1, 2, 64));
@@ -143,6 +147,7 @@ int main(int argc, char** argv) {
     CUlaunchConfig config{};
     config.gridDimX = unsigned(grid), config.gridDimY = 1, config.gridDimZ = 1;
     config.blockDimX = unsigned(block), config.blockDimY = 1, config.blockDimZ = 1;
+    config.sharedMemBytes = unsigned(shared);
     CUlaunchAttribute attr{};
     attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
     attr.value.clusterDim.x = unsigned(cluster), attr.value.clusterDim.y = 1, attr.value.clusterDim.z = 1;

@@ -9,7 +9,8 @@
 #   bench/cubin_time.sh prepare-list DIR LIST BUILD   (every line of LIST: TAG OP SHAPE DTYPE [PLAN_JSON], tab-separated)
 #   bench/cubin_time.sh run DIR                                            (the GPU machine)
 #
-# CHECK_ROWS=R checks the variant on R rows instead (faster on the CPU; see below).
+# CHECK_ROWS=R checks the variant on R rows instead (faster on the CPU; see below); LAUNCHES=N
+# launches a batch in run (300).
 # prepare adds one variant to DIR (TAG.cu, TAG.cubin, a line of DIR/list.txt); run builds the
 # timer and times every variant of DIR. bf16 or f32 (every operand of the call that dtype).
 set -euo pipefail
@@ -41,7 +42,9 @@ if [[ $mode == prepare ]]; then
   fi
   block=$(grep -o "x [0-9]* thread" "$dir/$tag.txt" | grep -o "[0-9]*")
   case $op in rms_norm) kind=rms ;; layer_norm) kind=ln ;; *) kind=softmax ;; esac
-  echo "$tag $kernel $kind $dtype ${shape%x*} ${shape#*x} $grid $block" >> "$dir/list.txt"
+  # A staged plan's dynamic shared memory, from the comment on its declaration.
+  shared=$(grep -o 'tile_staged\[\];  // [0-9]* bytes' "$dir/$tag.cu" | grep -o '[0-9]* bytes' | grep -o '[0-9]*' || true)
+  echo "$tag $kernel $kind $dtype ${shape%x*} ${shape#*x} $grid $block ${shared:-0}" >> "$dir/list.txt"
 elif [[ $mode == prepare-list ]]; then
   list=${3:?LIST} build=${4:?BUILD}
   # Two variants at a time (the CPU checks dominate); a tag already in DIR is kept.
@@ -55,8 +58,9 @@ elif [[ $mode == prepare-list ]]; then
 elif [[ $mode == run ]]; then
   nvcc -O2 -o "$dir/cubin_time" "$here/cubin_time.cu" -L"${CUDA_HOME:-/usr/local/cuda}/lib64/stubs" -lcuda
   for pass in 1 2; do
-    while read -r tag kernel kind dtype rows cols grid block; do
-      "$dir/cubin_time" "$dir/$tag.cubin" "$kernel" "$kind" "$dtype" "$rows" "$cols" "$grid" "$block" 300 | sed "s/^/pass $pass /"
+    while read -r tag kernel kind dtype rows cols grid block shared; do
+      "$dir/cubin_time" "$dir/$tag.cubin" "$kernel" "$kind" "$dtype" "$rows" "$cols" "$grid" "$block" "${LAUNCHES:-300}" "${shared:-0}" |
+        sed "s/^/pass $pass /"
     done < "$dir/list.txt"
   done
 else

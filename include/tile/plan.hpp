@@ -19,8 +19,10 @@ namespace tile {
 // How many workers cooperate on a row: set by the caller ("exact") or derived by the policy.
 // It records where the width came from and does not change the kernel.
 enum class WidthMode : uint8_t { automatic, exact };
-// Where a worker keeps its slice of the input rows between passes.
-enum class InputCaching : uint8_t { registers, reread };
+// Where a worker keeps its slice of the input rows between passes: in registers, nowhere (each
+// pass reads the row again), or in shared memory, filled by asynchronous copies that hold no
+// register while in flight (`shared`).
+enum class InputCaching : uint8_t { registers, reread, shared };
 // Scope of the barriers a multi-warp program uses for its cross-warp reductions.
 enum class BarrierScope : uint8_t { group, program };
 // What lanes whose elements lie past the row end (and guard programs past the last row) do:
@@ -69,7 +71,7 @@ enum class RowPrefetch : uint8_t { none, next };
   X(int, vector_elems, 4, 1, 8, "consecutive elements per worker per access")                       \
   X(int, stripes, 1, 1, 2147483647, "passes of all workers over the row")                           \
   X(int, stripe_unroll, 1, 1, 16, "stripes in flight per loop iteration (re-read loops)")          \
-  X(InputCaching, caching, InputCaching::registers, 0, 1, "where row input stays between passes")  \
+  X(InputCaching, caching, InputCaching::registers, 0, 2, "where row input stays between passes")  \
   X(int, private_budget, 64, 1, 255, "cached scalars per worker")                                   \
   X(BarrierScope, barrier_scope, BarrierScope::group, 0, 1, "scope of cross-warp barriers")         \
   X(TailHandling, tail, TailHandling::predicate, 0, 1, "lanes past the row end")                    \

@@ -17,6 +17,7 @@ struct DeviceLimits {
   int max_threads_per_sm = 2048;
   int named_barriers = 16;            // id 0 is the group barrier, 1.. are per program
   int max_shared_bytes = 48 * 1024;   // static shared memory per group
+  int max_staged_bytes = 227 * 1024;  // shared memory a group may opt into, static included (caching "shared"), H200
   int max_vector_bytes = 16;          // widest single memory access of a worker
   int max_cluster_size = 1;           // groups per cluster a launch may have (1: no clusters)
   int64_t max_groups = 2147483647;    // groups in a grid (gridDim.x)

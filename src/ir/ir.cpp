@@ -139,6 +139,13 @@ int Kernel::exchange_count() const {
   return n;
 }
 
+int64_t Kernel::staged_offset(int region) const {
+  int64_t offset = 0;
+  for (int r = 0; r < region; ++r)
+    offset += (staged[size_t(r)].elems * dtype_size(staged[size_t(r)].dtype) + 15) / 16 * 16;
+  return offset;
+}
+
 int Kernel::add_reg(std::string name, Type type, bool cached) {
   regs.push_back({std::move(name), type, cached});
   return int(regs.size()) - 1;
@@ -229,6 +236,28 @@ Stmt remote_shared_push(int region, ExprPtr index, ExprPtr cta, int src) {
 Stmt exchange_wait(int region) {
   Stmt s{Stmt::Kind::exchange_wait};
   s.region = region;
+  return s;
+}
+Stmt async_copy(int region, ExprPtr at, int buffer, ExprPtr index, int width, ExprPtr valid, ExprPtr aligned) {
+  Stmt s{Stmt::Kind::async_copy};
+  s.region = region;
+  s.at = std::move(at);
+  s.buffer = buffer;
+  s.index = std::move(index);
+  s.width = width;
+  s.valid = std::move(valid);
+  s.aligned = std::move(aligned);
+  return s;
+}
+Stmt async_wait() { return Stmt{Stmt::Kind::async_wait}; }
+Stmt staged_load(std::vector<int> dsts, int region, ExprPtr at, ExprPtr valid, float fill) {
+  Stmt s{Stmt::Kind::staged_load};
+  s.width = int(dsts.size());
+  s.dsts = std::move(dsts);
+  s.region = region;
+  s.at = std::move(at);
+  s.valid = std::move(valid);
+  s.fill = fill;
   return s;
 }
 Stmt barrier(Scope scope) {

@@ -106,30 +106,37 @@ enum class BarrierPhase : uint8_t { both, arrive, wait };
 
 struct Stmt {
   enum class Kind : uint8_t {
-    assign,        // regs[dst] = value
-    load,          // regs[dsts[j]] = buffer[index + j] for j < width (see below)
-    store,         // buffer[index + j] = regs[srcs[j]] for j < min(width, valid)
-                   // (registers are the kernel's float type for float buffers, i64 for
-                   // integer buffers)
-    shfl_xor,      // regs[dst] = regs[src] of lane (lane ^ offset) within segments of `width`
-    shfl_idx,      // regs[dst] = regs[src] of lane `offset` of the lane's segment of `width`
-    shared_store,  // shared[region][index] = value
-    shared_load,   // regs[dst] = shared[region][index]
+    assign,              // regs[dst] = value
+    load,                // regs[dsts[j]] = buffer[index + j] for j < width (see below)
+    store,               // buffer[index + j] = regs[srcs[j]] for j < min(width, valid)
+                         // (registers are the kernel's float type for float buffers, i64 for
+                         // integer buffers)
+    shfl_xor,            // regs[dst] = regs[src] of lane (lane ^ offset) within segments of `width`
+    shfl_idx,            // regs[dst] = regs[src] of lane `offset` of the lane's segment of `width`
+    shared_store,        // shared[region][index] = value
+    shared_load,         // regs[dst] = shared[region][index]
     remote_shared_load,  // regs[dst] = shared[region][index] of the group of rank `cta` (i32)
                          // in this cluster (this program's copy of the region there)
     remote_shared_push,  // shared[region][index] of the group of rank `cta` (i32) in this
                          // cluster = regs[src]: one of the pushes that region's exchange awaits
                          // there (CUDA: st.async completing the owner's transaction mbarrier)
-    exchange_wait,  // wait until every push this group's exchange region `region` awaits has
-                    // landed (acquire): its slots may be read from then on
-    barrier,       // wait for every worker of `scope` (program, group or cluster); a cluster
-                   // barrier also orders shared memory accesses across the cluster (release /
-                   // acquire), so remote reads after it see what the owner wrote before it. A
-                   // cluster barrier may be split (`phase`): an arrive, then later a wait that
-                   // returns once every worker of the cluster has arrived
-    if_,           // if (cond) body else else_body
-    for_,          // for (regs[dst] = begin; regs[dst] < end; ++regs[dst]) body
-    comment,       // text, printed only
+    exchange_wait,       // wait until every push this group's exchange region `region` awaits has
+                         // landed (acquire): its slots may be read from then on
+    async_copy,          // staged[region][at + j] = buffer[index + j] for j < min(width, valid), as
+                         // stored (no conversion), asynchronously: the issuing worker may read the
+                         // elements only after its next async_wait, and no other worker may read them
+    async_wait,          // wait until every async_copy this worker issued has landed
+    staged_load,         // regs[dsts[j]] = staged[region][at + j] converted to the kernel's float type
+                         // for j < min(width, valid), `fill` for the others; only elements this
+                         // worker copied, after its async_wait
+    barrier,             // wait for every worker of `scope` (program, group or cluster); a cluster
+                         // barrier also orders shared memory accesses across the cluster (release /
+                         // acquire), so remote reads after it see what the owner wrote before it. A
+                         // cluster barrier may be split (`phase`): an arrive, then later a wait that
+                         // returns once every worker of the cluster has arrived
+    if_,                 // if (cond) body else else_body
+    for_,                // for (regs[dst] = begin; regs[dst] < end; ++regs[dst]) body
+    comment,             // text, printed only
   };
   Kind kind;
   int dst = -1;
@@ -137,10 +144,11 @@ struct Stmt {
   std::vector<int> dsts;  // load destinations / store sources (float registers), one per lane
   ExprPtr value, index, valid, aligned, cond, begin, end;
   ExprPtr cta;     // remote_shared_load, remote_shared_push: rank of the group read or written
+  ExprPtr at;      // async_copy, staged_load: i64 element offset in the staged region
   int buffer = -1;
   int width = 1;   // vector width (load/store) or segment width (shfl_xor, shfl_idx)
   int offset = 0;  // shfl_xor lane offset, shfl_idx source lane
-  int region = -1; // shared region
+  int region = -1;  // shared region (staged region for async_copy and staged_load)
   bool clamp = false;
   bool raw = false;  // load: dsts are i32 registers holding the bits of element pairs
   bool whole = false;  // load/store: `valid` is <= 0 or >= width, and `aligned` holds (see below)
@@ -204,6 +212,16 @@ struct SharedRegion {
   int pushes = 0;  // > 0: an exchange region awaiting this many pushes
 };
 
+// A staged region: elements of one row input's dtype, as stored in memory, in dynamic shared
+// memory (one copy per group; the lowering gives each worker its own elements). It is the
+// cache of caching "shared": async copies fill it without holding registers, and each pass
+// reads the worker's elements back. Single-phase: its copies and loads run outside loops.
+struct StagedRegion {
+  std::string name;
+  DType dtype = DType::f32;
+  int64_t elems = 0;
+};
+
 struct Kernel {
   std::string name;
   int programs_per_group = 1;
@@ -218,12 +236,17 @@ struct Kernel {
   std::vector<ScalarParam> params;
   std::vector<Register> regs;
   std::vector<SharedRegion> shared;
+  std::vector<StagedRegion> staged;
   std::vector<Stmt> body;
 
   int threads_per_group() const { return programs_per_group * workers_per_program; }
   int shared_elems() const;  // slots (of `real`) the group needs
   int exchange_count() const;  // exchange regions (each with its transaction barrier)
   int shared_bytes() const { return shared_elems() * (real == Type::f64 ? 8 : 4); }
+  // Byte offset of staged region `region` in the group's dynamic shared memory (16-byte
+  // aligned), and the bytes every staged region takes together.
+  int64_t staged_offset(int region) const;
+  int64_t staged_bytes() const { return staged_offset(int(staged.size())); }
   int add_reg(std::string name, Type type, bool cached = false);
   int param_index(const std::string& name) const;  // -1 when absent
 };
@@ -241,6 +264,9 @@ Stmt shared_load(int dst, int region, ExprPtr index);
 Stmt remote_shared_load(int dst, int region, ExprPtr index, ExprPtr cta);
 Stmt remote_shared_push(int region, ExprPtr index, ExprPtr cta, int src);
 Stmt exchange_wait(int region);
+Stmt async_copy(int region, ExprPtr at, int buffer, ExprPtr index, int width, ExprPtr valid, ExprPtr aligned);
+Stmt async_wait();
+Stmt staged_load(std::vector<int> dsts, int region, ExprPtr at, ExprPtr valid, float fill);
 Stmt barrier(Scope scope);
 Stmt cluster_arrive();
 Stmt cluster_wait();

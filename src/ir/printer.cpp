@@ -104,6 +104,19 @@ void IRPrinter::visit_exchange_wait(const Stmt& s) {
   line("exchange_wait " + k_.shared[s.region].name + " (" + std::to_string(k_.shared[s.region].pushes) + " pushes)");
 }
 
+void IRPrinter::visit_async_copy(const Stmt& s) {
+  line("async_copy staged " + k_.staged[size_t(s.region)].name + "[" + visit(*s.at) + " +: " + std::to_string(s.width) +
+       "] = " + k_.buffers[s.buffer].name + "[" + visit(*s.index) + " +: " + std::to_string(s.width) + "] valid " +
+       visit(*s.valid) + " vector_if " + visit(*s.aligned));
+}
+
+void IRPrinter::visit_async_wait(const Stmt&) { line("async_wait"); }
+
+void IRPrinter::visit_staged_load(const Stmt& s) {
+  line("{" + reg_list(s.dsts) + "} = staged_load " + k_.staged[size_t(s.region)].name + "[" + visit(*s.at) +
+       " +: " + std::to_string(s.width) + "] valid " + visit(*s.valid) + " fill " + std::to_string(s.fill));
+}
+
 void IRPrinter::visit_barrier(const Stmt& s) {
   line(std::string("barrier.") + scope_name(s.scope) +
        (s.phase == BarrierPhase::arrive ? ".arrive" : s.phase == BarrierPhase::wait ? ".wait" : ""));
@@ -151,6 +164,9 @@ void IRPrinter::print_kernel() {
     line("  shared " + std::string(type_name(k_.real)) + " " + r.name + "[" + std::to_string(r.elems) +
          (r.program_stride ? "] per program at " + std::to_string(r.base) + " + program * " + std::to_string(r.program_stride)
                            : "] per group at " + std::to_string(r.base)));
+  for (size_t r = 0; r < k_.staged.size(); ++r)
+    line("  staged " + std::string(dtype_name(k_.staged[r].dtype)) + " " + k_.staged[r].name + "[" +
+         std::to_string(k_.staged[r].elems) + "] per group at byte " + std::to_string(k_.staged_offset(int(r))));
   line("{");
   visit_block(k_.body);
   line("}");

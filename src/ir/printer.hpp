@@ -46,6 +46,9 @@ class IRPrinter : public IRVisitor<IRPrinter, std::string> {
   virtual void visit_remote_shared_load(const Stmt& s);
   virtual void visit_remote_shared_push(const Stmt& s);
   virtual void visit_exchange_wait(const Stmt& s);
+  virtual void visit_async_copy(const Stmt& s);
+  virtual void visit_async_wait(const Stmt& s);
+  virtual void visit_staged_load(const Stmt& s);
   virtual void visit_barrier(const Stmt& s);
   virtual void visit_if(const Stmt& s);
   virtual void visit_for(const Stmt& s);

@@ -100,6 +100,7 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     check_ = true;
     visit_block(k_.body, kUniform);
     check_cluster_order();
+    check_staged_order();
     return errors_;
   }
 
@@ -125,6 +126,11 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     for (const ScalarParam& p : k_.params)
       if (is_real(p.type) && p.type != k_.real)
         error("parameter " + p.name + " is " + type_name(p.type) + " in a kernel whose float type is " + type_name(k_.real));
+    for (const StagedRegion& r : k_.staged) {
+      if (!is_float(r.dtype))
+        error("staged region '" + r.name + "' holds " + std::string(dtype_name(r.dtype)) + ", not a float dtype");
+      if (r.elems < 1) error("staged region '" + r.name + "' has no elements");
+    }
     if (cached > k_.private_budget)
       error("cached input registers (" + std::to_string(cached) + ") exceed the private budget of " +
             std::to_string(k_.private_budget) + " scalars");
@@ -452,6 +458,59 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
             "pushes land)");
     if (loops_ > 0) error("exchange wait of '" + k_.shared[s.region].name + "' inside a loop (exchange regions are single-phase)");
   }
+  // Staged regions: an async copy of an input buffer of the region's dtype, the worker's wait,
+  // and loads of its elements into float registers, all outside loops (single-phase).
+  void visit_async_copy(const Stmt& s, unsigned) {
+    visit(*s.at);
+    visit(*s.index);
+    visit(*s.valid);
+    visit(*s.aligned);
+    expect_type(*s.at, Type::i64, "staged offset");
+    expect_type(*s.index, Type::i64, "index");
+    expect_type(*s.valid, Type::i64, "valid count");
+    expect_type(*s.aligned, Type::b1, "alignment condition");
+    if (!check_) return;
+    const StagedRegion* r = staged_region(s, "async copy into");
+    if (s.width < 1) error("async copy of width " + std::to_string(s.width));
+    if (s.buffer < 0 || s.buffer >= int(k_.buffers.size())) {
+      error("async copy from buffer " + std::to_string(s.buffer) + ", which does not exist");
+    } else {
+      const Buffer& b = k_.buffers[s.buffer];
+      if (b.output) error("async copy from output buffer '" + b.name + "' (staged regions cache inputs)");
+      if (r && b.dtype != r->dtype)
+        error("async copy from buffer '" + b.name + "' of " + std::string(dtype_name(b.dtype)) +
+              " into staged region '" + r->name + "' of " + std::string(dtype_name(r->dtype)));
+    }
+    if (r && loops_ > 0)
+      error("async copy into staged region '" + r->name + "' inside a loop (staged regions are single-phase)");
+  }
+  void visit_async_wait(const Stmt&, unsigned) {
+    if (check_ && loops_ > 0) error("async wait inside a loop (staged regions are single-phase)");
+  }
+  void visit_staged_load(const Stmt& s, unsigned) {
+    visit(*s.at);
+    visit(*s.valid);
+    expect_type(*s.at, Type::i64, "staged offset");
+    expect_type(*s.valid, Type::i64, "valid count");
+    // Each worker reads elements only it copied: the values vary from worker to worker.
+    for (int r : s.dsts) {
+      expect_reg(r, k_.real, "staged load destination");
+      define(r, 0);
+    }
+    if (!check_) return;
+    const StagedRegion* r = staged_region(s, "staged load from");
+    if (s.width < 1 || int(s.dsts.size()) != s.width)
+      error("staged load of width " + std::to_string(s.width) + " with " + std::to_string(s.dsts.size()) +
+            " registers");
+    if (r && loops_ > 0)
+      error("staged load from staged region '" + r->name + "' inside a loop (staged regions are single-phase)");
+  }
+  const StagedRegion* staged_region(const Stmt& s, const std::string& what) {
+    if (s.region >= 0 && s.region < int(k_.staged.size())) return &k_.staged[size_t(s.region)];
+    error(what + " staged region " + std::to_string(s.region) + ", which does not exist");
+    return nullptr;
+  }
+
   bool exchange(const Stmt& s) const {
     return s.region >= 0 && s.region < int(k_.shared.size()) && k_.shared[s.region].pushes > 0;
   }
@@ -493,6 +552,7 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
   void visit_comment(const Stmt&, unsigned) {}
 
   void check_cluster_order();
+  void check_staged_order();
 
   std::string print(const Expr& e) const { return to_string(k_, e); }
   std::string reg_name(int r) const { return r >= 0 && r < int(k_.regs.size()) ? k_.regs[r].name : "?"; }
@@ -625,6 +685,79 @@ class ClusterOrder : public IRVisitor<ClusterOrder> {
 
 void Verifier::check_cluster_order() {
   for (std::string& e : ClusterOrder(k_).run()) error(e);
+}
+
+// The order of async copies, waits and staged loads along every path: a staged load of a
+// region needs an async wait after every copy into it that may precede it, and no copy into a
+// region may follow a staged load of it (the asynchronous write would race with the read).
+class StagedOrder : public IRVisitor<StagedOrder> {
+ public:
+  struct State {
+    std::set<int> pending;  // regions with a copy not waited for, on some path
+    std::set<int> read;     // regions staged-loaded, on some path
+    bool operator==(const State&) const = default;
+  };
+  explicit StagedOrder(const Kernel& k) : k_(k) {}
+
+  std::vector<std::string> run() {
+    State s;
+    visit_block(k_.body, s);
+    return errors_;
+  }
+
+ private:
+  friend class IRVisitor<StagedOrder>;
+  static State join(State a, const State& b) {
+    a.pending.insert(b.pending.begin(), b.pending.end());
+    a.read.insert(b.read.begin(), b.read.end());
+    return a;
+  }
+
+  void visit_async_copy(const Stmt& s, State& st) {
+    if (st.read.count(s.region) && reported_.insert(&s).second)
+      errors_.push_back("async copy into staged region '" + region_name(s) +
+                        "' after a staged load of it on some path (the asynchronous write would race with the read)");
+    st.pending.insert(s.region);
+  }
+  void visit_async_wait(const Stmt&, State& st) { st.pending.clear(); }
+  void visit_staged_load(const Stmt& s, State& st) {
+    if (st.pending.count(s.region) && reported_.insert(&s).second)
+      errors_.push_back("staged load of region '" + region_name(s) +
+                        "' before an async wait after its async copy on some path (the copy may not have landed)");
+    st.read.insert(s.region);
+  }
+  void visit_if(const Stmt& s, State& st) {
+    State a = st, b = st;
+    visit_block(s.body, a);
+    visit_block(s.else_body, b);
+    st = join(a, b);
+  }
+  void visit_for(const Stmt& s, State& st) {
+    // Rejected elsewhere (staged regions are single-phase), yet iterated as ClusterOrder does.
+    State head = st;
+    for (;;) {
+      State out = head;
+      visit_block(s.body, out);
+      State next = join(head, out);
+      if (next == head) break;
+      head = next;
+    }
+    st = head;
+  }
+  template <typename... Ctx>
+  void visit_children(const Stmt&, Ctx&&...) {}  // no other statement changes the order
+
+  std::string region_name(const Stmt& s) const {
+    return s.region >= 0 && s.region < int(k_.staged.size()) ? k_.staged[size_t(s.region)].name : "?";
+  }
+
+  const Kernel& k_;
+  std::vector<std::string> errors_;
+  std::set<const Stmt*> reported_;
+};
+
+void Verifier::check_staged_order() {
+  for (std::string& e : StagedOrder(k_).run()) error(e);
 }
 
 }  // namespace

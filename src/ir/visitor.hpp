@@ -3,14 +3,14 @@
 // A consumer derives from IRVisitor<Self, ExprResult> (CRTP) and defines a handler for each
 // node kind it treats: visit_assign, visit_load, visit_store, visit_shfl_xor, visit_shfl_idx,
 // visit_shared_store, visit_shared_load, visit_remote_shared_load, visit_remote_shared_push,
-// visit_exchange_wait, visit_barrier, visit_if, visit_for, visit_comment for statements (returning void); visit_constant, visit_reg, visit_special, visit_param,
-// visit_unary, visit_binary, visit_select, visit_cast, visit_row_aligned, visit_unpack16 for
-// expressions (returning ExprResult). visit(node) is the only dispatch on Stmt::Kind and
-// Expr::Kind in the library. A handler left out calls visit_children: a statement's
-// expressions (value, index, valid, aligned, cond, begin, end, cta, those present), then
-// visit_block(body) and visit_block(else_body); an expression's args in order, returning a
-// value-initialised ExprResult. visit_block visits each statement in turn; a consumer may
-// replace it (the printer indents there).
+// visit_exchange_wait, visit_async_copy, visit_async_wait, visit_staged_load, visit_barrier,
+// visit_if, visit_for, visit_comment for statements (returning void); visit_constant,
+// visit_reg, visit_special, visit_param, visit_unary, visit_binary, visit_select, visit_cast, visit_row_aligned,
+// visit_unpack16 for expressions (returning ExprResult). visit(node) is the only dispatch on Stmt::Kind and Expr::Kind
+// in the library. A handler left out calls visit_children: a statement's expressions (value, index, valid, aligned,
+// cond, begin, end, cta, at, those present), then visit_block(body) and visit_block(else_body); an expression's args in
+// order, returning a value-initialised ExprResult. visit_block visits each statement in turn; a consumer may replace it
+// (the printer indents there).
 //
 // Arguments given to visit() after the node are passed to the handler: a statement's to its
 // blocks' statements, an expression's to its args; visit_children gives a statement's
@@ -46,6 +46,12 @@ class IRVisitor {
       case Stmt::Kind::remote_shared_load: return self.visit_remote_shared_load(s, ctx...);
       case Stmt::Kind::remote_shared_push: return self.visit_remote_shared_push(s, ctx...);
       case Stmt::Kind::exchange_wait: return self.visit_exchange_wait(s, ctx...);
+      case Stmt::Kind::async_copy:
+        return self.visit_async_copy(s, ctx...);
+      case Stmt::Kind::async_wait:
+        return self.visit_async_wait(s, ctx...);
+      case Stmt::Kind::staged_load:
+        return self.visit_staged_load(s, ctx...);
       case Stmt::Kind::barrier: return self.visit_barrier(s, ctx...);
       case Stmt::Kind::if_: return self.visit_if(s, ctx...);
       case Stmt::Kind::for_: return self.visit_for(s, ctx...);
@@ -85,7 +91,7 @@ class IRVisitor {
 
   template <typename... Ctx>
   void visit_children(const Stmt& s, Ctx&&... ctx) {
-    for (const ExprPtr* e : {&s.value, &s.index, &s.valid, &s.aligned, &s.cond, &s.begin, &s.end, &s.cta})
+    for (const ExprPtr* e : {&s.value, &s.index, &s.valid, &s.aligned, &s.cond, &s.begin, &s.end, &s.cta, &s.at})
       if (*e) visit(**e);
     self().visit_block(s.body, ctx...);
     self().visit_block(s.else_body, ctx...);
@@ -108,6 +114,18 @@ class IRVisitor {
   template <typename... Ctx> void visit_remote_shared_load(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_remote_shared_push(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_exchange_wait(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
+  template <typename... Ctx>
+  void visit_async_copy(const Stmt& s, Ctx&&... c) {
+    self().visit_children(s, c...);
+  }
+  template <typename... Ctx>
+  void visit_async_wait(const Stmt& s, Ctx&&... c) {
+    self().visit_children(s, c...);
+  }
+  template <typename... Ctx>
+  void visit_staged_load(const Stmt& s, Ctx&&... c) {
+    self().visit_children(s, c...);
+  }
   template <typename... Ctx> void visit_barrier(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_if(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_for(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }

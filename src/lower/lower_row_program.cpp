@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "bind/bind.hpp"
@@ -206,6 +207,12 @@ struct ChunkGroup {
   ExprPtr all_valid;  // b1: every element valid, or none; null: per-element tests
   ExprPtr count;      // float: valid elements in the group
   std::vector<ChunkElement> elems;
+  // Staged rows (caching "shared"): monoid input k's values of every element read again from
+  // shared memory, for inputs that are a row input as loaded (empty for the others). Each node
+  // of the chunk graph built over the elements reads them afresh, so no register holds a
+  // vector from one node to the next (softmax's maximum, then its sum of exponentials).
+  std::function<std::vector<ExprPtr>(int k)> reload;
+  std::vector<bool> reloaded;  // per monoid input: read through `reload`
 };
 
 // Evaluates a monoid's chunk graph over a chunk. Chunk-level values may be given (set) before
@@ -244,11 +251,30 @@ class ChunkEvaluator {
       if (auto it = chunk_memo_.find(id); it != chunk_memo_.end()) return it->second;
       return chunk_memo_[id] = eval_at(n, g, e);
     }
-    if (auto it = elem_memo_.find(id); it != elem_memo_.end()) return it->second[g][e];
-    std::vector<std::vector<ExprPtr>> table(groups_.size());
-    for (size_t g2 = 0; g2 < groups_.size(); ++g2)
+    if (n.kind == MonoidNode::Kind::element && reloaded(g, n.index)) {
+      auto key = std::make_tuple(g, n.index, generation_);
+      auto it = reload_memo_.find(key);
+      if (it == reload_memo_.end()) it = reload_memo_.emplace(key, groups_[size_t(g)].reload(n.index)).first;
+      return it->second.at(size_t(e));
+    }
+    if (auto it = elem_memo_.find(id); it != elem_memo_.end() && !it->second[size_t(g)].empty())
+      return it->second[g][e];
+    std::vector<std::vector<ExprPtr>>& table = elem_memo_[id];
+    table.resize(groups_.size());
+    const int outer = generation_;
+    generation_ = ++generations_;  // this node's values read reloaded inputs once
+    // Staged groups one at a time, as a fold over them asks for them: a node's values of one
+    // group die before the next group's are read. Otherwise the whole table at once.
+    for (size_t g2 = 0; g2 < groups_.size(); ++g2) {
+      if ((groups_[g2].reload && int(g2) != g) || !table[g2].empty()) continue;
       for (size_t e2 = 0; e2 < groups_[g2].elems.size(); ++e2) table[g2].push_back(eval_at(n, int(g2), int(e2)));
-    return (elem_memo_[id] = std::move(table))[g][e];
+    }
+    generation_ = outer;
+    return table[g][e];
+  }
+  bool reloaded(int g, int k) const {
+    const ChunkGroup& grp = groups_.at(size_t(g));
+    return grp.reload && size_t(k) < grp.reloaded.size() && grp.reloaded[size_t(k)];
   }
 
   ExprPtr eval_at(const MonoidNode& n, int g, int e) {
@@ -265,6 +291,13 @@ class ChunkEvaluator {
       }
       case MonoidNode::Kind::chunk_sum:
       case MonoidNode::Kind::chunk_max: {
+        const int outer = generation_;
+        generation_ = ++generations_;
+        struct Restore {
+          int& g;
+          int v;
+          ~Restore() { g = v; }
+        } restore{generation_, outer};
         const bool sum = n.kind == MonoidNode::Kind::chunk_sum;
         const BinOp op = sum ? BinOp::add : BinOp::max;
         const ExprPtr identity = em_.fc(sum ? 0.0 : kNegInf);
@@ -295,6 +328,8 @@ class ChunkEvaluator {
   std::vector<ChunkGroup> groups_;
   std::map<int, std::vector<std::vector<ExprPtr>>> elem_memo_;
   std::map<int, ExprPtr> chunk_memo_;
+  std::map<std::tuple<int, int, int>, std::vector<ExprPtr>> reload_memo_;  // (group, input, generation)
+  int generation_ = 0, generations_ = 0;
 };
 
 std::vector<ExprPtr> chunk_state(Emitter& em, std::vector<Stmt>& out, const Monoid& m,
@@ -376,6 +411,7 @@ class RowLowering {
     // 0's, 0 for the others) and every access is scalar (the row start is not aligned).
     ExprPtr limit;
     bool scalar = false;
+    ExprPtr at;  // caching "shared": the slot's first element in its staged regions (i64)
   };
 
   ExprPtr r(int id) const { return em_.r(id); }
@@ -384,6 +420,9 @@ class RowLowering {
   Type real() const { return k_.real; }
   int assign_new(std::vector<Stmt>& out, const std::string& name, ExprPtr v) { return em_.assign_new(out, name, v); }
   bool present(int operand) const { return sig_.present[operand]; }
+  // The row's slots are cached (in registers, or staged in shared memory) rather than re-read.
+  bool cached_slots() const { return plan_.caching != InputCaching::reread; }
+  bool staged() const { return plan_.caching == InputCaching::shared; }
   DType dtype(int operand) const { return sig_.dtypes[operand]; }
   const OperandDecl& decl(int operand) const { return prog_.operands()[operand]; }
   // The scope whose barrier merges the warps of a program: the group's (every worker of the
@@ -420,6 +459,18 @@ class RowLowering {
   // copied instead of loaded.
   void load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<int>& inputs, bool cache,
                  const std::map<int, std::vector<int>>* from = nullptr);
+  // caching "shared": stripe `stripe`'s async copies of every cached row input into its staged
+  // region, and (after the async wait) the slot's values read back from there into fresh
+  // registers, its memoised values forgotten: each pass reads the worker's elements again, so
+  // no register holds them across a merge.
+  void stage_slot(std::vector<Stmt>& out, Slot& slot, int stripe);
+  void load_staged(std::vector<Stmt>& out, Slot& slot, int operand);
+  // Forgets a staged slot's values and what was computed from them: the next use reads them
+  // again (where it is, so they are live only from there).
+  void forget_staged(Slot& slot) {
+    slot.values.clear();
+    slot.memo.clear();
+  }
   // row_prefetch "next": loads of row block `block`'s cached row inputs and per-row inputs into
   // the prefetch registers.
   void prefetch_rows(std::vector<Stmt>& out, ExprPtr block);
@@ -515,6 +566,7 @@ class RowLowering {
   std::map<int, std::vector<int>> row_acc_;
   std::map<int, std::vector<std::vector<int>>> elem_acc_;
   bool whole_ = false;
+  std::map<int, int> staged_of_;  // caching "shared": row input -> staged region
   int next_shared_ = 0;
   bool cluster_resident_ = false;  // the cluster wait before the first push is emitted
   int loop_it_ = -1;        // the iteration register of the re-read loop being built
@@ -539,6 +591,9 @@ LoweredProgram RowLowering::run() {
   TILE_CHECK(!prefetch_ || (plan_.grid_limit > 0 && plan_.caching == InputCaching::registers && !peel_ &&
                             plan_.ctas_per_program == 1),
              "a prefetching plan that validation should have refused");
+  TILE_CHECK(!staged() || (plan_.grid_limit == 0 && !peel_ && plan_.tail == TailHandling::predicate &&
+                           plan_.cache_format == CacheFormat::f32),
+             "a staged plan that validation should have refused");
   const int W = plan_.workers_per_program;
   // tile_<program>_<dtypes of the row operands>_p<P>w<W>v<V>s<S><c|r>
   std::string dtypes;
@@ -547,10 +602,13 @@ LoweredProgram RowLowering::run() {
     if ((role == Role::row_in || role == Role::row_out) && present(int(i))) dtypes += "_" + std::string(dtype_name(dtype(int(i))));
   }
   const int C = plan_.ctas_per_program;
-  k_.name = "tile_" + prog_.name() + dtypes + "_p" + std::to_string(plan_.programs_per_group) + "w" + std::to_string(W) + "v" +
-            std::to_string(plan_.vector_elems) + "s" + std::to_string(plan_.stripes) +
-            (plan_.caching == InputCaching::registers ? "c" : "r") + (C > 1 ? "_k" + std::to_string(C) : "");
-  TILE_CHECK(C == 1 || (plan_.programs_per_group == 1 && W % 32 == 0 && plan_.caching == InputCaching::registers),
+  k_.name = "tile_" + prog_.name() + dtypes + "_p" + std::to_string(plan_.programs_per_group) + "w" +
+            std::to_string(W) + "v" + std::to_string(plan_.vector_elems) + "s" + std::to_string(plan_.stripes) +
+            (plan_.caching == InputCaching::registers ? "c"
+             : staged()                               ? "s"
+                                                      : "r") +
+            (C > 1 ? "_k" + std::to_string(C) : "");
+  TILE_CHECK(C == 1 || (plan_.programs_per_group == 1 && W % 32 == 0 && cached_slots()),
              "a cluster plan that validation should have refused");
   k_.ctas_per_cluster = C;
   k_.programs_per_group = plan_.programs_per_group;
@@ -878,6 +936,41 @@ void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<i
   }
 }
 
+void RowLowering::stage_slot(std::vector<Stmt>& out, Slot& slot, int stripe) {
+  const int P = plan_.programs_per_group, W = plan_.workers_per_program, V = plan_.vector_elems;
+  const int64_t per_program = int64_t(plan_.stripes) * W * V;
+  if (staged_of_.empty())
+    for (int operand : cached_inputs_) {
+      staged_of_[operand] = int(k_.staged.size());
+      k_.staged.push_back({decl(operand).name + "_slice", dtype(operand), P * per_program});
+    }
+  slot.col = r(assign_new(out, "col", slot.col));
+  // min(max(load_cols - col, 0), V) as i32, as load_slot counts it.
+  if (whole_) {
+    slot.live = r(assign_new(out, "live", binary(BinOp::lt, slot.col, r(load_cols_))));
+  } else {
+    ExprPtr count = binary(BinOp::min, binary(BinOp::max, slot_count(slot, load_cols_), i64(0)), i64(V));
+    slot.in_row_count = r(assign_new(out, "n", cast(Type::i32, count)));
+  }
+  // Worker w's vector of stripe s in program p's part of the region: consecutive workers take
+  // consecutive vectors, so a warp's shared accesses are conflict-free.
+  ExprPtr worker = binary(BinOp::add, i64(int64_t(stripe) * W), cast(Type::i64, special(Special::worker_in_program)));
+  ExprPtr program = binary(BinOp::mul, cast(Type::i64, special(Special::program_in_group)), i64(per_program));
+  slot.at = r(assign_new(out, "at", binary(BinOp::add, P > 1 ? program : i64(0), binary(BinOp::mul, worker, i64(V)))));
+  for (int operand : cached_inputs_)
+    out.push_back(async_copy(staged_of_.at(operand), slot.at, buffer_of_.at(operand),
+                             binary(BinOp::add, r(load_off_[operand]), slot.col), V, slot_count(slot, load_cols_),
+                             slot_aligned(slot, operand)));
+}
+
+void RowLowering::load_staged(std::vector<Stmt>& out, Slot& slot, int operand) {
+  std::vector<int> regs;
+  for (int j = 0; j < plan_.vector_elems; ++j)
+    regs.push_back(k_.add_reg(decl(operand).name + std::to_string(k_.regs.size()), value_type(dtype(operand), real())));
+  out.push_back(staged_load(regs, staged_of_.at(operand), slot.at, slot_count(slot, load_cols_), 0.0f));
+  slot.values[operand] = regs;
+}
+
 ExprPtr RowLowering::row_value(std::vector<Stmt>& out, int node) {
   if (auto it = row_values_.find(node); it != row_values_.end()) return it->second;
   const RowNode& n = prog_.nodes()[node];
@@ -961,6 +1054,7 @@ const std::vector<ExprPtr>& RowLowering::element(std::vector<Stmt>& out, Slot& s
           for (int j = 0; j < V; ++j)
             vals.push_back(r(assign_new(out, "x", unpack16(dtype(n.operand), r(w->second[j / 2]), j % 2))));
         } else {
+          if (slot.at && !slot.values.count(n.operand)) load_staged(out, slot, n.operand);
           for (int reg_id : slot.values.at(n.operand)) vals.push_back(r(reg_id));
         }
       } else {  // per-column input: loaded once per slot
@@ -998,7 +1092,27 @@ std::vector<ChunkGroup> RowLowering::slot_groups(std::vector<Stmt>& out, std::ve
   for (Slot* slot : slots) {
     ChunkGroup g;
     std::vector<std::vector<ExprPtr>> values;
-    for (int in : inputs) values.push_back(element(out, *slot, in));
+    for (int in : inputs) {
+      const RowNode& n = prog_.nodes()[in];
+      // (a slot loaded from memory, the row's head, keeps its values)
+      const bool raw =
+          slot->at && n.kind == RowNode::Kind::load && decl(n.operand).role == Role::row_in && present(n.operand);
+      g.reloaded.push_back(raw);
+      // A reloaded input's values come from `reload`; these stand in for them, unread.
+      values.push_back(raw ? std::vector<ExprPtr>(size_t(V), fc(0.0)) : element(out, *slot, in));
+    }
+    if (slot->at)
+      g.reload = [this, &out, slot, inputs](int k) {
+        const int operand = prog_.nodes()[inputs.at(size_t(k))].operand;
+        std::vector<int> regs;
+        for (int j = 0; j < plan_.vector_elems; ++j)
+          regs.push_back(
+              k_.add_reg(decl(operand).name + std::to_string(k_.regs.size()), value_type(dtype(operand), real())));
+        out.push_back(staged_load(regs, staged_of_.at(operand), slot->at, slot_count(*slot, load_cols_), 0.0f));
+        std::vector<ExprPtr> vals;
+        for (int reg : regs) vals.push_back(r(reg));
+        return vals;
+      };
     if (whole_) {
       g.all_valid = slot->live;
       g.count = em_.keep(out, select(slot->live, fc(V), fc(0.0)), "k");
@@ -1047,6 +1161,9 @@ void RowLowering::split_pass(std::vector<Stmt>& out, const std::vector<int>& red
   row_exprs_ = row_exprs;
   cached_ = cached;
   std::vector<Stmt> slow{comment("the fast path is not exact enough here: the exact path")};
+  // Staged slots are read again here, so the fast path's values die before its merges.
+  if (staged())
+    for (Slot& slot : cached_) forget_staged(slot);
   std::vector<std::vector<int>> exact = exact_states(slow, reductions, inputs, false);
   for (size_t i = 0; i < exact.size(); ++i) {
     values[i].clear();
@@ -1103,7 +1220,7 @@ std::vector<std::vector<int>> RowLowering::exact_states(std::vector<Stmt>& out, 
   std::vector<std::vector<int>> states;
   if (staged) {
     states = staged_states(out, reductions);
-  } else if (plan_.caching == InputCaching::registers) {
+  } else if (cached_slots()) {
     std::vector<Slot*> slots;
     for (Slot& s : cached_) slots.push_back(&s);
     for (int red : reductions) {
@@ -1223,7 +1340,7 @@ RowLowering::FastSplit RowLowering::program_fast_split(std::vector<Stmt>& out, c
     for (const Leaf& l : leaves)
       if (l.reduction == i && l.kind == LeafKind::uniform) ev.set(l.node, r(l.reg));
   };
-  if (plan_.caching == InputCaching::registers) {
+  if (cached_slots()) {
     std::vector<Slot*> slots;
     for (Slot& s : cached_) slots.push_back(&s);
     for (size_t i = 0; i < reductions.size(); ++i) {
@@ -1860,7 +1977,22 @@ void RowLowering::prefetch_rows(std::vector<Stmt>& out, ExprPtr block) {
 
 std::vector<Stmt> RowLowering::row_body() {
   std::vector<Stmt> body;
-  if (plan_.caching == InputCaching::registers) {
+  if (staged()) {
+    body.push_back(comment("copy the row slices into shared memory once (no register holds them in flight)"));
+    for (int s = 0; s < plan_.stripes; ++s) {
+      Slot slot;
+      slot.col = stripe_col(i64(s));
+      stage_slot(body, slot, s);
+      cached_.push_back(std::move(slot));
+    }
+    body.push_back(async_wait());
+    if (plan_.column_loads == ColumnLoads::with_row) {
+      body.push_back(comment("the output pass's per-column inputs, loaded with the row"));
+      const std::set<int> columns = output_column_inputs();
+      for (Slot& slot : cached_)
+        for (int operand : columns) column_values(body, slot, operand);
+    }
+  } else if (plan_.caching == InputCaching::registers) {
     body.push_back(comment("load the row slices once into cached registers"));
     for (int s = 0; s < plan_.stripes; ++s) {
       Slot slot;
@@ -1932,7 +2064,7 @@ void RowLowering::rest_of_row(std::vector<Stmt>& body) {
       }
   if (!element_work) return;
   body.push_back(comment("output pass"));
-  if (plan_.caching == InputCaching::registers) {
+  if (cached_slots()) {
     // Element values stay memoised across passes: the output reuses what a reduction pass
     // computed, and the inputs it no longer needs die. On a cluster (one or two groups an SM)
     // the per-column inputs (a norm's weight and bias, from L2) load about 16 scalars ahead
@@ -1947,6 +2079,7 @@ void RowLowering::rest_of_row(std::vector<Stmt>& body) {
       if (ahead && s % ahead == 0)
         for (size_t t = s; t < std::min(cached_.size(), s + ahead); ++t)
           for (int operand : columns) column_values(body, cached_[t], operand);
+      if (staged()) forget_staged(cached_[s]);
       output_pass(body, cached_[s]);
     }
   } else {
@@ -2074,7 +2207,7 @@ bool program_fast_path(const RowProgram& program, const std::vector<int>& level,
 
 bool head_in_cache(const MappingPlan& plan) {
   // A peeled row's column 0 is in worker 0's head slot, not first in its cache.
-  return plan.caching == InputCaching::registers && plan.workers_per_program == 32 && plan.ctas_per_program == 1 &&
+  return plan.caching != InputCaching::reread && plan.workers_per_program == 32 && plan.ctas_per_program == 1 &&
          plan.row_head == RowHead::as_is;
 }
 

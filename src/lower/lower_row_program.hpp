@@ -73,7 +73,7 @@ std::vector<std::vector<int>> reduction_levels(const RowProgram& program);
 
 // Whether a level takes the program fast path (see level_pass), and whether that path loads
 // the row's head (the vector at column 0, in every worker) for a fast graph's `first` node:
-// not where head_in_cache (a register-cached program of one warp, whose lane 0 holds column 0
+// not where head_in_cache (a cached program of one warp, whose lane 0 holds column 0
 // and broadcasts it with one shuffle).
 bool program_fast_path(const RowProgram& program, const std::vector<int>& level, const MappingPlan& plan);
 bool head_in_cache(const MappingPlan& plan);

@@ -13,7 +13,9 @@ namespace tile {
 using nlohmann::json;
 
 std::string to_string(WidthMode v) { return v == WidthMode::exact ? "exact" : "automatic"; }
-std::string to_string(InputCaching v) { return v == InputCaching::registers ? "registers" : "reread"; }
+std::string to_string(InputCaching v) {
+  return v == InputCaching::registers ? "registers" : v == InputCaching::shared ? "shared" : "reread";
+}
 std::string to_string(BarrierScope v) { return v == BarrierScope::group ? "group" : "program"; }
 std::string to_string(TailHandling v) { return v == TailHandling::predicate ? "predicate" : "clamp"; }
 std::string to_string(Alignment v) { return v == Alignment::require ? "require" : "scalar_fallback"; }

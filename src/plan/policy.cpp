@@ -34,6 +34,11 @@ constexpr int kRereadUnroll = 4;
 // 256 x 262144 on 16 groups of 256 took 145 us, of 512 (32 scalars) 187 (before the relaxed
 // arrive), of 1024 309.
 constexpr int kClusterWidth = 256;
+// caching "shared" asked for without a mapping: groups of up to 256 workers staging at most
+// 64 KiB of row input each (three such groups fit an H200 SM's 227 KiB), on the smallest
+// power-of-two cluster that holds the row that way.
+constexpr int kStagedWidth = 256;
+constexpr int64_t kStagedGroupBytes = 64 * 1024;
 constexpr int64_t kClusterSliceScalars = 64;
 // Where 16 such groups cannot hold a row, a request for register caching widens them to 512,
 // then 1024 workers of at most 32 scalars (index math needs the rest of their registers).
@@ -73,6 +78,30 @@ bool row_inputs_16bit(const PlanInputs& in) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Bytes of one element of every row input together.
+int64_t row_input_bytes(const PlanInputs& in) {
+  int64_t b = 0;
+  for (const RowOperandInfo& r : in.row_operands) b += r.input ? dtype_size(r.dtype) : 0;
+  return b;
+}
+
+// caching "shared": each row input's slice of a group (every worker's stripes of vectors, for
+// each program), in its own 16-byte-aligned staged region, as the lowering lays them out.
+int64_t staged_bytes(const PlanInputs& in, const MappingPlan& p) {
+  int64_t bytes = 0;
+  const int64_t elems = int64_t(p.stripes) * p.workers_per_program * p.vector_elems * p.programs_per_group;
+  for (const RowOperandInfo& r : in.row_operands)
+    if (r.input) bytes += ceil_div(elems * dtype_size(r.dtype), 16) * 16;
+  return bytes;
+}
+
+// Static shared memory of the merges: one slot per warp and part; a cluster's exchange, one per
+// warp of every group and part.
+int64_t merge_shared_bytes(const PlanInputs& in, const MappingPlan& p) {
+  const int C = p.ctas_per_program, P = p.programs_per_group, W = p.workers_per_program;
+  return int64_t(std::max(1, in.merge_parts)) * (C > 1 ? C : P) * std::max(1, W / 32) * in.real_bytes;
+}
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 int pow2_at_least(int64_t v) {
   int p = 1;
@@ -197,7 +226,15 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
                             req.caching.value_or(InputCaching::registers) == InputCaching::registers;
   const bool cluster_wanted =
       req.caching == InputCaching::registers || (!req.caching && (in.row_inputs() >= 2 || in.merge_parts <= 2));
-  if (req.ctas_per_program) {
+  if (req.caching == InputCaching::shared && !req.stripes && !req.workers_per_program &&
+      req.programs_per_group.value_or(1) == 1 && !in.reduces_rows) {
+    cluster = req.ctas_per_program.value_or(1);
+    if (!req.ctas_per_program)
+      while (cluster < std::min(16, limits.max_cluster_size) && ceil_div(cols * xes, cluster) > kStagedGroupBytes)
+        cluster *= 2;
+    cluster_width = int(std::clamp<int64_t>(round_up(ceil_div(vectors, cluster), 32), 32,
+                                            std::min<int64_t>(kStagedWidth, limits.max_threads_per_group)));
+  } else if (req.ctas_per_program) {
     cluster = *req.ctas_per_program;
   } else if (limits.max_cluster_size > 1 && cols * xes > kRegisterRowBytes && free_mapping && !in.reduces_rows &&
              cluster_wanted && kClusterWidth <= limits.max_threads_per_group) {
@@ -374,8 +411,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // 1024 x 131072 169.0 / 158.4, 256 x 262144 97.6 / 90.8, 2048 x 65536 154.8 / 151.7; f32
   // 256 x 262144 144.1 / 137.7), where RMSNorm lost 6-10 % and LayerNorm 21-26 % the same way.
   const bool one_exchange = p.ctas_per_program > 1 && in.merge_parts <= 2;
-  p.merge = req.merge.value_or(p.caching == InputCaching::registers && !one_exchange ? MergeStrategy::staged
-                                                                                      : MergeStrategy::combine);
+  p.merge = req.merge.value_or(p.caching != InputCaching::reread && !one_exchange ? MergeStrategy::staged
+                                                                                  : MergeStrategy::combine);
   p.column_loads = req.column_loads.value_or(ColumnLoads::ahead);
 
   // Packing: short-row programs share a group of about kTargetGroupThreads threads, unless
@@ -435,8 +472,19 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   if (cached_16bit && p.vector_elems == 1 && cached_scalars <= 8 && threads > 256 && threads <= 512 &&
       ceil_div(in.rows, std::max(1, p.programs_per_group)) >= 4 * limits.sm_count)
     resident_threads = 1536;
-  p.resident_groups = req.resident_groups.value_or(
-      cluster == 1 && threads <= 512 ? int(std::clamp<int64_t>(resident_threads / threads, 1, 32)) : 1);
+  // A staged row holds no register in flight: its groups are bounded by shared memory (an SM's
+  // 227 KiB a group may take plus the 1 KiB each group reserves), so launch bounds ask for as
+  // many as fit, at most 2048 threads' worth.
+  int64_t staged_groups = 0;
+  if (p.caching == InputCaching::shared) {
+    const int64_t bytes = staged_bytes(in, p) + merge_shared_bytes(in, p) + 1024;
+    staged_groups = std::clamp<int64_t>((int64_t(limits.max_staged_bytes) + 1024) / bytes, 1,
+                                        std::max<int64_t>(1, limits.max_threads_per_sm / threads));
+  }
+  p.resident_groups = req.resident_groups.value_or(staged_groups ? int(std::min<int64_t>(staged_groups, 32))
+                                                   : cluster == 1 && threads <= 512
+                                                       ? int(std::clamp<int64_t>(resident_threads / threads, 1, 32))
+                                                       : 1);
   // Reductions over the rows keep one partial per program slot: about two groups per SM
   // bound that extra memory (slots x cols x parts) while filling the device; groups of fewer
   // than 512 threads get more, about 1024 threads an SM (H200, bf16 x 2048, 256 workers: four
@@ -518,8 +566,8 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
   if (C > 1) {
     // One program of whole warps (a group is whole warps): every worker reaches the merges.
     if (P != 1) fail("programs_per_group", "1 when ctas_per_program > 1 (the groups of a cluster share one row)", str(P));
-    if (p.caching != InputCaching::registers)
-      fail("caching", "\"registers\" when ctas_per_program > 1 (each group caches its slice of the row)",
+    if (p.caching == InputCaching::reread)
+      fail("caching", "\"registers\" or \"shared\" when ctas_per_program > 1 (each group caches its slice of the row)",
            "\"" + to_string(p.caching) + "\"");
     if (in.reduces_rows)
       fail("ctas_per_program", "1 for a program with a reduction over the rows (its partials are kept per group)",
@@ -536,7 +584,7 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
                          str(in.cols));
   if (p.stripe_unroll < 1 || p.stripe_unroll > 16) fail("stripe_unroll", "1 to 16", str(p.stripe_unroll));
   if (p.private_budget < 1 || p.private_budget > 255) fail("private_budget", "1 to 255 scalars", str(p.private_budget));
-  if (p.caching == InputCaching::registers) {
+  if (p.caching != InputCaching::reread) {
     int64_t covered = int64_t(p.stripes) * C * W * V;
     if (covered < in.cols)
       fail("stripes", std::string(C > 1 ? "stripes x ctas_per_program x workers_per_program x vector_elems"
@@ -544,6 +592,27 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
                           " >= cols = " + str(in.cols),
            str(p.stripes) + " x " + (C > 1 ? str(C) + " x " : std::string()) + str(W) + " x " + str(V) + " = " +
                str(covered));
+  }
+  if (p.caching == InputCaching::shared) {
+    // Staged regions are single-phase: one row block a group, nothing reduced over the rows.
+    if (p.grid_limit > 0 || p.row_head != RowHead::as_is || p.tail != TailHandling::predicate ||
+        p.cache_format != CacheFormat::f32)
+      fail("caching",
+           "\"shared\" only with grid_limit 0 (one row block a group), row_head \"as_is\", tail \"predicate\" and "
+           "cache_format \"f32\"",
+           "grid_limit " + str(p.grid_limit) + ", row_head \"" + to_string(p.row_head) + "\", tail \"" +
+               to_string(p.tail) + "\", cache_format \"" + to_string(p.cache_format) + "\"");
+    const int64_t staged = staged_bytes(in, p);
+    const int64_t merges = merge_shared_bytes(in, p);
+    if (staged + merges > limits.max_staged_bytes)
+      fail("caching",
+           "\"shared\" within " + str(limits.max_staged_bytes) + " bytes of shared memory a group (" + str(merges) +
+               " for the merges), or more groups a row (ctas_per_program) or caching \"reread\"",
+           "stripes x workers_per_program x vector_elems x programs_per_group x row input bytes = " + str(p.stripes) +
+               " x " + str(W) + " x " + str(V) + " x " + str(P) + " x " + str(row_input_bytes(in)) + " = " +
+               str(staged) + " bytes staged");
+  }
+  if (p.caching == InputCaching::registers) {
     const bool held_columns = p.column_loads == ColumnLoads::once && !in.column_dtypes.empty();
     const int64_t per_elem = cached_scalars_per_column(in, p.column_loads);
     // A peeled head is one more cached vector.
@@ -577,10 +646,10 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
   std::string input_dtypes;
   for (const RowOperandInfo& r : in.row_operands)
     if (r.input) input_dtypes += (input_dtypes.empty() ? "" : ", ") + std::string(dtype_name(r.dtype));
-  if (p.merge == MergeStrategy::staged && p.caching != InputCaching::registers)
+  if (p.merge == MergeStrategy::staged && p.caching == InputCaching::reread)
     fail("merge", "\"combine\" unless the rows are cached in registers (a staged merge reads the row once per stage)",
          "\"staged\" with caching \"" + to_string(p.caching) + "\"");
-  if (p.column_loads != ColumnLoads::ahead && p.caching != InputCaching::registers)
+  if (p.column_loads != ColumnLoads::ahead && p.caching == InputCaching::reread)
     fail("column_loads", "\"ahead\" unless the rows are cached in registers (a re-read loop loads them per iteration)",
          "\"" + to_string(p.column_loads) + "\" with caching \"" + to_string(p.caching) + "\"");
   if (p.column_loads == ColumnLoads::once && (p.grid_limit == 0 || p.row_head != RowHead::as_is))
@@ -609,8 +678,7 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("alignment", "every row of every operand aligned to vector_elems = " + str(V) +
                           " elements and cols a multiple of it for \"require\"",
          "base alignment " + str(in.base_alignment) + " bytes, row strides " + strides(in) + ", cols " + str(in.cols));
-  // One slot per warp and part; a cluster's exchange, one per warp of every group and part.
-  if (int64_t(std::max(1, in.merge_parts)) * (C > 1 ? C : P) * std::max(1, W / 32) * in.real_bytes > limits.max_shared_bytes)
+  if (merge_shared_bytes(in, p) > limits.max_shared_bytes)
     fail("programs_per_group", "shared memory within " + str(limits.max_shared_bytes) + " bytes", str(P));
   if (int64_t(p.resident_groups) * P * W > limits.max_threads_per_sm)
     fail("resident_groups", "resident_groups x threads per group <= " + str(limits.max_threads_per_sm) +
@@ -654,14 +722,14 @@ std::vector<MappingPlan> mapping_family(const PlanInputs& in, const DeviceLimits
         if (programs > 1 && programs > in.rows) continue;
         PlanRequest r;
         r.workers_per_program = w, r.vector_elems = v, r.programs_per_group = programs;
-        for (InputCaching caching : {InputCaching::registers, InputCaching::reread})
+        for (InputCaching caching : {InputCaching::registers, InputCaching::reread, InputCaching::shared})
           for (int unroll : {1, 2, 4}) {
-            if (caching == InputCaching::registers && unroll > 1) continue;
+            if (caching != InputCaching::reread && unroll > 1) continue;
             r.caching = caching, r.stripe_unroll = unroll, r.merge.reset();
             MappingPlan p = choose_plan(in, r, limits);
             if (p.stripe_unroll > p.stripes && caching == InputCaching::reread) continue;
             add(p);
-            if (caching == InputCaching::registers) {  // the other merge of a cached row
+            if (caching != InputCaching::reread) {  // the other merge of a cached row
               r.merge = MergeStrategy::combine;
               add(choose_plan(in, r, limits));
             }
@@ -669,17 +737,18 @@ std::vector<MappingPlan> mapping_family(const PlanInputs& in, const DeviceLimits
       }
     }
   // Rows split over the groups of a cluster, where the target has clusters: one program a
-  // group, register caching, either merge.
+  // group, the row cached in registers or staged in shared memory, either merge.
   if (!in.reduces_rows)
     for (int c = 2; c <= std::min(16, limits.max_cluster_size); c *= 2)
       for (int w : {256, 512, 1024}) {
         if (int64_t(c) * w * policy.vector_elems > 2 * int64_t(pow2_at_least(cols))) continue;
-        for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine}) {
-          PlanRequest r;
-          r.ctas_per_program = c, r.workers_per_program = w, r.vector_elems = policy.vector_elems;
-          r.programs_per_group = 1, r.caching = InputCaching::registers, r.merge = merge;
-          add(choose_plan(in, r, limits));
-        }
+        for (InputCaching caching : {InputCaching::registers, InputCaching::shared})
+          for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine}) {
+            PlanRequest r;
+            r.ctas_per_program = c, r.workers_per_program = w, r.vector_elems = policy.vector_elems;
+            r.programs_per_group = 1, r.caching = caching, r.merge = merge;
+            add(choose_plan(in, r, limits));
+          }
       }
   return family;
 }

@@ -12,6 +12,7 @@ DeviceLimits with_caps(DeviceLimits limits, const TargetCaps& caps) {
   limits.named_barriers = caps.named_barriers;
   limits.max_vector_bytes = caps.vector_bytes;
   limits.max_shared_bytes = caps.shared_bytes;
+  limits.max_staged_bytes = caps.staged_bytes;
   limits.max_cluster_size = caps.max_cluster_size;
   return limits;
 }

@@ -19,6 +19,7 @@ struct TargetCaps {
   int max_cluster_size = 1;         // groups per cluster a launch may have (1: no clusters)
   int vector_bytes = 16;            // widest single memory access of a worker
   int shared_bytes = 48 * 1024;     // static shared memory per group
+  int staged_bytes = 227 * 1024;    // shared memory a group may opt into, static included (H200's)
   bool can_launch = false;          // a launch can run in this process (driver, device)
 };
 

@@ -81,7 +81,7 @@ struct FuzzCase {
 double executor_cost(const Case& c, const MappingPlan& p) {
   const int64_t programs = (c.rows + p.programs_per_group - 1) / p.programs_per_group * p.programs_per_group;
   const int64_t per_worker = (c.cols + p.elems_per_stripe() - 1) / p.elems_per_stripe() * p.vector_elems;
-  const int passes = p.caching == InputCaching::registers ? 1 : 2;
+  const int passes = p.caching == InputCaching::reread ? 2 : 1;
   return double(programs) * double(p.row_workers()) * (double(per_worker) * (4 + passes * 6) + 400);
 }
 
@@ -130,16 +130,20 @@ MappingPlan perturb(MappingPlan p, const PlanInputs& in, Rng& rng) {
   attempt([&](MappingPlan& q) { q.alignment = rng.chance(0.5) ? Alignment::require : Alignment::scalar_fallback; });
   attempt([&](MappingPlan& q) { q.cache_format = rng.chance(0.7) ? CacheFormat::packed : CacheFormat::f32; });
   if (rng.chance(0.3)) attempt([&](MappingPlan& q) { q.row_head = RowHead::peel; });
-  if (p.caching == InputCaching::registers && rng.chance(0.3))  // more stripes than the row needs
+  if (p.caching != InputCaching::reread && rng.chance(0.3))  // more stripes than the row needs
     attempt([&](MappingPlan& q) { q.stripes += 1 + rng.below(3); });
   if (p.caching == InputCaching::reread && rng.chance(0.3))
     attempt([&](MappingPlan& q) { q.stripe_unroll = 1 + rng.below(16); });
   if (rng.chance(0.2)) attempt([&](MappingPlan& q) { q.private_budget = q.stripes * q.vector_elems + rng.below(64); });
-  if (p.caching == InputCaching::registers && p.workers_per_program % 32 == 0 && rng.chance(0.2))
+  if (p.caching != InputCaching::reread && p.workers_per_program % 32 == 0 && rng.chance(0.2))
     attempt([&](MappingPlan& q) {  // the row split over a cluster, its stripes shared out
       q.ctas_per_program = rng.pick({2, 3, 4, 8, 16});
       q.programs_per_group = 1;
       q.stripes = (q.stripes + q.ctas_per_program - 1) / q.ctas_per_program;
+    });
+  if (rng.chance(0.2))  // the row staged in shared memory instead
+    attempt([&](MappingPlan& q) {
+      q.caching = q.caching == InputCaching::shared ? InputCaching::registers : InputCaching::shared;
     });
   if (rng.chance(0.3)) attempt([&](MappingPlan& q) { q.resident_groups = 1 + rng.below(4); });
   attempt([&](MappingPlan& q) { q.merge = rng.chance(0.5) ? MergeStrategy::staged : MergeStrategy::combine; });
@@ -157,7 +161,7 @@ std::optional<MappingPlan> random_plan(const PlanInputs& in, Rng& rng) {
   if (rng.chance(0.8)) r.workers_per_program = rng.pick({1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 256, 384, 512, 1024});
   if (rng.chance(0.6)) r.vector_elems = rng.pick({1, 2, 4, 8});
   if (rng.chance(0.5)) r.programs_per_group = 1 + rng.below(rng.chance(0.5) ? 4 : 32);
-  if (rng.chance(0.5)) r.caching = rng.chance(0.5) ? InputCaching::reread : InputCaching::registers;
+  if (rng.chance(0.5)) r.caching = InputCaching(rng.below(3));
   if (rng.chance(0.3)) r.stripes = 1 + rng.below(16);
   if (rng.chance(0.4)) r.stripe_unroll = 1 + rng.below(rng.chance(0.8) ? 4 : 16);
   if (rng.chance(0.2)) r.private_budget = 1 + rng.below(128);
@@ -174,7 +178,7 @@ std::optional<MappingPlan> random_plan(const PlanInputs& in, Rng& rng) {
   if (rng.chance(0.2)) {  // a cluster: mostly with the one program a group and the caching it needs
     r.ctas_per_program = rng.pick({2, 3, 4, 8, 16});
     if (rng.chance(0.8)) r.programs_per_group = 1;
-    if (rng.chance(0.8)) r.caching = InputCaching::registers;
+    if (rng.chance(0.8)) r.caching = rng.chance(0.5) ? InputCaching::registers : InputCaching::shared;
   }
   MappingPlan p = choose_plan(in, r, kLimits);
   if (!valid(p, in)) return std::nullopt;

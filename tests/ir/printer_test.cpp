@@ -40,5 +40,21 @@ TEST(Printer, Float64KernelsPrintTheirFloatTypeAndExactConstants) {
   EXPECT_EQ(to_string(k, *f32_const(0.1)), "0.1");
 }
 
+TEST(Printer, StagedRegionsAndTheirStatements) {
+  Kernel k;
+  k.name = "staged";
+  k.buffers = {{"x", DType::f32, false}, {"h", DType::bf16, false}};
+  k.staged = {{"xs", DType::f32, 6}, {"hs", DType::bf16, 8}};  // xs: 24 bytes, so hs starts at 32
+  const int a = k.add_reg("a", Type::f32), b = k.add_reg("b", Type::f32);
+  const ExprPtr at = cast(Type::i64, special(Special::lane));
+  k.body = {async_copy(1, at, 1, i64_const(8), 2, i64_const(2), b1_const(true)), async_wait(),
+            staged_load({a, b}, 1, at, i64_const(1), -1.0f)};
+  const std::string text = to_string(k);
+  for (const char* part : {"  staged f32 xs[6] per group at byte 0\n", "  staged bf16 hs[8] per group at byte 32\n",
+                           "  async_copy staged hs[i64(lane) +: 2] = h[8 +: 2] valid 2 vector_if true\n",
+                           "  async_wait\n", "  {%a, %b} = staged_load hs[i64(lane) +: 2] valid 1 fill -1.000000\n"})
+    EXPECT_NE(text.find(part), std::string::npos) << part << "\n" << text;
+}
+
 }  // namespace
 }  // namespace tile::ir

@@ -483,5 +483,133 @@ TEST(VerifierProof, RejectsExchangeRegionsOutsideClustersOrStoredLocally) {
   EXPECT_TRUE(mentions(verify(k), "exchange region 'exchange' awaits 4 pushes"));
 }
 
+// Staged proof cases: worker w of one 64-worker group copies x[4w +: 4] into staged region
+// "xs" at 4w, waits, reads the four elements back and stores them to y[4w +: 4]. Statements by
+// position: the copy 0, the wait 1, the staged load 2, the store 3.
+Kernel staged_copy() {
+  Kernel k;
+  k.name = "staged_copy";
+  k.workers_per_program = 64;
+  k.buffers = {{"x", DType::f32, false}, {"y", DType::f32, true}};
+  k.params = {{"n", Type::i64}};
+  k.staged = {{"xs", DType::f32, 256}};
+  std::vector<int> v;
+  for (int j = 0; j < 4; ++j) v.push_back(k.add_reg("v" + std::to_string(j), Type::f32));
+  const ExprPtr at = binary(BinOp::mul, cast(Type::i64, special(Special::worker_in_program)), i64_const(4));
+  const ExprPtr valid = binary(BinOp::sub, param(0, Type::i64), at);
+  k.body = {async_copy(0, at, 0, at, 4, valid, row_aligned(0, at, 16)), async_wait(),
+            staged_load(v, 0, at, valid, 0.0f), store(v, 1, at, valid, row_aligned(1, at, 16))};
+  return k;
+}
+
+// Runs a staged kernel over one row of 250 elements (x[i] = i / 4) and checks y.
+void run_staged(const Kernel& k) {
+  alignas(16) float x[256], y[256];
+  for (int i = 0; i < 256; ++i) x[i] = float(i) / 4, y[i] = -1;
+  cpu::LaunchArgs args;
+  args.groups = 1;
+  args.buffers = {{x, 0, 250}, {y, 0, 256}};
+  args.params = {{0, 250}};
+  cpu::execute(k, args);
+  for (int i = 0; i < 256; ++i) ASSERT_EQ(y[i], i < 250 ? x[i] : -1.0f) << i;
+}
+
+ExprPtr lane_below(int n) { return binary(BinOp::lt, special(Special::lane), i32_const(n)); }
+
+TEST(VerifierProof, AcceptsStagedLoadsAfterTheWaitOnEveryPath) {
+  Kernel k = staged_copy();
+  EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
+  run_staged(k);
+  // The copy on both arms of a branch, then the wait; or the wait on both arms.
+  k = staged_copy();
+  k.body[0] = if_(lane_below(16), {k.body[0]}, {k.body[0]});
+  EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
+  run_staged(k);
+  k = staged_copy();
+  k.body[1] = if_(lane_below(16), {async_wait()}, {async_wait()});
+  EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
+  run_staged(k);
+}
+
+TEST(VerifierProof, RejectsAStagedLoadBeforeItsWait) {
+  const std::string msg = "staged load of region 'xs' before an async wait after its async copy on some path";
+  Kernel k = staged_copy();
+  k.body.erase(k.body.begin() + 1);
+  EXPECT_TRUE(mentions(verify(k), msg));
+  EXPECT_THROW(run_staged(k), cpu::ExecutionError);
+  // A wait on one arm only does not cover the other.
+  k = staged_copy();
+  k.body[1] = if_(lane_below(16), {async_wait()});
+  EXPECT_TRUE(mentions(verify(k), msg));
+  EXPECT_THROW(run_staged(k), cpu::ExecutionError);
+}
+
+TEST(VerifierProof, RejectsACopyIntoAStagedRegionAfterALoadOfIt) {
+  Kernel k = staged_copy();
+  k.body.push_back(if_(lane_below(16), {k.body[0]}));
+  EXPECT_TRUE(mentions(verify(k), "async copy into staged region 'xs' after a staged load of it on some path"));
+  EXPECT_THROW(run_staged(k), cpu::ExecutionError);
+}
+
+TEST(VerifierProof, RejectsStagedStatementsInsideLoops) {
+  Kernel k = staged_copy();
+  const int i = k.add_reg("i", Type::i64);
+  k.body = {for_(i, i64_const(0), i64_const(2), k.body)};
+  const std::vector<std::string> errors = verify(k);
+  EXPECT_TRUE(mentions(errors, "async copy into staged region 'xs' inside a loop (staged regions are single-phase)"));
+  EXPECT_TRUE(mentions(errors, "async wait inside a loop (staged regions are single-phase)"));
+  EXPECT_TRUE(mentions(errors, "staged load from staged region 'xs' inside a loop (staged regions are single-phase)"));
+  EXPECT_TRUE(mentions(errors, "async copy into staged region 'xs' after a staged load of it on some path"));
+  EXPECT_THROW(run_staged(k), cpu::ExecutionError);  // the second copy follows the first load
+}
+
+TEST(VerifierProof, RejectsIllTypedStagedStatements) {
+  Kernel k = staged_copy();
+  k.body[0].at = special(Special::worker_in_program);
+  k.body[0].aligned = i64_const(1);
+  k.body[2].valid = i32_const(4);
+  k.body[2].dsts[3] = k.add_reg("bad", Type::i64);
+  std::vector<std::string> errors = verify(k);
+  EXPECT_TRUE(mentions(errors, "staged offset 'worker_in_program' is i32, expected i64"));
+  EXPECT_TRUE(mentions(errors, "alignment condition '1' is i64, expected b1"));
+  EXPECT_TRUE(mentions(errors, "valid count '4' is i32, expected i64"));
+  EXPECT_TRUE(mentions(errors, "staged load destination: register bad is i64, expected f32"));
+  EXPECT_THROW(run_staged(k), cpu::ExecutionError);
+  k = staged_copy();
+  k.body[0].width = 0;
+  k.body[2].width = 5;
+  errors = verify(k);
+  EXPECT_TRUE(mentions(errors, "async copy of width 0"));
+  EXPECT_TRUE(mentions(errors, "staged load of width 5 with 4 registers"));
+  EXPECT_THROW(run_staged(k), cpu::ExecutionError);
+  k = staged_copy();
+  k.body[0].region = 3;
+  k.body[2].region = -1;
+  errors = verify(k);
+  EXPECT_TRUE(mentions(errors, "async copy into staged region 3, which does not exist"));
+  EXPECT_TRUE(mentions(errors, "staged load from staged region -1, which does not exist"));
+  EXPECT_THROW(run_staged(k), cpu::ExecutionError);
+}
+
+TEST(VerifierProof, RejectsCopiesFromOutputsOrIntoAnotherDtype) {
+  Kernel k = staged_copy();
+  k.body[0].buffer = 1;
+  EXPECT_TRUE(mentions(verify(k), "async copy from output buffer 'y' (staged regions cache inputs)"));
+  k.body[0].buffer = 7;
+  EXPECT_TRUE(mentions(verify(k), "async copy from buffer 7, which does not exist"));
+  EXPECT_THROW(run_staged(k), cpu::ExecutionError);
+  k = staged_copy();
+  k.staged[0].dtype = DType::bf16;
+  EXPECT_TRUE(mentions(verify(k), "async copy from buffer 'x' of f32 into staged region 'xs' of bf16"));
+  EXPECT_THROW(run_staged(k), cpu::ExecutionError);
+  k = staged_copy();
+  k.staged[0].dtype = DType::i32;
+  k.buffers[0].dtype = DType::i32;
+  const std::vector<std::string> errors = verify(k);
+  EXPECT_TRUE(mentions(errors, "staged region 'xs' holds i32, not a float dtype"));
+  k.staged[0].elems = 0;
+  EXPECT_TRUE(mentions(verify(k), "staged region 'xs' has no elements"));
+}
+
 }  // namespace
 }  // namespace tile::ir

@@ -55,6 +55,11 @@ Kernel every_kind() {
                                            binary(BinOp::sub, i32_const(1), special(Special::cta_in_cluster)), t)}));
   k.body.push_back(exchange_wait(1));
   k.body.push_back(shared_load(t, 1, i32_const(0)));
+  // A staged region: each lane copies a pair of x, waits, and reads it back.
+  k.staged = {{"xs", DType::bf16, 64}};
+  k.body.push_back(async_copy(0, at, 0, at, 2, param(0, Type::i64), row_aligned(0, at, 4)));
+  k.body.push_back(async_wait());
+  k.body.push_back(staged_load({v, t}, 0, at, param(0, Type::i64), 0.0f));
   return k;
 }
 
@@ -74,6 +79,9 @@ class KindRecorder : public IRVisitor<KindRecorder> {
   void visit_remote_shared_load(const Stmt& s) { seen(s, Stmt::Kind::remote_shared_load); }
   void visit_remote_shared_push(const Stmt& s) { seen(s, Stmt::Kind::remote_shared_push); }
   void visit_exchange_wait(const Stmt& s) { seen(s, Stmt::Kind::exchange_wait); }
+  void visit_async_copy(const Stmt& s) { seen(s, Stmt::Kind::async_copy); }
+  void visit_async_wait(const Stmt& s) { seen(s, Stmt::Kind::async_wait); }
+  void visit_staged_load(const Stmt& s) { seen(s, Stmt::Kind::staged_load); }
   void visit_barrier(const Stmt& s) { seen(s, Stmt::Kind::barrier); }
   void visit_if(const Stmt& s) { seen(s, Stmt::Kind::if_); }
   void visit_for(const Stmt& s) { seen(s, Stmt::Kind::for_); }
@@ -119,7 +127,7 @@ void hand_count(const Expr& e, std::array<int, kExprKinds>& exprs) {
 void hand_count(const std::vector<Stmt>& body, std::array<int, kStmtKinds>& stmts, std::array<int, kExprKinds>& exprs) {
   for (const Stmt& s : body) {
     ++stmts[int(s.kind)];
-    for (const ExprPtr& e : {s.value, s.index, s.valid, s.aligned, s.cond, s.begin, s.end, s.cta})
+    for (const ExprPtr& e : {s.value, s.index, s.valid, s.aligned, s.cond, s.begin, s.end, s.cta, s.at})
       if (e) hand_count(*e, exprs);
     hand_count(s.body, stmts, exprs);
     hand_count(s.else_body, stmts, exprs);
@@ -200,14 +208,21 @@ std::vector<Kernel> lowered_kernels() {
     if (op == Op::rms_norm || op == Op::layer_norm) args.set("weight", w.view());
     if (op == Op::layer_norm) args.set("bias", b.view());
     add(builtin_program(op), args);
-    // The row split over a cluster of 4 groups, with either merge.
+    // The row split over a cluster of 4 groups, cached in registers or staged in shared memory,
+    // with either merge; and staged by two programs a group.
     const BoundCall call = bind(builtin_program(op), args);
-    for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine}) {
-      PlanRequest request;
-      request.ctas_per_program = 4, request.workers_per_program = 64, request.programs_per_group = 1;
-      request.caching = InputCaching::registers, request.merge = merge;
-      out.push_back(lower_row_program(builtin_program(op), call.signature(), choose_plan(call.plan_inputs(), request)).main.kernel);
-    }
+    for (InputCaching caching : {InputCaching::registers, InputCaching::shared})
+      for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine}) {
+        PlanRequest request;
+        request.ctas_per_program = 4, request.workers_per_program = 64, request.programs_per_group = 1;
+        request.caching = caching, request.merge = merge;
+        out.push_back(lower_row_program(builtin_program(op), call.signature(), choose_plan(call.plan_inputs(), request))
+                          .main.kernel);
+      }
+    PlanRequest staged;
+    staged.caching = InputCaching::shared, staged.workers_per_program = 64, staged.programs_per_group = 2;
+    out.push_back(
+        lower_row_program(builtin_program(op), call.signature(), choose_plan(call.plan_inputs(), staged)).main.kernel);
   }
   add(column_sum, Args().set("x", x.view()).set("dy", dy.view()).set("dw", dw.view()));
   return out;

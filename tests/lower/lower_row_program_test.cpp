@@ -808,5 +808,57 @@ TEST(LowerRowProgram, PrefetchedRowBlocksComputeWhatLoadingEachInTurnComputes) {
     }
 }
 
+// caching "shared": the row slices go to shared memory through async copies and every pass
+// reads them back from there. The results are bitwise those of the same plan caching in
+// registers (the same chunk graphs over the same elements), over packed programs, clusters,
+// both merges, odd and unaligned rows (the copies' scalar path) and every float dtype; the
+// row is read from memory once; x is never loaded but by the copies.
+TEST(LowerRowProgram, StagedRowsComputeWhatRegisterCachedRowsCompute) {
+  std::mt19937_64 rng(31);
+  DeviceLimits clusters;
+  clusters.max_cluster_size = 16;
+  for (Op op : {Op::softmax, Op::log_softmax, Op::rms_norm, Op::layer_norm})
+    for (DType dt : {DType::f32, DType::bf16, DType::f64})
+      for (auto [rows, cols, stride] : {std::tuple{5, 1000, 1000}, std::tuple{3, 3001, 3003}, std::tuple{4, 64, 64}})
+        for (auto [C, P] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{4, 1}})
+          for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine}) {
+            SCOPED_TRACE(std::string(op_name(op)) + " " + std::string(dtype_name(dt)) + " " + std::to_string(rows) +
+                         "x" + std::to_string(cols) + " C " + std::to_string(C) + " P " + std::to_string(P) + " " +
+                         to_string(merge));
+            const RowProgram& p = builtin_program(op);
+            testing::HostMatrix x(dt, rows, cols, stride, 1), y(dt, rows, cols, stride);
+            testing::HostVector w(dt, cols), b(dt, cols);
+            x.fill_random(rng, 3.0), w.fill_random(rng, 1.0, 0.5), b.fill_random(rng, 0.0, 0.5);
+            Args args = Args().set("x", x.view()).set("y", y.view());
+            if (op == Op::rms_norm || op == Op::layer_norm) args.set("weight", w.view());
+            if (op == Op::layer_norm) args.set("bias", b.view());
+            const BoundCall call = bind(p, args);
+            std::vector<std::vector<uint8_t>> results;
+            std::vector<int64_t> loaded;
+            for (InputCaching caching : {InputCaching::registers, InputCaching::shared}) {
+              PlanRequest req;
+              req.caching = caching, req.merge = merge, req.ctas_per_program = C, req.programs_per_group = P;
+              req.workers_per_program = C > 1 ? 64 : 32, req.private_budget = 255;
+              const MappingPlan plan = choose_plan(call.plan_inputs(), req, clusters);
+              const ir::Kernel k = lower_row_program(p, call.signature(), plan).main.kernel;
+              if (caching == InputCaching::shared) {
+                EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::async_copy), plan.stripes);
+                EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::load, 0), 0);  // x only through the copies
+                EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::async_wait), 1);
+                EXPECT_GE(count_stmts(k.body, ir::Stmt::Kind::staged_load), 2 * plan.stripes);  // a pass each
+              }
+              y.poison();
+              const LaunchRecord rec = run(p, args, {req, nullptr, Backend::cpu});
+              const OracleCheck check = check_against_reference(p, args);
+              EXPECT_TRUE(check.ok) << check.first_mismatch;
+              EXPECT_TRUE(y.outside_untouched());
+              results.push_back(y.bytes());
+              loaded.push_back(rec.bytes_loaded);
+            }
+            EXPECT_EQ(results[0], results[1]);
+            EXPECT_EQ(loaded[0], loaded[1]);
+          }
+}
+
 }  // namespace
 }  // namespace tile

@@ -428,7 +428,9 @@ TEST(Policy, ClusterPlansAreValidatedFieldByField) {
   q.programs_per_group = 2, q.workers_per_program = 256;
   EXPECT_NE(error(q, clusters, in).find("plan.programs_per_group': expected 1 when ctas_per_program > 1"), std::string::npos);
   q = p, q.caching = InputCaching::reread, q.merge = MergeStrategy::combine;
-  EXPECT_NE(error(q, clusters, in).find("plan.caching': expected \"registers\" when ctas_per_program > 1"), std::string::npos);
+  EXPECT_NE(
+      error(q, clusters, in).find("plan.caching': expected \"registers\" or \"shared\" when ctas_per_program > 1"),
+      std::string::npos);
   q = p, q.stripes = 7;
   EXPECT_NE(error(q, clusters, in).find("stripes x ctas_per_program x workers_per_program x vector_elems >= cols = 65536"),
             std::string::npos)
@@ -450,6 +452,68 @@ TEST(Policy, ClusterPlansAreValidatedFieldByField) {
 // A program of two row inputs goes to a cluster either way: at most four vectors of each input
 // a worker, on 256 or 512 workers, where its merges take one exchange (softmax_backward's), else
 // the smallest cluster of 256 caching 64 scalars (fused_add_rms_norm's).
+TEST(Policy, StagedRowsSplitOverClustersOfAtMost64KiBAGroup) {
+  DeviceLimits clusters;
+  clusters.max_cluster_size = 16;
+  PlanRequest r;
+  r.caching = InputCaching::shared;
+  // f32 x 262144 = 1 MiB a row: 16 groups of 256 staging 64 KiB each; three fit an SM.
+  MappingPlan p = choose_plan(inputs(512, 262144), r, clusters);
+  EXPECT_EQ(p.ctas_per_program, 16);
+  EXPECT_EQ(p.workers_per_program, 256);
+  EXPECT_EQ(int64_t(p.stripes) * p.vector_elems * p.workers_per_program, 16384);
+  EXPECT_EQ(p.caching, InputCaching::shared);
+  EXPECT_EQ(p.grid_limit, 0);
+  EXPECT_EQ(p.resident_groups, 3);
+  EXPECT_NO_THROW(validate_plan(p, inputs(512, 262144), clusters, "softmax"));
+  // bf16 x 65536 = 128 KiB a row: two groups. A row of 64 KiB or less: one group.
+  EXPECT_EQ(choose_plan(inputs(512, 65536, DType::bf16), r, clusters).ctas_per_program, 2);
+  EXPECT_EQ(choose_plan(inputs(512, 16384), r, clusters).ctas_per_program, 1);
+  // Without clusters the group stages the whole row where it fits.
+  EXPECT_EQ(choose_plan(inputs(512, 32768), r).ctas_per_program, 1);
+}
+
+TEST(Policy, StagedPlansAreValidatedFieldByField) {
+  const PlanInputs in = inputs(8, 65536);
+  DeviceLimits clusters;
+  clusters.max_cluster_size = 16;
+  PlanRequest r;
+  r.caching = InputCaching::shared;
+  const MappingPlan p = choose_plan(in, r, clusters);
+  ASSERT_EQ(p.ctas_per_program, 4);
+  auto error = [&](MappingPlan q, const DeviceLimits& limits, const PlanInputs& pin) -> std::string {
+    try {
+      validate_plan(q, pin, limits, "softmax");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error(p, clusters, in), "");
+  // One group a row (a cluster plan refuses a grid limit on its own account).
+  const PlanInputs short_rows = inputs(8, 4096);
+  MappingPlan q = choose_plan(short_rows, r, clusters);
+  ASSERT_EQ(q.ctas_per_program, 1);
+  q.grid_limit = 4;
+  EXPECT_NE(error(q, clusters, short_rows)
+                .find("'plan.caching': expected \"shared\" only with grid_limit 0 (one row block a group), "
+                      "row_head \"as_is\", tail \"predicate\" and cache_format \"f32\", got grid_limit 4"),
+            std::string::npos)
+      << error(q, clusters, short_rows);
+  q = choose_plan(short_rows, r, clusters), q.tail = TailHandling::clamp;
+  EXPECT_NE(error(q, clusters, short_rows).find("tail \"clamp\""), std::string::npos) << error(q, clusters, short_rows);
+  // The whole row on one group: 256 KiB, more than a group's shared memory.
+  q = p, q.ctas_per_program = 1, q.stripes *= 4;
+  EXPECT_NE(
+      error(q, clusters, in).find("'plan.caching': expected \"shared\" within 232448 bytes of shared memory a group"),
+      std::string::npos)
+      << error(q, clusters, in);
+  EXPECT_NE(error(q, clusters, in).find("= 262144 bytes staged"), std::string::npos) << error(q, clusters, in);
+  DeviceLimits small = clusters;
+  small.max_staged_bytes = 32 * 1024;
+  EXPECT_NE(error(p, small, in).find("within 32768 bytes"), std::string::npos) << error(p, small, in);
+}
+
 TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
   DeviceLimits clusters;
   clusters.max_cluster_size = 16;

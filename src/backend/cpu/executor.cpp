@@ -48,6 +48,9 @@ enum class Op : uint8_t {
   remote_load,  // d = shared[region b][a] of the cluster's group of rank c
   push,         // shared[exchange region b][a] of the cluster's group of rank c = d
   exchange_wait,  // wait until exchange region b of this group has all its pushes; a = sync label
+  async_copy,   // a = StagedOp index
+  async_wait,   // this worker's async copies have landed
+  staged_load,  // a = StagedOp index
   shfl,         // d = src a of lane ^ (b & 255) (of lane b & 255 of the segment where b & 65536),
                 // segment width (b >> 8) & 255, label c
   group_barrier, program_barrier, cluster_barrier,  // a = sync label
@@ -75,10 +78,19 @@ struct MemOp {
   int32_t regs;                   // offset in Code::lists of `width` f32 register slots
 };
 
+// An async copy (m: its global side, the buffer's elements) or a staged load (m: its width,
+// valid, fill and registers; no buffer), into or from staged region `region` at slot `at`.
+struct StagedOp {
+  MemOp m;
+  int region;
+  int32_t at;
+};
+
 // Slot layout of a worker: [registers | specials | constants | parameters | temporaries].
 struct Code {
   std::vector<Ins> ins;
   std::vector<MemOp> mem;
+  std::vector<StagedOp> staged;
   std::vector<int32_t> lists;
   std::vector<std::string> labels;  // names of barrier and shuffle statements
   std::vector<std::pair<int32_t, Slot>> consts;
@@ -159,6 +171,8 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
     for (const ir::SharedRegion& r : k_.shared)
       need(r.base >= 0 && r.elems >= 0 && r.program_stride >= 0, "shared region '", r.name,
            "' has a negative base, size or stride");
+    for (const ir::StagedRegion& r : k_.staged)
+      need(r.elems >= 0 && is_float(r.dtype), "staged region '", r.name, "' has a negative size or a non-float dtype");
     visit_block(k_.body);
     code_.ins.push_back({Op::halt});
     code_.num_slots = temp_base_ + max_temps_;
@@ -443,6 +457,38 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
     int32_t l = label("exchange wait of '" + k_.shared[s.region].name + "'");
     code_.ins.push_back({Op::exchange_wait, 0, l, s.region});
   }
+  void visit_async_copy(const Stmt& s) {
+    need(s.region >= 0 && s.region < int(k_.staged.size()), "async copy into a staged region that does not exist");
+    need(s.buffer >= 0 && s.buffer < int(k_.buffers.size()), "async copy from a buffer that does not exist");
+    need(k_.buffers[s.buffer].dtype == k_.staged[s.region].dtype, "async copy from buffer '", k_.buffers[s.buffer].name,
+         "' into staged region '", k_.staged[s.region].name, "' of another dtype");
+    need(s.width >= 1, "async copy of width ", s.width);
+    need(s.at && s.index && s.valid && s.aligned && s.at->type == Type::i64 && is_int(s.index->type) &&
+             is_int(s.valid->type) && s.aligned->type == Type::b1,
+         "async copy needs an i64 offset, integer index and valid, and a b1 alignment condition");
+    StagedOp op{{s.buffer, s.width, false, false, false, k_.real == Type::f64, 0.0f, 0, 0, 0, 0}, s.region, 0};
+    op.at = expr(s.at.get());
+    op.m.index = expr(s.index.get());
+    op.m.valid = expr(s.valid.get());
+    op.m.aligned = expr(s.aligned.get());
+    code_.ins.push_back({Op::async_copy, 0, int32_t(code_.staged.size())});
+    code_.staged.push_back(op);
+  }
+  void visit_async_wait(const Stmt&) { code_.ins.push_back({Op::async_wait}); }
+  void visit_staged_load(const Stmt& s) {
+    need(s.region >= 0 && s.region < int(k_.staged.size()), "staged load from a staged region that does not exist");
+    need(s.width >= 1 && int(s.dsts.size()) == s.width, "staged load width does not match its registers");
+    need(s.at && s.valid && s.at->type == Type::i64 && is_int(s.valid->type),
+         "staged load needs an i64 offset and an integer valid");
+    StagedOp op{{-1, s.width, false, false, false, k_.real == Type::f64, s.fill, 0, 0, 0, int32_t(code_.lists.size())},
+                s.region,
+                0};
+    for (int r : s.dsts) code_.lists.push_back(reg_slot(r, k_.real, "a staged load"));
+    op.at = expr(s.at.get());
+    op.m.valid = expr(s.valid.get());
+    code_.ins.push_back({Op::staged_load, 0, int32_t(code_.staged.size())});
+    code_.staged.push_back(op);
+  }
   void visit_barrier(const Stmt& s) {
     need(s.scope == Scope::group || s.scope == Scope::program || (s.scope == Scope::cluster && k_.ctas_per_cluster > 1),
          "barrier of scope ", scope_name(s.scope), ", which the executor does not run in a kernel of ",
@@ -527,7 +573,14 @@ class Runner {
         pushed_(shared_.size()),
         waited_(size_t(N_) * k.shared.size()),
         arrivals_(N_),
+        staged_(size_t(C_) * size_t(k.staged_bytes())),
+        waits_(N_),
         reg_init_(k.regs.size()) {
+    for (size_t g = 0; g < k.staged.size(); ++g) {
+      staged_first_.push_back(SE_);
+      SE_ += k.staged[g].elems;
+    }
+    elems_.resize(size_t(C_) * size_t(SE_));
     for (size_t j = 0; j < k.regs.size(); ++j) {
       if (k.regs[j].type == Type::f32) reg_init_[j].f = std::numeric_limits<float>::quiet_NaN();
       if (k.regs[j].type == Type::f64) reg_init_[j].f64 = std::numeric_limits<double>::quiet_NaN();
@@ -584,6 +637,14 @@ class Runner {
     uint32_t rr_cgen = 0;        // generation rr_cgen
   };
 
+  // One element of a staged region in one group: the worker whose async copy wrote it (-1:
+  // none), its async waits passed when it copied (pending while equal), read by it since.
+  struct StagedElem {
+    int32_t owner = -1;
+    uint32_t wait = 0;
+    bool read = false;
+  };
+
   int cta(int t) const { return t / T_; }
   int64_t group_of(int t) const { return cluster_ * C_ + cta(t); }
 
@@ -596,6 +657,9 @@ class Runner {
     std::fill(pushed_.begin(), pushed_.end(), 0);
     std::fill(waited_.begin(), waited_.end(), 0);
     std::fill(arrivals_.begin(), arrivals_.end(), 0);
+    std::fill(staged_.begin(), staged_.end(), uint8_t(0xff));  // NaN bits; never read uncopied
+    std::fill(elems_.begin(), elems_.end(), StagedElem{});
+    std::fill(waits_.begin(), waits_.end(), 0u);
     std::fill(pc_.begin(), pc_.end(), 0);
     std::fill(state_.begin(), state_.end(), kReady);
     for (int t = 0; t < N_; ++t) {
@@ -753,6 +817,15 @@ class Runner {
         case Op::remote_load: d = shared_[remote_slot(t, in, A.i, r[in.c].i)]; break;
         case Op::push: push(t, in, A.i, r[in.c].i, d); break;
         case Op::cluster_arrive: ++arrivals_[t]; break;
+        case Op::async_copy:
+          async_copy(t, r, code_.staged[in.a]);
+          break;
+        case Op::async_wait:
+          ++waits_[t];
+          break;
+        case Op::staged_load:
+          staged_load(t, r, code_.staged[in.a]);
+          break;
         case Op::cluster_wait:
         case Op::exchange_wait:
         case Op::shfl:
@@ -922,6 +995,96 @@ class Runner {
       else store_from_float(data, index + j, dt, r[src[j]].f);
       ++stats_.scalar_accesses;
       stats_.bytes_stored += dtype_size(dt);
+    }
+  }
+
+  // Element e of staged region op.region in t's group: its state, after the bounds check.
+  StagedElem& staged_elem(int t, const StagedOp& op, int64_t e, const char* what) {
+    const ir::StagedRegion& reg = k_.staged[op.region];
+    if (e < 0 || e >= reg.elems)
+      fail(t, std::string("out-of-bounds ") + what + " staged region '" + reg.name + "' element " + std::to_string(e) +
+                  " (size " + std::to_string(reg.elems) + ")");
+    return elems_[size_t(cta(t)) * size_t(SE_) + size_t(staged_first_[op.region] + e)];
+  }
+  uint8_t* staged_data(int t, const StagedOp& op) {
+    return &staged_[size_t(cta(t)) * size_t(k_.staged_bytes()) + size_t(k_.staged_offset(op.region))];
+  }
+  // A vector access to staged memory is words of at most 16 bytes, each aligned to its size.
+  void staged_vector(int t, const StagedOp& op, int64_t at, const char* what) const {
+    const ir::StagedRegion& reg = k_.staged[op.region];
+    const int64_t bytes = std::min<int64_t>(16, int64_t(op.m.width) * dtype_size(reg.dtype));
+    const int64_t byte = k_.staged_offset(op.region) + at * dtype_size(reg.dtype);
+    if (byte % bytes != 0)
+      fail(t, std::string("misaligned vector ") + what + " staged region '" + reg.name + "' element " +
+                  std::to_string(at) + " (byte " + std::to_string(byte) + " of staged memory) is not aligned to " +
+                  std::to_string(bytes) + " bytes");
+  }
+
+  // Writes the elements j < min(width, valid) at once, pending for t until its next async wait.
+  void async_copy(int t, const Slot* r, const StagedOp& op) {
+    const MemOp& m = op.m;
+    const ir::StagedRegion& reg = k_.staged[op.region];
+    const int es = dtype_size(reg.dtype);
+    const int64_t at = r[op.at].i, index = r[m.index].i;
+    const int64_t n = std::clamp<int64_t>(r[m.valid].i, 0, m.width);
+    const bool vector = vector_path(t, r, m, "async copy");
+    if (vector) staged_vector(t, op, at, "async copy into");
+    const uint8_t* src = static_cast<const uint8_t*>(args_.buffers[m.buffer].data);
+    uint8_t* dst = staged_data(t, op);
+    for (int64_t j = 0; j < n; ++j) {
+      if (!vector) check_element(t, m, index + j, "async copy");
+      StagedElem& el = staged_elem(t, op, at + j, "async copy into");
+      const std::string where = "staged region '" + reg.name + "' element " + std::to_string(at + j);
+      if (el.owner >= 0 && el.owner != t)
+        fail(t, "async copy into " + where + ", which worker " + std::to_string(el.owner % T_) +
+                    " copied (each staged element belongs to one worker)");
+      if (el.owner == t && el.wait == waits_[t])
+        fail(t, "second async copy into " + where + " before an async wait (the two copies may land in either order)");
+      if (el.owner == t && el.read)
+        fail(t, "async copy into " + where +
+                    " after this worker read it (the asynchronous write would race with the read)");
+      std::memcpy(dst + (at + j) * es, src + (index + j) * es, size_t(es));
+      el = {t, waits_[t], false};
+    }
+    if (vector)
+      ++(m.width > 1 ? stats_.vector_accesses : stats_.scalar_accesses);
+    else
+      stats_.scalar_accesses += n;
+    stats_.bytes_loaded += n * es;
+  }
+
+  // Reads the elements j < min(width, valid), which t must have copied and waited for.
+  void staged_load(int t, Slot* r, const StagedOp& op) {
+    const MemOp& m = op.m;
+    const ir::StagedRegion& reg = k_.staged[op.region];
+    const int32_t* dst = &code_.lists[m.regs];
+    const int64_t at = r[op.at].i, valid = r[m.valid].i;
+    if (valid >= m.width) staged_vector(t, op, at, "staged load from");
+    const uint8_t* data = staged_data(t, op);
+    for (int j = 0; j < m.width; ++j) {
+      Slot& v = r[dst[j]];
+      if (j >= valid) {
+        if (m.f64)
+          v.f64 = m.fill;
+        else
+          v.f = m.fill;
+        continue;
+      }
+      StagedElem& el = staged_elem(t, op, at + j, "staged load from");
+      const std::string where = "staged region '" + reg.name + "' element " + std::to_string(at + j);
+      if (el.owner < 0) fail(t, "staged load of " + where + ", which no async copy wrote");
+      if (el.owner != t || el.wait == waits_[t])
+        throw ExecutionError("data race on " + where + ": worker " + std::to_string(t % T_) + " of group " +
+                             std::to_string(group_of(t)) +
+                             (el.owner != t ? " reads it, but worker " + std::to_string(el.owner % T_) +
+                                                  " copied it (a worker reads only the elements it copied)"
+                                            : " reads it before its async wait (its async copy may not have landed)") +
+                             ", in kernel '" + k_.name + "'");
+      el.read = true;
+      if (m.f64)
+        v.f64 = load_as_double(data, at + j, reg.dtype);
+      else
+        v.f = load_as_float(data, at + j, reg.dtype);
     }
   }
 
@@ -1235,6 +1398,11 @@ class Runner {
   std::vector<uint8_t> pushed_;   // per shared slot of the cluster: pushed into already
   std::vector<uint8_t> waited_;   // (N_, regions): the worker passed the region's exchange wait
   std::vector<int> arrivals_;     // per worker: cluster arrives so far
+  std::vector<uint8_t> staged_;   // (C_, staged bytes): staged regions as stored, at staged_offset
+  std::vector<uint32_t> waits_;   // per worker: async waits passed
+  std::vector<int64_t> staged_first_;  // per staged region: its first element in elems_ of a group
+  int64_t SE_ = 0;                     // staged elements per group
+  std::vector<StagedElem> elems_;      // (C_, SE_)
   std::vector<Slot> reg_init_;  // NaN for f32 registers, 0 for the others
   int64_t cluster_ = 0;
   ExecStats stats_;

@@ -11,7 +11,9 @@
 // reports, as ExecutionError, out-of-bounds and misaligned accesses, shared-memory data races
 // (remote ones too: a remote read and its owner's write with no cluster barrier between),
 // skipped barriers and shuffles, a group exiting while another may still read its shared
-// memory, and integer division by zero (library bugs, so an InternalError). Tested by tests/backend/cpu/executor_test.cpp.
+// memory, staged loads of elements the worker did not copy or has not waited for (async copies
+// land at once but stay pending until the worker's async wait), and integer division by zero
+// (library bugs, so an InternalError). Tested by tests/backend/cpu/executor_test.cpp.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +45,7 @@ struct LaunchArgs {
 };
 
 struct ExecStats {
-  int64_t bytes_loaded = 0, bytes_stored = 0;        // elements accessed x dtype size
+  int64_t bytes_loaded = 0, bytes_stored = 0;        // elements accessed x dtype size (async copies load)
   int64_t vector_accesses = 0, scalar_accesses = 0;  // per worker: one per vector access of
                                                      // width > 1, one per scalar element access
   int64_t barriers = 0;                              // releases, one per scope instance

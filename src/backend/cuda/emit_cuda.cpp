@@ -73,6 +73,9 @@ class CudaEmitter : public IRPrinter {
     indent_ = 1;
     int shared = k_.shared_elems();
     if (shared > 0) line("__shared__ " + type_spelling(k_.real) + " tile_shared[" + std::to_string(shared) + "];");
+    if (!k_.staged.empty())
+      line("extern __shared__ __align__(16) unsigned char tile_staged[];  // " + std::to_string(k_.staged_bytes()) +
+           " bytes: the staged row slices");
     const int exchanges = k_.exchange_count();
     if (exchanges > 0)
       line("__shared__ __align__(8) unsigned long long tile_exchange[" + std::to_string(exchanges) +
@@ -456,6 +459,98 @@ class CudaEmitter : public IRPrinter {
     int e = 0;
     for (int r = 0; r < region; ++r) e += k_.shared[r].pushes > 0;
     return e;
+  }
+
+  // A staged region's elements, as stored: float, double, or the bits of 16-bit elements.
+  std::string staged_pointer(const Stmt& s, bool constant) {
+    const StagedRegion& r = k_.staged[size_t(s.region)];
+    const std::string t = std::string(constant ? "const " : "") + element_type(r.dtype);
+    return "reinterpret_cast<" + t + "*>(tile_staged + " + std::to_string(k_.staged_offset(s.region)) + ") + (" +
+           visit(*s.at) + ")";
+  }
+  // Whole vectors go as asynchronous copies of at most 16 bytes each; a vector partly in the
+  // row, an unaligned one or one of 2-byte elements is copied element by element, which the
+  // worker's own later reads see in program order.
+  void visit_async_copy(const Stmt& s) override {
+    const Buffer& b = k_.buffers[s.buffer];
+    const StagedRegion& r = k_.staged[size_t(s.region)];
+    const int es = dtype_size(r.dtype), bytes = s.width * es;
+    line("{  // async copy " + b.name + " -> " + r.name + ", " + std::to_string(s.width) + " elements");
+    ++indent_;
+    line(std::string(element_type(r.dtype)) + "* tile_s = " + staged_pointer(s, false) + ";");
+    line("const long long tile_i = " + visit(*s.index) + ";");
+    line("const long long tile_n = " + visit(*s.valid) + ";");
+    if (bytes >= 4) {
+      const int chunk = std::min(16, bytes);
+      line("if (" + visit(*s.aligned) + " && tile_n >= " + std::to_string(s.width) + ") {");
+      for (int c = 0; c < bytes / chunk; ++c) {
+        const std::string at = std::to_string(c * chunk / es);
+        line("  tile_async_copy<" + std::to_string(chunk) + ">(tile_s + " + at + ", " + b.name + " + tile_i + " + at +
+             ");");
+      }
+      line("} else {");
+    } else {
+      line("{");
+    }
+    for (int j = 0; j < s.width; ++j)
+      line("  if (" + std::to_string(j) + " < tile_n) tile_s[" + std::to_string(j) + "] = " + b.name + "[tile_i + " +
+           std::to_string(j) + "];");
+    line("}");
+    --indent_;
+    line("}");
+  }
+  void visit_async_wait(const Stmt&) override { line("tile_async_wait();  // this worker's async copies have landed"); }
+  void visit_staged_load(const Stmt& s) override {
+    const StagedRegion& r = k_.staged[size_t(s.region)];
+    const int es = dtype_size(r.dtype), bytes = s.width * es;
+    const std::string dt(dtype_name(r.dtype));
+    auto value = [&](const std::string& bits) {
+      return es == 2 ? "tile_" + dt + "_to_f32(" + bits + ")" : bits;  // f32 and f64 are stored as values
+    };
+    const std::string fill = visit(*float_const(k_.real, s.fill));
+    line("{  // staged load " + r.name + ", " + std::to_string(s.width) + " elements");
+    ++indent_;
+    line("const " + std::string(element_type(r.dtype)) + "* tile_s = " + staged_pointer(s, true) + ";");
+    line("const long long tile_n = " + visit(*s.valid) + ";");
+    line("if (tile_n >= " + std::to_string(s.width) + ") {");
+    // Words of at most 16 bytes; element j is in word j * es / 16.
+    const int chunk = std::min(16, bytes);
+    const int per_word = chunk / es;
+    for (int w = 0; w < bytes / chunk; ++w) {
+      const std::string word = "tile_w" + std::to_string(w);
+      if (es == 8)
+        line("  const " + std::string(chunk == 16 ? "double2" : "double") + " " + word + " = *reinterpret_cast<const " +
+             (chunk == 16 ? "double2" : "double") + "*>(tile_s + " + std::to_string(w * per_word) + ");");
+      else if (es == 4)
+        line("  const " +
+             std::string(chunk == 16  ? "float4"
+                         : chunk == 8 ? "float2"
+                                      : "float") +
+             " " + word + " = *reinterpret_cast<const " +
+             (chunk == 16  ? "float4"
+              : chunk == 8 ? "float2"
+                           : "float") +
+             "*>(tile_s + " + std::to_string(w * per_word) + ");");
+      else
+        line("  const " + std::string(word_type(chunk)) + " " + word + " = *reinterpret_cast<const " +
+             word_type(chunk) + "*>(tile_s + " + std::to_string(w * per_word) + ");");
+      for (int e = 0; e < per_word; ++e) {
+        const int j = w * per_word + e;
+        std::string bits;
+        if (es == 2)
+          bits = chunk == 2 ? word : "(" + component(word, chunk, e / 2) + (e % 2 ? " >> 16)" : ")");
+        else
+          bits = per_word == 1 ? word : word + std::string(".") + "xyzw"[e];
+        line("  " + reg_name(s.dsts[size_t(j)]) + " = " + value(bits) + ";");
+      }
+    }
+    line("} else {");
+    for (int j = 0; j < s.width; ++j)
+      line("  " + reg_name(s.dsts[size_t(j)]) + " = " + std::to_string(j) + " < tile_n ? " +
+           value("tile_s[" + std::to_string(j) + "]") + " : " + fill + ";");
+    line("}");
+    --indent_;
+    line("}");
   }
 
   void visit_barrier(const Stmt& s) override {

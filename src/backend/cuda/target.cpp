@@ -69,6 +69,18 @@ LoadedKernel load(const std::string& source, const ir::Kernel& kernel, int devic
   k.function = cuda::get_function(*k.module, kernel.name);
   if (kernel.ctas_per_cluster > 8)  // beyond the portable cluster size, the function must opt in
     TILE_CU_CHECK(cuda::driver().cuFuncSetAttribute(k.function, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
+  // Staged regions live in dynamic shared memory; above 48 KiB the function must opt in.
+  if (const int64_t staged = kernel.staged_bytes(); staged > 48 * 1024) {
+    const cuda::DeviceInfo info = cuda::device_info(device);
+    if (staged + kernel.shared_bytes() > info.max_shared_per_block_optin)
+      throw Error("kernel " + kernel.name + " stages " + std::to_string(staged) +
+                  " bytes of its row slices in shared memory (" + std::to_string(kernel.shared_bytes()) +
+                  " more for its merges), but " + info.name + " (cuda:" + std::to_string(device) +
+                  ") gives a group at most " + std::to_string(info.max_shared_per_block_optin) +
+                  " (caching \"shared\" in the plan: more stripes on a larger cluster, or caching \"reread\")");
+    TILE_CU_CHECK(
+        cuda::driver().cuFuncSetAttribute(k.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(staged)));
+  }
   return k;
 }
 
@@ -79,6 +91,7 @@ void launch_config(CUlaunchConfig& config, CUlaunchAttribute& cluster, const ir:
   config.gridDimX = unsigned(groups), config.gridDimY = 1, config.gridDimZ = 1;
   config.blockDimX = unsigned(kernel.threads_per_group()), config.blockDimY = 1, config.blockDimZ = 1;
   config.hStream = stream;
+  config.sharedMemBytes = unsigned(kernel.staged_bytes());
   cluster = {};
   cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
   cluster.value.clusterDim.x = unsigned(kernel.ctas_per_cluster), cluster.value.clusterDim.y = 1;
@@ -180,7 +193,7 @@ void launch_kernel(CUfunction fn, const LoweredKernel& lk, void* const* buffers,
     return;
   }
   TILE_CU_CHECK(cuda::driver().cuLaunchKernel(fn, unsigned(groups), 1, 1, unsigned(lk.kernel.threads_per_group()), 1, 1,
-                                              0, stream, argv, nullptr));
+                                              unsigned(lk.kernel.staged_bytes()), stream, argv, nullptr));
 }
 
 void launch_kernel(CUfunction fn, const LoweredKernel& lk, const ArgumentValues& a, int64_t groups, CUstream stream) {
@@ -271,6 +284,7 @@ class CudaTarget final : public Target {
       l.sm_count = info.sm_count;
       l.max_threads_per_group = info.max_threads_per_block;
       l.max_cluster_size = std::min(l.max_cluster_size, device_cluster_size(info));
+      l.max_staged_bytes = info.max_shared_per_block_optin;  // static and dynamic together
       it = cache.emplace(options.device, l).first;
     }
     return it->second;

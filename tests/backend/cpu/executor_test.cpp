@@ -538,6 +538,144 @@ TEST(Executor, MalformedIrIsRejected) {
   EXPECT_NE(err.find("expected 0 buffers, got 1"), std::string::npos) << err;
 }
 
+// Staged regions: group g stages row g of an f32 and a bf16 input (worker w copies columns
+// [4w, 4w + 4) of each into the region at 4w), waits, reads them back and stores all four
+// registers of each to y and z at (g * 64 + w) * 4, fill included. Statements by position:
+// copies 2 and 3, the wait 4, the staged loads 5 and 6.
+Kernel staged_copy_kernel() {
+  Kernel k = make_kernel(1, 64);
+  k.name = "staged_copy";
+  k.buffers = {{"x", DType::f32, false}, {"h", DType::bf16, false}, {"y", DType::f32, true}, {"z", DType::f32, true}};
+  k.params = {{"cols", Type::i64}};
+  k.staged = {{"xs", DType::f32, 256}, {"hs", DType::bf16, 256}};
+  const int col = k.add_reg("col", Type::i64), idx = k.add_reg("idx", Type::i64);
+  std::vector<int> a, b;
+  for (int j = 0; j < 4; ++j) a.push_back(k.add_reg("a" + std::to_string(j), Type::f32));
+  for (int j = 0; j < 4; ++j) b.push_back(k.add_reg("b" + std::to_string(j), Type::f32));
+  const ExprPtr cols = param(0, Type::i64), C = reg(col, Type::i64), I = reg(idx, Type::i64);
+  const ExprPtr valid = sub(cols, C);
+  const ExprPtr out =
+      mul(add(mul(special(Special::group_index), i64_const(64)), wide(Special::worker_in_program)), i64_const(4));
+  k.body = {
+      assign(col, mul(wide(Special::worker_in_program), i64_const(4))),
+      assign(idx, add(mul(special(Special::group_index), cols), C)),
+      async_copy(0, C, 0, I, 4, valid, row_aligned(0, I, 16)),
+      async_copy(1, C, 1, I, 4, valid, row_aligned(1, I, 8)),
+      async_wait(),
+      staged_load(a, 0, C, valid, -1.0f),
+      staged_load(b, 1, C, valid, -2.0f),
+      store(a, 2, out, i64_const(4), b1_const(true)),
+      store(b, 3, out, i64_const(4), b1_const(true)),
+  };
+  return k;
+}
+
+// Two rows of 250 columns: the last two workers copy 2 and 0 elements; row 1 starts at byte
+// 1000 of x (500 of h), so its copies take the scalar path.
+struct StagedRows {
+  static constexpr int64_t kRows = 2, kCols = 250;
+  alignas(16) float x[kRows * kCols];
+  alignas(16) uint16_t h[kRows * kCols];
+  alignas(16) float y[kRows * 256], z[kRows * 256];
+  StagedRows() {
+    for (int64_t i = 0; i < kRows * kCols; ++i) {
+      x[i] = float(i) * 0.37f - 40.0f;
+      h[i] = uint16_t(0x3c00 + i * 37 % 0x3000);  // bits that f32 -> bf16 rounding would not make
+    }
+  }
+  LaunchArgs args() {
+    return {
+        kRows, {{x, 0, kRows * kCols}, {h, 0, kRows * kCols}, {y, 0, kRows * 256}, {z, 0, kRows * 256}}, {{0, kCols}}};
+  }
+};
+
+TEST(Executor, StagedRegionsHoldTheBitsAsStoredAndConvertOnLoad) {
+  StagedRows rows;
+  const ExecStats st = execute(staged_copy_kernel(), rows.args());
+  for (int64_t g = 0; g < StagedRows::kRows; ++g)
+    for (int64_t c = 0; c < 256; ++c) {
+      const bool in = c < StagedRows::kCols;
+      const int64_t e = g * StagedRows::kCols + c, o = g * 256 + c;
+      ASSERT_EQ(rows.y[o], in ? rows.x[e] : -1.0f) << "row " << g << " column " << c;
+      ASSERT_EQ(rows.z[o], in ? bf16_bits_to_float(rows.h[e]) : -2.0f) << "row " << g << " column " << c;
+    }
+  EXPECT_EQ(st.bytes_loaded, StagedRows::kRows * StagedRows::kCols * (4 + 2));
+  // Row 0: 62 whole vectors of each input and two scalar elements each; row 1 all scalar.
+  EXPECT_EQ(st.vector_accesses, 2 * 62 + 2 * 2 * 64);
+  EXPECT_EQ(st.scalar_accesses, 2 * 2 + 2 * StagedRows::kCols);
+}
+
+TEST(Executor, StagedLoadsReadOnlyTheWorkersOwnLandedCopies) {
+  StagedRows rows;
+  auto error = [&](const std::function<void(Kernel&)>& flaw) {
+    Kernel k = staged_copy_kernel();
+    flaw(k);
+    return error_of([&] { execute(k, rows.args()); });
+  };
+  const ExprPtr col = reg(0, Type::i64);
+  // Read before the async wait: the copy may not have landed.
+  std::string err = error([](Kernel& k) { k.body.erase(k.body.begin() + 4); });
+  EXPECT_NE(err.find("data race on staged region 'xs' element 0: worker 0 of group 0 reads it before its async wait"),
+            std::string::npos)
+      << err;
+  // Another worker's element, even after a group barrier: only its copier waited for it.
+  err = error([&](Kernel& k) {
+    k.body.insert(k.body.begin() + 5, barrier(Scope::group));
+    k.body[6].at = binary(BinOp::rem, add(col, i64_const(4)), i64_const(256));
+  });
+  EXPECT_NE(err.find("data race on staged region 'xs' element 4: worker 0 of group 0 reads it, but worker 1 copied it"),
+            std::string::npos)
+      << err;
+  // Elements past the row end were never copied (worker 62 copied 248 and 249 only).
+  err = error([](Kernel& k) { k.body[5].valid = i64_const(4); });
+  EXPECT_NE(err.find("staged load of staged region 'xs' element 250, which no async copy wrote, by worker 62"),
+            std::string::npos)
+      << err;
+  // An offset past the region.
+  err = error([&](Kernel& k) { k.body[6].at = add(col, i64_const(256)); });
+  EXPECT_NE(err.find("out-of-bounds staged load from staged region 'hs' element 256 (size 256), by worker 0"),
+            std::string::npos)
+      << err;
+  // A second copy into an element before the wait, and a copy after the worker read it.
+  err = error([](Kernel& k) {
+    const Stmt copy = k.body[2];
+    k.body.insert(k.body.begin() + 3, copy);
+  });
+  EXPECT_NE(err.find("second async copy into staged region 'xs' element 0 before an async wait"), std::string::npos)
+      << err;
+  err = error([](Kernel& k) {
+    const Stmt copy = k.body[2];
+    k.body.push_back(copy);
+  });
+  EXPECT_NE(err.find("async copy into staged region 'xs' element 0 after this worker read it"), std::string::npos)
+      << err;
+}
+
+TEST(Executor, AsyncCopiesAreCheckedAsLoads) {
+  StagedRows rows;
+  // A forced vector copy of row 1 (x + 1000 bytes) is misaligned; the scalar path is not.
+  Kernel k = staged_copy_kernel();
+  k.body[2].aligned = b1_const(true);
+  std::string err = error_of([&] { execute(k, rows.args()); });
+  EXPECT_NE(err.find("misaligned vector access: async copy of 4 x f32 at buffer 'x' element 250"), std::string::npos)
+      << err;
+  k.body[2].aligned = b1_const(false);
+  EXPECT_NO_THROW(execute(k, rows.args()));
+  // Global bounds, as loads check them.
+  LaunchArgs args = rows.args();
+  args.buffers[1].hi = 300;
+  err = error_of([&] { execute(staged_copy_kernel(), args); });
+  EXPECT_NE(err.find("out-of-bounds async copy of buffer 'h' element 300"), std::string::npos) << err;
+  // A vector copy into the staged region needs its 16-byte words aligned there too.
+  k = staged_copy_kernel();
+  k.body[2].at = add(reg(0, Type::i64), i64_const(1));
+  k.body[5].at = k.body[2].at;
+  err = error_of([&] { execute(k, rows.args()); });
+  EXPECT_NE(err.find("misaligned vector async copy into staged region 'xs' element 1 (byte 4 of staged memory)"),
+            std::string::npos)
+      << err;
+}
+
 // Not a correctness test: reports the executor's speed on the row-sum kernel.
 TEST(Executor, RowSumThroughput) {
   const int64_t rows = 1024, cols = 4096;

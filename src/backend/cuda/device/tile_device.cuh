@@ -223,3 +223,29 @@ TILE_DEVICE double tile_remote_shared_load(const double* p, int rank) {
   return 0.0;
 #endif
 }
+
+// Staged regions (caching "shared"): one worker's copy of `Bytes` (4, 8 or 16) from global to
+// shared memory, in flight without holding registers until the worker's tile_async_wait; a
+// plain copy before sm_80.
+template <int Bytes>
+TILE_DEVICE void tile_async_copy(void* shared, const void* global) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = (unsigned)__cvta_generic_to_shared(shared);
+  if constexpr (Bytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(s), "l"(global) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" : : "r"(s), "l"(global), "n"(Bytes) : "memory");
+#else
+  if constexpr (Bytes == 16)
+    *reinterpret_cast<uint4*>(shared) = *reinterpret_cast<const uint4*>(global);
+  else if constexpr (Bytes == 8)
+    *reinterpret_cast<uint2*>(shared) = *reinterpret_cast<const uint2*>(global);
+  else
+    *reinterpret_cast<unsigned*>(shared) = *reinterpret_cast<const unsigned*>(global);
+#endif
+}
+TILE_DEVICE void tile_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" : : : "memory");
+#endif
+}
