@@ -249,7 +249,12 @@ Stmt async_copy(int region, ExprPtr at, int buffer, ExprPtr index, int width, Ex
   s.aligned = std::move(aligned);
   return s;
 }
-Stmt async_wait() { return Stmt{Stmt::Kind::async_wait}; }
+Stmt async_commit() { return Stmt{Stmt::Kind::async_commit}; }
+Stmt async_wait(int in_flight) {
+  Stmt s{Stmt::Kind::async_wait};
+  s.offset = in_flight;
+  return s;
+}
 Stmt staged_load(std::vector<int> dsts, int region, ExprPtr at, ExprPtr valid, float fill) {
   Stmt s{Stmt::Kind::staged_load};
   s.width = int(dsts.size());

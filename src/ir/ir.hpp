@@ -123,12 +123,15 @@ struct Stmt {
     exchange_wait,       // wait until every push this group's exchange region `region` awaits has
                          // landed (acquire): its slots may be read from then on
     async_copy,          // staged[region][at + j] = buffer[index + j] for j < min(width, valid), as
-                         // stored (no conversion), asynchronously: the issuing worker may read the
-                         // elements only after its next async_wait, and no other worker may read them
-    async_wait,          // wait until every async_copy this worker issued has landed
+                         // stored (no conversion), asynchronously, in this worker's open group of
+                         // copies: the worker may read the elements once an async_wait has seen
+                         // that group land, and no other worker may read them
+    async_commit,        // closes the worker's open group of copies (later copies open another)
+    async_wait,          // closes the open group, then waits until at most `offset` of the worker's
+                         // groups are in flight: every copy of the older ones has landed
     staged_load,         // regs[dsts[j]] = staged[region][at + j] converted to the kernel's float type
                          // for j < min(width, valid), `fill` for the others; only elements this
-                         // worker copied, after its async_wait
+                         // worker copied, after they landed
     barrier,             // wait for every worker of `scope` (program, group or cluster); a cluster
                          // barrier also orders shared memory accesses across the cluster (release /
                          // acquire), so remote reads after it see what the owner wrote before it. A
@@ -151,7 +154,8 @@ struct Stmt {
   int region = -1;  // shared region (staged region for async_copy and staged_load)
   bool clamp = false;
   bool raw = false;  // load: dsts are i32 registers holding the bits of element pairs
-  bool whole = false;  // load/store: `valid` is <= 0 or >= width, and `aligned` holds (see below)
+  bool whole = false;  // load/store/async_copy/staged_load: `valid` is <= 0 or >= width, and
+                       // `aligned` holds (see below)
   float fill = 0.0f;
   Scope scope = Scope::group;  // barrier
   BarrierPhase phase = BarrierPhase::both;  // barrier (cluster scope): arrive and wait, or one
@@ -265,7 +269,8 @@ Stmt remote_shared_load(int dst, int region, ExprPtr index, ExprPtr cta);
 Stmt remote_shared_push(int region, ExprPtr index, ExprPtr cta, int src);
 Stmt exchange_wait(int region);
 Stmt async_copy(int region, ExprPtr at, int buffer, ExprPtr index, int width, ExprPtr valid, ExprPtr aligned);
-Stmt async_wait();
+Stmt async_commit();
+Stmt async_wait(int in_flight = 0);
 Stmt staged_load(std::vector<int> dsts, int region, ExprPtr at, ExprPtr valid, float fill);
 Stmt barrier(Scope scope);
 Stmt cluster_arrive();

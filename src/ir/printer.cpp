@@ -105,16 +105,20 @@ void IRPrinter::visit_exchange_wait(const Stmt& s) {
 }
 
 void IRPrinter::visit_async_copy(const Stmt& s) {
-  line("async_copy staged " + k_.staged[size_t(s.region)].name + "[" + visit(*s.at) + " +: " + std::to_string(s.width) +
-       "] = " + k_.buffers[s.buffer].name + "[" + visit(*s.index) + " +: " + std::to_string(s.width) + "] valid " +
-       visit(*s.valid) + " vector_if " + visit(*s.aligned));
+  line(std::string(s.whole ? "async_copy.whole" : "async_copy") + " staged " + k_.staged[size_t(s.region)].name + "[" +
+       visit(*s.at) + " +: " + std::to_string(s.width) + "] = " + k_.buffers[s.buffer].name + "[" + visit(*s.index) +
+       " +: " + std::to_string(s.width) + "] valid " + visit(*s.valid) + " vector_if " + visit(*s.aligned));
 }
 
-void IRPrinter::visit_async_wait(const Stmt&) { line("async_wait"); }
+void IRPrinter::visit_async_commit(const Stmt&) { line("async_commit"); }
+void IRPrinter::visit_async_wait(const Stmt& s) {
+  line(s.offset > 0 ? "async_wait (" + std::to_string(s.offset) + " groups left in flight)" : "async_wait");
+}
 
 void IRPrinter::visit_staged_load(const Stmt& s) {
-  line("{" + reg_list(s.dsts) + "} = staged_load " + k_.staged[size_t(s.region)].name + "[" + visit(*s.at) +
-       " +: " + std::to_string(s.width) + "] valid " + visit(*s.valid) + " fill " + std::to_string(s.fill));
+  line("{" + reg_list(s.dsts) + "} = " + (s.whole ? "staged_load.whole " : "staged_load ") +
+       k_.staged[size_t(s.region)].name + "[" + visit(*s.at) + " +: " + std::to_string(s.width) + "] valid " +
+       visit(*s.valid) + " fill " + std::to_string(s.fill));
 }
 
 void IRPrinter::visit_barrier(const Stmt& s) {

@@ -47,6 +47,7 @@ class IRPrinter : public IRVisitor<IRPrinter, std::string> {
   virtual void visit_remote_shared_push(const Stmt& s);
   virtual void visit_exchange_wait(const Stmt& s);
   virtual void visit_async_copy(const Stmt& s);
+  virtual void visit_async_commit(const Stmt& s);
   virtual void visit_async_wait(const Stmt& s);
   virtual void visit_staged_load(const Stmt& s);
   virtual void visit_barrier(const Stmt& s);

@@ -484,8 +484,12 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     if (r && loops_ > 0)
       error("async copy into staged region '" + r->name + "' inside a loop (staged regions are single-phase)");
   }
-  void visit_async_wait(const Stmt&, unsigned) {
+  void visit_async_commit(const Stmt&, unsigned) {
+    if (check_ && loops_ > 0) error("async commit inside a loop (staged regions are single-phase)");
+  }
+  void visit_async_wait(const Stmt& s, unsigned) {
     if (check_ && loops_ > 0) error("async wait inside a loop (staged regions are single-phase)");
+    if (check_ && s.offset < 0) error("async wait leaving " + std::to_string(s.offset) + " groups in flight");
   }
   void visit_staged_load(const Stmt& s, unsigned) {
     visit(*s.at);
@@ -687,16 +691,47 @@ void Verifier::check_cluster_order() {
   for (std::string& e : ClusterOrder(k_).run()) error(e);
 }
 
-// The order of async copies, waits and staged loads along every path: a staged load of a
-// region needs an async wait after every copy into it that may precede it, and no copy into a
-// region may follow a staged load of it (the asynchronous write would race with the read).
+// The order of async copies, commits, waits and staged loads along every path: a staged load
+// needs the group of each copy into its region at its offset landed (an async wait leaving
+// fewer groups in flight), and no copy into a region may follow a staged load of it (the
+// asynchronous write would race with the read).
 class StagedOrder : public IRVisitor<StagedOrder> {
  public:
+  // A copy by its region and offset expression. Groups of copies in flight on some path,
+  // oldest first, and the open group; regions staged-loaded on some path.
+  using Copy = std::pair<int, const Expr*>;
   struct State {
-    std::set<int> pending;  // regions with a copy not waited for, on some path
-    std::set<int> read;     // regions staged-loaded, on some path
-    bool operator==(const State&) const = default;
+    std::vector<std::vector<Copy>> groups;
+    std::vector<Copy> open;
+    std::set<int> read;
+    bool operator==(const State& o) const {
+      return read == o.read && same(open, o.open) && groups.size() == o.groups.size() &&
+             std::equal(groups.begin(), groups.end(), o.groups.begin(), same);
+    }
   };
+  static bool same_expr(const Expr* a, const Expr* b) {
+    if (a == b) return true;
+    if (a->kind != b->kind || a->type != b->type || a->id != b->id || a->f != b->f || a->i != b->i ||
+        a->unop != b->unop || a->binop != b->binop || a->args.size() != b->args.size())
+      return false;
+    for (size_t k = 0; k < a->args.size(); ++k)
+      if (!same_expr(a->args[k].get(), b->args[k].get())) return false;
+    return true;
+  }
+  static bool contains(const std::vector<Copy>& copies, const Copy& c) {
+    for (const Copy& d : copies)
+      if (d.first == c.first && same_expr(d.second, c.second)) return true;
+    return false;
+  }
+  static bool same(const std::vector<Copy>& a, const std::vector<Copy>& b) {
+    if (a.size() != b.size()) return false;
+    for (const Copy& c : a)
+      if (!contains(b, c)) return false;
+    return true;
+  }
+  static void add(std::vector<Copy>& copies, const Copy& c) {
+    if (!contains(copies, c)) copies.push_back(c);
+  }
   explicit StagedOrder(const Kernel& k) : k_(k) {}
 
   std::vector<std::string> run() {
@@ -707,8 +742,13 @@ class StagedOrder : public IRVisitor<StagedOrder> {
 
  private:
   friend class IRVisitor<StagedOrder>;
+  // Groups aligned from the newest: a copy in flight on either path stays in flight.
   static State join(State a, const State& b) {
-    a.pending.insert(b.pending.begin(), b.pending.end());
+    if (a.groups.size() < b.groups.size()) a.groups.insert(a.groups.begin(), b.groups.size() - a.groups.size(), {});
+    const size_t skip = a.groups.size() - b.groups.size();
+    for (size_t k = 0; k < b.groups.size(); ++k)
+      for (const Copy& c : b.groups[k]) add(a.groups[skip + k], c);
+    for (const Copy& c : b.open) add(a.open, c);
     a.read.insert(b.read.begin(), b.read.end());
     return a;
   }
@@ -717,13 +757,28 @@ class StagedOrder : public IRVisitor<StagedOrder> {
     if (st.read.count(s.region) && reported_.insert(&s).second)
       errors_.push_back("async copy into staged region '" + region_name(s) +
                         "' after a staged load of it on some path (the asynchronous write would race with the read)");
-    st.pending.insert(s.region);
+    add(st.open, {s.region, s.at.get()});
   }
-  void visit_async_wait(const Stmt&, State& st) { st.pending.clear(); }
+  void visit_async_commit(const Stmt&, State& st) {
+    st.groups.push_back(std::move(st.open));
+    st.open.clear();
+  }
+  void visit_async_wait(const Stmt& s, State& st) {
+    visit_async_commit(s, st);
+    while (st.groups.size() > size_t(std::max(0, s.offset))) st.groups.erase(st.groups.begin());
+  }
+  // A load at the offset of a copy still in flight (by the same expression) reads what may not
+  // have landed. Loads at other offsets are the executor's to check, element by element.
+  bool in_flight(const State& st, const Copy& c) const {
+    if (contains(st.open, c)) return true;
+    for (const std::vector<Copy>& g : st.groups)
+      if (contains(g, c)) return true;
+    return false;
+  }
   void visit_staged_load(const Stmt& s, State& st) {
-    if (st.pending.count(s.region) && reported_.insert(&s).second)
+    if (in_flight(st, {s.region, s.at.get()}) && reported_.insert(&s).second)
       errors_.push_back("staged load of region '" + region_name(s) +
-                        "' before an async wait after its async copy on some path (the copy may not have landed)");
+                        "' before an async wait saw its async copy land on some path (the copy may not have landed)");
     st.read.insert(s.region);
   }
   void visit_if(const Stmt& s, State& st) {

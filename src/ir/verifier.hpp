@@ -14,10 +14,12 @@
 // - registers holding cached input fit the private budget (32-bit scalars: an f64 counts two);
 // - staged regions hold a float dtype; an async copy reads an input buffer of its region's
 //   dtype, a staged load fills one register of the kernel's float type per element, and both
-//   name an existing staged region at an i64 offset; copies, async waits and staged loads sit
-//   outside loops (staged regions are single-phase);
-// - a staged load of a region has an async wait after every copy into it on every path before
-//   it, and no copy into a region follows a staged load of it on any path.
+//   name an existing staged region at an i64 offset; copies, commits, async waits and staged
+//   loads sit outside loops (staged regions are single-phase);
+// - a staged load follows, on every path, an async wait that saw land the group of every copy
+//   into its region at the same offset (expressions compared structurally; other offsets are
+//   the CPU executor's to check, element by element), and no copy into a region follows a
+//   staged load of it on any path.
 // Uniformity is a fixed point over register assignments, found by walking the kernel with an
 // IRVisitor (src/ir/visitor.hpp) until no register changes. Tested by tests/ir/verifier_test.cpp.
 #pragma once

@@ -3,8 +3,8 @@
 // A consumer derives from IRVisitor<Self, ExprResult> (CRTP) and defines a handler for each
 // node kind it treats: visit_assign, visit_load, visit_store, visit_shfl_xor, visit_shfl_idx,
 // visit_shared_store, visit_shared_load, visit_remote_shared_load, visit_remote_shared_push,
-// visit_exchange_wait, visit_async_copy, visit_async_wait, visit_staged_load, visit_barrier,
-// visit_if, visit_for, visit_comment for statements (returning void); visit_constant,
+// visit_exchange_wait, visit_async_copy, visit_async_commit, visit_async_wait, visit_staged_load,
+// visit_barrier, visit_if, visit_for, visit_comment for statements (returning void); visit_constant,
 // visit_reg, visit_special, visit_param, visit_unary, visit_binary, visit_select, visit_cast, visit_row_aligned,
 // visit_unpack16 for expressions (returning ExprResult). visit(node) is the only dispatch on Stmt::Kind and Expr::Kind
 // in the library. A handler left out calls visit_children: a statement's expressions (value, index, valid, aligned,
@@ -46,12 +46,10 @@ class IRVisitor {
       case Stmt::Kind::remote_shared_load: return self.visit_remote_shared_load(s, ctx...);
       case Stmt::Kind::remote_shared_push: return self.visit_remote_shared_push(s, ctx...);
       case Stmt::Kind::exchange_wait: return self.visit_exchange_wait(s, ctx...);
-      case Stmt::Kind::async_copy:
-        return self.visit_async_copy(s, ctx...);
-      case Stmt::Kind::async_wait:
-        return self.visit_async_wait(s, ctx...);
-      case Stmt::Kind::staged_load:
-        return self.visit_staged_load(s, ctx...);
+      case Stmt::Kind::async_copy: return self.visit_async_copy(s, ctx...);
+      case Stmt::Kind::async_commit: return self.visit_async_commit(s, ctx...);
+      case Stmt::Kind::async_wait: return self.visit_async_wait(s, ctx...);
+      case Stmt::Kind::staged_load: return self.visit_staged_load(s, ctx...);
       case Stmt::Kind::barrier: return self.visit_barrier(s, ctx...);
       case Stmt::Kind::if_: return self.visit_if(s, ctx...);
       case Stmt::Kind::for_: return self.visit_for(s, ctx...);
@@ -114,18 +112,10 @@ class IRVisitor {
   template <typename... Ctx> void visit_remote_shared_load(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_remote_shared_push(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_exchange_wait(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
-  template <typename... Ctx>
-  void visit_async_copy(const Stmt& s, Ctx&&... c) {
-    self().visit_children(s, c...);
-  }
-  template <typename... Ctx>
-  void visit_async_wait(const Stmt& s, Ctx&&... c) {
-    self().visit_children(s, c...);
-  }
-  template <typename... Ctx>
-  void visit_staged_load(const Stmt& s, Ctx&&... c) {
-    self().visit_children(s, c...);
-  }
+  template <typename... Ctx> void visit_async_copy(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
+  template <typename... Ctx> void visit_async_commit(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
+  template <typename... Ctx> void visit_async_wait(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
+  template <typename... Ctx> void visit_staged_load(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_barrier(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_if(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }
   template <typename... Ctx> void visit_for(const Stmt& s, Ctx&&... c) { self().visit_children(s, c...); }

@@ -412,6 +412,7 @@ class RowLowering {
     ExprPtr limit;
     bool scalar = false;
     ExprPtr at;  // caching "shared": the slot's first element in its staged regions (i64)
+    int stripe = -1;  // and its stripe: its copies are that stripe's group
   };
 
   ExprPtr r(int id) const { return em_.r(id); }
@@ -467,6 +468,18 @@ class RowLowering {
   void load_staged(std::vector<Stmt>& out, Slot& slot, int operand);
   // Forgets a staged slot's values and what was computed from them: the next use reads them
   // again (where it is, so they are live only from there).
+  // A staged slot's copies landed before its first read: an async wait leaving the later
+  // stripes' groups in flight, so the first pass starts on stripe 0 while the rest arrive.
+  void land_staged(std::vector<Stmt>& out, const Slot& slot) {
+    if (slot.stripe < staged_landed_) return;
+    out.push_back(async_wait(plan_.stripes - 1 - slot.stripe));
+    staged_landed_ = slot.stripe + 1;
+  }
+  void land_all_staged(std::vector<Stmt>& out) {
+    if (!staged() || staged_landed_ >= plan_.stripes) return;
+    out.push_back(async_wait(0));
+    staged_landed_ = plan_.stripes;
+  }
   void forget_staged(Slot& slot) {
     slot.values.clear();
     slot.memo.clear();
@@ -567,6 +580,7 @@ class RowLowering {
   std::map<int, std::vector<std::vector<int>>> elem_acc_;
   bool whole_ = false;
   std::map<int, int> staged_of_;  // caching "shared": row input -> staged region
+  int staged_landed_ = 0;         // stripes whose copies an emitted async wait saw land
   int next_shared_ = 0;
   bool cluster_resident_ = false;  // the cluster wait before the first push is emitted
   int loop_it_ = -1;        // the iteration register of the re-read loop being built
@@ -957,17 +971,21 @@ void RowLowering::stage_slot(std::vector<Stmt>& out, Slot& slot, int stripe) {
   ExprPtr worker = binary(BinOp::add, i64(int64_t(stripe) * W), cast(Type::i64, special(Special::worker_in_program)));
   ExprPtr program = binary(BinOp::mul, cast(Type::i64, special(Special::program_in_group)), i64(per_program));
   slot.at = r(assign_new(out, "at", binary(BinOp::add, P > 1 ? program : i64(0), binary(BinOp::mul, worker, i64(V)))));
+  slot.stripe = stripe;
   for (int operand : cached_inputs_)
-    out.push_back(async_copy(staged_of_.at(operand), slot.at, buffer_of_.at(operand),
-                             binary(BinOp::add, r(load_off_[operand]), slot.col), V, slot_count(slot, load_cols_),
-                             slot_aligned(slot, operand)));
+    out.push_back(whole(async_copy(staged_of_.at(operand), slot.at, buffer_of_.at(operand),
+                                   binary(BinOp::add, r(load_off_[operand]), slot.col), V, slot_count(slot, load_cols_),
+                                   slot_aligned(slot, operand))));
 }
 
 void RowLowering::load_staged(std::vector<Stmt>& out, Slot& slot, int operand) {
+  land_staged(out, slot);
   std::vector<int> regs;
   for (int j = 0; j < plan_.vector_elems; ++j)
     regs.push_back(k_.add_reg(decl(operand).name + std::to_string(k_.regs.size()), value_type(dtype(operand), real())));
-  out.push_back(staged_load(regs, staged_of_.at(operand), slot.at, slot_count(slot, load_cols_), 0.0f));
+  Stmt load = staged_load(regs, staged_of_.at(operand), slot.at, slot_count(slot, load_cols_), 0.0f);
+  load.whole = whole_;
+  out.push_back(std::move(load));
   slot.values[operand] = regs;
 }
 
@@ -1103,14 +1121,12 @@ std::vector<ChunkGroup> RowLowering::slot_groups(std::vector<Stmt>& out, std::ve
     }
     if (slot->at)
       g.reload = [this, &out, slot, inputs](int k) {
+        // Read as load_staged reads them, into fresh registers; the slot keeps its own.
         const int operand = prog_.nodes()[inputs.at(size_t(k))].operand;
-        std::vector<int> regs;
-        for (int j = 0; j < plan_.vector_elems; ++j)
-          regs.push_back(
-              k_.add_reg(decl(operand).name + std::to_string(k_.regs.size()), value_type(dtype(operand), real())));
-        out.push_back(staged_load(regs, staged_of_.at(operand), slot->at, slot_count(*slot, load_cols_), 0.0f));
+        Slot copy = *slot;
+        load_staged(out, copy, operand);
         std::vector<ExprPtr> vals;
-        for (int reg : regs) vals.push_back(r(reg));
+        for (int reg : copy.values.at(operand)) vals.push_back(r(reg));
         return vals;
       };
     if (whole_) {
@@ -1148,6 +1164,7 @@ void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& red
 void RowLowering::split_pass(std::vector<Stmt>& out, const std::vector<int>& reductions) {
   std::set<int> inputs = level_inputs(out, reductions);
   FastSplit split = program_fast_split(out, reductions, inputs);
+  land_all_staged(out);  // both paths below read staged slots
   const std::map<int, ExprPtr> row_values = row_values_;
   const std::map<std::string, ExprPtr> row_exprs = row_exprs_;
   const std::vector<Slot> cached = cached_;
@@ -1423,6 +1440,7 @@ RowLowering::FastSplit RowLowering::program_fast_split(std::vector<Stmt>& out, c
 std::vector<std::vector<int>> RowLowering::program_fast_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
                                                                const std::set<int>& inputs) {
   FastSplit split = program_fast_split(out, reductions, inputs);
+  land_all_staged(out);  // both paths below read staged slots
   std::vector<std::vector<int>> regs(reductions.size());
   for (size_t i = 0; i < reductions.size(); ++i)
     for (const ExprPtr& v : split.fast[i]) regs[i].push_back(assign_new(out, "acc", v));
@@ -1983,9 +2001,9 @@ std::vector<Stmt> RowLowering::row_body() {
       Slot slot;
       slot.col = stripe_col(i64(s));
       stage_slot(body, slot, s);
+      body.push_back(async_commit());  // one group a stripe
       cached_.push_back(std::move(slot));
     }
-    body.push_back(async_wait());
     if (plan_.column_loads == ColumnLoads::with_row) {
       body.push_back(comment("the output pass's per-column inputs, loaded with the row"));
       const std::set<int> columns = output_column_inputs();

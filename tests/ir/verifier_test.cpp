@@ -532,7 +532,7 @@ TEST(VerifierProof, AcceptsStagedLoadsAfterTheWaitOnEveryPath) {
 }
 
 TEST(VerifierProof, RejectsAStagedLoadBeforeItsWait) {
-  const std::string msg = "staged load of region 'xs' before an async wait after its async copy on some path";
+  const std::string msg = "staged load of region 'xs' before an async wait saw its async copy land on some path";
   Kernel k = staged_copy();
   k.body.erase(k.body.begin() + 1);
   EXPECT_TRUE(mentions(verify(k), msg));
@@ -542,6 +542,20 @@ TEST(VerifierProof, RejectsAStagedLoadBeforeItsWait) {
   k.body[1] = if_(lane_below(16), {async_wait()});
   EXPECT_TRUE(mentions(verify(k), msg));
   EXPECT_THROW(run_staged(k), cpu::ExecutionError);
+}
+
+// A wait leaving groups in flight lands the older ones only: the load of a copy in the newest
+// group is refused until a wait leaves none.
+TEST(VerifierProof, AsyncWaitsLandOnlyTheOlderGroups) {
+  const std::string msg = "staged load of region 'xs' before an async wait saw its async copy land on some path";
+  Kernel k = staged_copy();
+  k.body[1] = async_wait(1);  // the copy's group is the newest: still in flight
+  EXPECT_TRUE(mentions(verify(k), msg));
+  k.body.insert(k.body.begin() + 1, async_commit());  // the copy's group, then an empty one
+  EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
+  run_staged(k);
+  k.body[2] = async_wait(2);
+  EXPECT_TRUE(mentions(verify(k), msg));
 }
 
 TEST(VerifierProof, RejectsACopyIntoAStagedRegionAfterALoadOfIt) {

@@ -58,6 +58,7 @@ Kernel every_kind() {
   // A staged region: each lane copies a pair of x, waits, and reads it back.
   k.staged = {{"xs", DType::bf16, 64}};
   k.body.push_back(async_copy(0, at, 0, at, 2, param(0, Type::i64), row_aligned(0, at, 4)));
+  k.body.push_back(async_commit());
   k.body.push_back(async_wait());
   k.body.push_back(staged_load({v, t}, 0, at, param(0, Type::i64), 0.0f));
   return k;
@@ -80,6 +81,7 @@ class KindRecorder : public IRVisitor<KindRecorder> {
   void visit_remote_shared_push(const Stmt& s) { seen(s, Stmt::Kind::remote_shared_push); }
   void visit_exchange_wait(const Stmt& s) { seen(s, Stmt::Kind::exchange_wait); }
   void visit_async_copy(const Stmt& s) { seen(s, Stmt::Kind::async_copy); }
+  void visit_async_commit(const Stmt& s) { seen(s, Stmt::Kind::async_commit); }
   void visit_async_wait(const Stmt& s) { seen(s, Stmt::Kind::async_wait); }
   void visit_staged_load(const Stmt& s) { seen(s, Stmt::Kind::staged_load); }
   void visit_barrier(const Stmt& s) { seen(s, Stmt::Kind::barrier); }
@@ -257,6 +259,9 @@ TEST(Visitor, CountsAgreeWithAHandCountAndThePrintedIR) {
     EXPECT_EQ(occurrences(text, "for ("), size_t(stmts[int(Stmt::Kind::for_)]));
     EXPECT_EQ(occurrences(text, "] at cta "), size_t(stmts[int(Stmt::Kind::remote_shared_push)]));
     EXPECT_EQ(occurrences(text, "exchange_wait "), size_t(stmts[int(Stmt::Kind::exchange_wait)]));
+    EXPECT_EQ(occurrences(text, "async_copy"), size_t(stmts[int(Stmt::Kind::async_copy)]));
+    EXPECT_EQ(occurrences(text, "async_commit"), size_t(stmts[int(Stmt::Kind::async_commit)]));
+    EXPECT_EQ(occurrences(text, "} = staged_load"), size_t(stmts[int(Stmt::Kind::staged_load)]));
   }
   // Every kind but the remote load, which hand-written kernels use (the lowering pushes).
   for (int kind = 0; kind < kStmtKinds; ++kind)

@@ -333,6 +333,55 @@ inline std::vector<FamilyCase> plan_family_cases() {
                 out.push_back({c, family});
                 ++index;
               }
+  // Rows staged in shared memory (caching "shared": async copies, one row block a group, tails
+  // predicated): one warp or three, packed or not, aligned or not, both merges; then split over
+  // clusters of 2 and 16 groups.
+  for (int width : {32, 96})
+    for (bool packed : {false, true})
+      for (Alignment alignment : {Alignment::scalar_fallback, Alignment::require})
+        for (MergeStrategy merge : {MergeStrategy::combine, MergeStrategy::staged}) {
+          Case c;
+          c.op = ops[index % 4];
+          c.x = dtypes[(index / 4) % 3], c.y = dtypes[(index + 1) % 3], c.w = c.x;
+          const int v = 16 / std::max(dtype_size(c.x), dtype_size(c.y));
+          const int64_t base = width == 32 ? 300 : 1537;
+          c.cols = alignment == Alignment::require ? (base / v + 1) * v : base;
+          c.offset = alignment == Alignment::require ? 0 : 1;
+          c.y_offset = alignment == Alignment::require ? 0 : 3;
+          c.rows = packed ? 7 : 3;
+          c.seed = uint64_t(9000 + index);
+          PlanRequest& p = c.plan;
+          p.workers_per_program = width, p.vector_elems = v, p.caching = InputCaching::shared;
+          p.programs_per_group = packed ? 2 : 1, p.alignment = alignment, p.merge = merge;
+          p.barrier_scope = BarrierScope::group, p.tail = TailHandling::predicate, p.cache_format = CacheFormat::f32;
+          p.grid_limit = 0, p.stripe_unroll = 1, p.resident_groups = 1 + index % 2;
+          out.push_back({c, "shared w" + std::to_string(width) + (packed ? " packed " : " single ") +
+                                to_string(alignment) + " " + to_string(merge)});
+          ++index;
+        }
+  for (int ctas : {2, 16})
+    for (int width : {32, 128})
+      for (MergeStrategy merge : {MergeStrategy::combine, MergeStrategy::staged}) {
+        Case c;
+        c.op = ops[index % 4];
+        const bool require = index % 2 == 0;
+        c.x = dtypes[(index / 4) % 3], c.y = dtypes[(index + 1) % 3], c.w = c.x;
+        const int v = 16 / std::max(dtype_size(c.x), dtype_size(c.y));
+        const int64_t span = int64_t(ctas) * width * v * 2;
+        c.cols = require ? span : span - 13;
+        c.offset = require ? 0 : 1;
+        c.y_offset = require ? 0 : 3;
+        c.rows = 3;
+        c.seed = uint64_t(9000 + index);
+        PlanRequest& p = c.plan;
+        p.ctas_per_program = ctas, p.workers_per_program = width, p.vector_elems = v, p.programs_per_group = 1;
+        p.caching = InputCaching::shared, p.alignment = require ? Alignment::require : Alignment::scalar_fallback;
+        p.merge = merge, p.barrier_scope = BarrierScope::group, p.tail = TailHandling::predicate;
+        p.cache_format = CacheFormat::f32, p.grid_limit = 0, p.stripe_unroll = 1, p.resident_groups = 1;
+        out.push_back({c, "shared-cluster" + std::to_string(ctas) + " w" + std::to_string(width) + " " +
+                              to_string(*p.alignment) + " " + to_string(merge)});
+        ++index;
+      }
   // Rows split over the groups of a cluster (one program a group, cached in registers, one row
   // block a cluster): two cluster sizes, one to four warps, both merges; tails, alignment and
   // the cache format rotate. Rows span every group of the cluster.
@@ -369,7 +418,7 @@ inline std::vector<FamilyCase> plan_family_cases() {
 // Long rows split over the groups of a cluster, read from memory once: the four operators in
 // fp32 and bf16 at 64K, 128K and 256K columns, each with the cluster size the policy picks for
 // register caching on a target with clusters of up to 16 groups (the rest of the plan is the
-// policy's too).
+// policy's too), and at 64K and 256K staged in shared memory (caching "shared") instead.
 inline std::vector<Case> cluster_sweep() {
   std::vector<Case> cases;
   uint64_t seed = 12000;
@@ -383,6 +432,14 @@ inline std::vector<Case> cluster_sweep() {
         c.plan.caching = InputCaching::registers;
         c.plan.ctas_per_program =
             choose_plan(PlanInputs::for_rows(dt, dt, c.rows, cols, 0, 0, DType::f32), c.plan, clusters).ctas_per_program;
+        cases.push_back(c);
+        if (cols == 131072) continue;
+        // Staged in shared memory instead, on the policy's staged cluster (64 KiB a group).
+        c.plan = {};
+        c.plan.caching = InputCaching::shared, c.seed = seed++;
+        c.plan.ctas_per_program =
+            choose_plan(PlanInputs::for_rows(dt, dt, c.rows, cols, 0, 0, DType::f32), c.plan, clusters)
+                .ctas_per_program;
         cases.push_back(c);
       }
   return cases;

@@ -49,7 +49,8 @@ enum class Op : uint8_t {
   push,         // shared[exchange region b][a] of the cluster's group of rank c = d
   exchange_wait,  // wait until exchange region b of this group has all its pushes; a = sync label
   async_copy,   // a = StagedOp index
-  async_wait,   // this worker's async copies have landed
+  async_commit, // closes this worker's open group of async copies
+  async_wait,   // closes the open group; every group but the a newest has landed
   staged_load,  // a = StagedOp index
   shfl,         // d = src a of lane ^ (b & 255) (of lane b & 255 of the segment where b & 65536),
                 // segment width (b >> 8) & 255, label c
@@ -466,7 +467,7 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
     need(s.at && s.index && s.valid && s.aligned && s.at->type == Type::i64 && is_int(s.index->type) &&
              is_int(s.valid->type) && s.aligned->type == Type::b1,
          "async copy needs an i64 offset, integer index and valid, and a b1 alignment condition");
-    StagedOp op{{s.buffer, s.width, false, false, false, k_.real == Type::f64, 0.0f, 0, 0, 0, 0}, s.region, 0};
+    StagedOp op{{s.buffer, s.width, false, false, s.whole, k_.real == Type::f64, 0.0f, 0, 0, 0, 0}, s.region, 0};
     op.at = expr(s.at.get());
     op.m.index = expr(s.index.get());
     op.m.valid = expr(s.valid.get());
@@ -474,15 +475,20 @@ class Compiler : public ir::IRVisitor<Compiler, int32_t> {
     code_.ins.push_back({Op::async_copy, 0, int32_t(code_.staged.size())});
     code_.staged.push_back(op);
   }
-  void visit_async_wait(const Stmt&) { code_.ins.push_back({Op::async_wait}); }
+  void visit_async_commit(const Stmt&) { code_.ins.push_back({Op::async_commit}); }
+  void visit_async_wait(const Stmt& s) {
+    need(s.offset >= 0, "async wait leaving ", s.offset, " groups in flight");
+    code_.ins.push_back({Op::async_wait, 0, s.offset});
+  }
   void visit_staged_load(const Stmt& s) {
     need(s.region >= 0 && s.region < int(k_.staged.size()), "staged load from a staged region that does not exist");
     need(s.width >= 1 && int(s.dsts.size()) == s.width, "staged load width does not match its registers");
     need(s.at && s.valid && s.at->type == Type::i64 && is_int(s.valid->type),
          "staged load needs an i64 offset and an integer valid");
-    StagedOp op{{-1, s.width, false, false, false, k_.real == Type::f64, s.fill, 0, 0, 0, int32_t(code_.lists.size())},
-                s.region,
-                0};
+    StagedOp op{
+        {-1, s.width, false, false, s.whole, k_.real == Type::f64, s.fill, 0, 0, 0, int32_t(code_.lists.size())},
+        s.region,
+        0};
     for (int r : s.dsts) code_.lists.push_back(reg_slot(r, k_.real, "a staged load"));
     op.at = expr(s.at.get());
     op.m.valid = expr(s.valid.get());
@@ -574,7 +580,8 @@ class Runner {
         waited_(size_t(N_) * k.shared.size()),
         arrivals_(N_),
         staged_(size_t(C_) * size_t(k.staged_bytes())),
-        waits_(N_),
+        open_(N_),
+        landed_(N_),
         reg_init_(k.regs.size()) {
     for (size_t g = 0; g < k.staged.size(); ++g) {
       staged_first_.push_back(SE_);
@@ -659,7 +666,8 @@ class Runner {
     std::fill(arrivals_.begin(), arrivals_.end(), 0);
     std::fill(staged_.begin(), staged_.end(), uint8_t(0xff));  // NaN bits; never read uncopied
     std::fill(elems_.begin(), elems_.end(), StagedElem{});
-    std::fill(waits_.begin(), waits_.end(), 0u);
+    std::fill(open_.begin(), open_.end(), 0u);
+    std::fill(landed_.begin(), landed_.end(), 0u);
     std::fill(pc_.begin(), pc_.end(), 0);
     std::fill(state_.begin(), state_.end(), kReady);
     for (int t = 0; t < N_; ++t) {
@@ -820,8 +828,12 @@ class Runner {
         case Op::async_copy:
           async_copy(t, r, code_.staged[in.a]);
           break;
+        case Op::async_commit:
+          ++open_[t];
+          break;
         case Op::async_wait:
-          ++waits_[t];
+          ++open_[t];
+          landed_[t] = std::max(landed_[t], open_[t] - std::min<uint32_t>(open_[t], uint32_t(in.a)));
           break;
         case Op::staged_load:
           staged_load(t, r, code_.staged[in.a]);
@@ -886,7 +898,7 @@ class Runner {
 
   // A whole access outside the vector path: only valid <= 0 is allowed; a clamped load then
   // reads the vector ending at index + valid, whose values are discarded.
-  void whole_miss(int t, Slot* r, const MemOp& m, const char* what) {
+  void whole_miss(int t, const Slot* r, const MemOp& m, const char* what) {
     const int64_t index = r[m.index].i, valid = r[m.valid].i;
     if (valid > 0)
       fail(t, std::string("partial whole-vector ") + what + ": " + std::to_string(valid) + " of " +
@@ -1028,6 +1040,7 @@ class Runner {
     const int64_t at = r[op.at].i, index = r[m.index].i;
     const int64_t n = std::clamp<int64_t>(r[m.valid].i, 0, m.width);
     const bool vector = vector_path(t, r, m, "async copy");
+    if (m.whole && !vector) return whole_miss(t, r, m, "async copy");
     if (vector) staged_vector(t, op, at, "async copy into");
     const uint8_t* src = static_cast<const uint8_t*>(args_.buffers[m.buffer].data);
     uint8_t* dst = staged_data(t, op);
@@ -1038,13 +1051,14 @@ class Runner {
       if (el.owner >= 0 && el.owner != t)
         fail(t, "async copy into " + where + ", which worker " + std::to_string(el.owner % T_) +
                     " copied (each staged element belongs to one worker)");
-      if (el.owner == t && el.wait == waits_[t])
-        fail(t, "second async copy into " + where + " before an async wait (the two copies may land in either order)");
+      if (el.owner == t && el.wait >= landed_[t])
+        fail(t,
+             "second async copy into " + where + " before the first landed (the two copies may land in either order)");
       if (el.owner == t && el.read)
         fail(t, "async copy into " + where +
                     " after this worker read it (the asynchronous write would race with the read)");
       std::memcpy(dst + (at + j) * es, src + (index + j) * es, size_t(es));
-      el = {t, waits_[t], false};
+      el = {t, open_[t], false};
     }
     if (vector)
       ++(m.width > 1 ? stats_.vector_accesses : stats_.scalar_accesses);
@@ -1059,6 +1073,9 @@ class Runner {
     const ir::StagedRegion& reg = k_.staged[op.region];
     const int32_t* dst = &code_.lists[m.regs];
     const int64_t at = r[op.at].i, valid = r[m.valid].i;
+    if (m.whole && valid > 0 && valid < m.width)
+      fail(t, "partial whole-vector staged load: " + std::to_string(valid) + " of " + std::to_string(m.width) +
+                  " elements of staged region '" + reg.name + "' in the row");
     if (valid >= m.width) staged_vector(t, op, at, "staged load from");
     const uint8_t* data = staged_data(t, op);
     for (int j = 0; j < m.width; ++j) {
@@ -1073,12 +1090,12 @@ class Runner {
       StagedElem& el = staged_elem(t, op, at + j, "staged load from");
       const std::string where = "staged region '" + reg.name + "' element " + std::to_string(at + j);
       if (el.owner < 0) fail(t, "staged load of " + where + ", which no async copy wrote");
-      if (el.owner != t || el.wait == waits_[t])
+      if (el.owner != t || el.wait >= landed_[t])
         throw ExecutionError("data race on " + where + ": worker " + std::to_string(t % T_) + " of group " +
                              std::to_string(group_of(t)) +
                              (el.owner != t ? " reads it, but worker " + std::to_string(el.owner % T_) +
                                                   " copied it (a worker reads only the elements it copied)"
-                                            : " reads it before its async wait (its async copy may not have landed)") +
+                                            : " reads it before an async wait saw its copy land (it may not have)") +
                              ", in kernel '" + k_.name + "'");
       el.read = true;
       if (m.f64)
@@ -1399,7 +1416,9 @@ class Runner {
   std::vector<uint8_t> waited_;   // (N_, regions): the worker passed the region's exchange wait
   std::vector<int> arrivals_;     // per worker: cluster arrives so far
   std::vector<uint8_t> staged_;   // (C_, staged bytes): staged regions as stored, at staged_offset
-  std::vector<uint32_t> waits_;   // per worker: async waits passed
+  // Per worker: the group its async copies go to now (groups are numbered from 0 as they
+  // open), and the groups before `landed_` have landed.
+  std::vector<uint32_t> open_, landed_;
   std::vector<int64_t> staged_first_;  // per staged region: its first element in elems_ of a group
   int64_t SE_ = 0;                     // staged elements per group
   std::vector<StagedElem> elems_;      // (C_, SE_)

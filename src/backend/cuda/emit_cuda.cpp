@@ -482,11 +482,18 @@ class CudaEmitter : public IRPrinter {
     line("const long long tile_n = " + visit(*s.valid) + ";");
     if (bytes >= 4) {
       const int chunk = std::min(16, bytes);
-      line("if (" + visit(*s.aligned) + " && tile_n >= " + std::to_string(s.width) + ") {");
+      line(s.whole ? "if (tile_n >= " + std::to_string(s.width) + ") {"
+                   : "if (" + visit(*s.aligned) + " && tile_n >= " + std::to_string(s.width) + ") {");
       for (int c = 0; c < bytes / chunk; ++c) {
         const std::string at = std::to_string(c * chunk / es);
         line("  tile_async_copy<" + std::to_string(chunk) + ">(tile_s + " + at + ", " + b.name + " + tile_i + " + at +
              ");");
+      }
+      if (s.whole) {  // all or nothing: no element path
+        line("}");
+        --indent_;
+        line("}");
+        return;
       }
       line("} else {");
     } else {
@@ -499,7 +506,12 @@ class CudaEmitter : public IRPrinter {
     --indent_;
     line("}");
   }
-  void visit_async_wait(const Stmt&) override { line("tile_async_wait();  // this worker's async copies have landed"); }
+  void visit_async_commit(const Stmt&) override { line("tile_async_commit();"); }
+  // At most 7 groups are left in flight (cp.async.wait_group's range); more lands early.
+  void visit_async_wait(const Stmt& s) override {
+    line("tile_async_wait<" + std::to_string(std::min(s.offset, 7)) +
+         ">();  // older copies of this worker have landed");
+  }
   void visit_staged_load(const Stmt& s) override {
     const StagedRegion& r = k_.staged[size_t(s.region)];
     const int es = dtype_size(r.dtype), bytes = s.width * es;
@@ -546,8 +558,10 @@ class CudaEmitter : public IRPrinter {
     }
     line("} else {");
     for (int j = 0; j < s.width; ++j)
-      line("  " + reg_name(s.dsts[size_t(j)]) + " = " + std::to_string(j) + " < tile_n ? " +
-           value("tile_s[" + std::to_string(j) + "]") + " : " + fill + ";");
+      line("  " + reg_name(s.dsts[size_t(j)]) + " = " +
+           (s.whole ? fill
+                    : std::to_string(j) + " < tile_n ? " + value("tile_s[" + std::to_string(j) + "]") + " : " + fill) +
+           ";");
     line("}");
     --indent_;
     line("}");

@@ -605,6 +605,25 @@ TEST(Executor, StagedRegionsHoldTheBitsAsStoredAndConvertOnLoad) {
   EXPECT_EQ(st.scalar_accesses, 2 * 2 + 2 * StagedRows::kCols);
 }
 
+// Groups of copies: with the xs copy committed first and the hs copy after, a wait leaving one
+// group in flight lands xs only; reading hs then is a race, and a wait leaving none lands it.
+TEST(Executor, AsyncWaitsLandTheOlderGroups) {
+  StagedRows rows;
+  Kernel k = staged_copy_kernel();
+  k.body.insert(k.body.begin() + 3, async_commit());  // [2] xs copy, [3] commit, [4] hs copy, [5] wait
+  k.body[5] = async_wait(1);
+  Kernel reads_xs_only = k;  // up to the xs staged load
+  reads_xs_only.body.erase(reads_xs_only.body.begin() + 7, reads_xs_only.body.end());
+  EXPECT_NO_THROW(execute(reads_xs_only, rows.args()));
+  const std::string err = error_of([&] { execute(k, rows.args()); });
+  EXPECT_NE(err.find("data race on staged region 'hs' element 0: worker 0 of group 0 reads it before an async wait saw "
+                     "its copy land"),
+            std::string::npos)
+      << err;
+  k.body[5] = async_wait(0);
+  EXPECT_NO_THROW(execute(k, rows.args()));
+}
+
 TEST(Executor, StagedLoadsReadOnlyTheWorkersOwnLandedCopies) {
   StagedRows rows;
   auto error = [&](const std::function<void(Kernel&)>& flaw) {
@@ -615,7 +634,8 @@ TEST(Executor, StagedLoadsReadOnlyTheWorkersOwnLandedCopies) {
   const ExprPtr col = reg(0, Type::i64);
   // Read before the async wait: the copy may not have landed.
   std::string err = error([](Kernel& k) { k.body.erase(k.body.begin() + 4); });
-  EXPECT_NE(err.find("data race on staged region 'xs' element 0: worker 0 of group 0 reads it before its async wait"),
+  EXPECT_NE(err.find("data race on staged region 'xs' element 0: worker 0 of group 0 reads it before an async wait saw "
+                     "its copy land"),
             std::string::npos)
       << err;
   // Another worker's element, even after a group barrier: only its copier waited for it.
@@ -641,7 +661,7 @@ TEST(Executor, StagedLoadsReadOnlyTheWorkersOwnLandedCopies) {
     const Stmt copy = k.body[2];
     k.body.insert(k.body.begin() + 3, copy);
   });
-  EXPECT_NE(err.find("second async copy into staged region 'xs' element 0 before an async wait"), std::string::npos)
+  EXPECT_NE(err.find("second async copy into staged region 'xs' element 0 before the first landed"), std::string::npos)
       << err;
   err = error([](Kernel& k) {
     const Stmt copy = k.body[2];

@@ -244,8 +244,16 @@ TILE_DEVICE void tile_async_copy(void* shared, const void* global) {
     *reinterpret_cast<unsigned*>(shared) = *reinterpret_cast<const unsigned*>(global);
 #endif
 }
+TILE_DEVICE void tile_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" : : : "memory");
+#endif
+}
+// Commits the open group, then waits until at most InFlight groups are pending.
+template <int InFlight>
 TILE_DEVICE void tile_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;" : : : "memory");
+  asm volatile("cp.async.commit_group;" : : : "memory");
+  asm volatile("cp.async.wait_group %0;" : : "n"(InFlight) : "memory");
 #endif
 }
