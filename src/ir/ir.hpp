@@ -127,8 +127,8 @@ struct Stmt {
                          // copies: the worker may read the elements once an async_wait has seen
                          // that group land, and no other worker may read them
     async_commit,        // closes the worker's open group of copies (later copies open another)
-    async_wait,          // closes the open group, then waits until at most `offset` of the worker's
-                         // groups are in flight: every copy of the older ones has landed
+    async_wait,          // closes the open group if it holds copies, then waits until at most
+                         // `offset` of the worker's groups are in flight: the older ones landed
     staged_load,         // regs[dsts[j]] = staged[region][at + j] converted to the kernel's float type
                          // for j < min(width, valid), `fill` for the others; only elements this
                          // worker copied, after they landed

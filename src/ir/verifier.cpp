@@ -764,7 +764,7 @@ class StagedOrder : public IRVisitor<StagedOrder> {
     st.open.clear();
   }
   void visit_async_wait(const Stmt& s, State& st) {
-    visit_async_commit(s, st);
+    if (!st.open.empty()) visit_async_commit(s, st);
     while (st.groups.size() > size_t(std::max(0, s.offset))) st.groups.erase(st.groups.begin());
   }
   // A load at the offset of a copy still in flight (by the same expression) reads what may not

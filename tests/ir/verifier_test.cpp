@@ -544,17 +544,19 @@ TEST(VerifierProof, RejectsAStagedLoadBeforeItsWait) {
   EXPECT_THROW(run_staged(k), cpu::ExecutionError);
 }
 
-// A wait leaving groups in flight lands the older ones only: the load of a copy in the newest
-// group is refused until a wait leaves none.
+// A wait leaving groups in flight lands the older ones only (it closes the open group where
+// that holds copies): the load of a copy in one of the newest groups is refused.
 TEST(VerifierProof, AsyncWaitsLandOnlyTheOlderGroups) {
   const std::string msg = "staged load of region 'xs' before an async wait saw its async copy land on some path";
   Kernel k = staged_copy();
   k.body[1] = async_wait(1);  // the copy's group is the newest: still in flight
   EXPECT_TRUE(mentions(verify(k), msg));
-  k.body.insert(k.body.begin() + 1, async_commit());  // the copy's group, then an empty one
+  k.body.insert(k.body.begin() + 1, async_commit());  // the copy's group alone: still the newest
+  EXPECT_TRUE(mentions(verify(k), msg));
+  k.body.insert(k.body.begin() + 2, async_commit());  // then an empty group after it
   EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
   run_staged(k);
-  k.body[2] = async_wait(2);
+  k.body[3] = async_wait(2);
   EXPECT_TRUE(mentions(verify(k), msg));
 }
 

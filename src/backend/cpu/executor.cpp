@@ -50,7 +50,7 @@ enum class Op : uint8_t {
   exchange_wait,  // wait until exchange region b of this group has all its pushes; a = sync label
   async_copy,   // a = StagedOp index
   async_commit, // closes this worker's open group of async copies
-  async_wait,   // closes the open group; every group but the a newest has landed
+  async_wait,   // closes the open group if it holds copies; every group but the a newest landed
   staged_load,  // a = StagedOp index
   shfl,         // d = src a of lane ^ (b & 255) (of lane b & 255 of the segment where b & 65536),
                 // segment width (b >> 8) & 255, label c
@@ -582,6 +582,7 @@ class Runner {
         staged_(size_t(C_) * size_t(k.staged_bytes())),
         open_(N_),
         landed_(N_),
+        open_copies_(N_),
         reg_init_(k.regs.size()) {
     for (size_t g = 0; g < k.staged.size(); ++g) {
       staged_first_.push_back(SE_);
@@ -668,6 +669,7 @@ class Runner {
     std::fill(elems_.begin(), elems_.end(), StagedElem{});
     std::fill(open_.begin(), open_.end(), 0u);
     std::fill(landed_.begin(), landed_.end(), 0u);
+    std::fill(open_copies_.begin(), open_copies_.end(), uint8_t(0));
     std::fill(pc_.begin(), pc_.end(), 0);
     std::fill(state_.begin(), state_.end(), kReady);
     for (int t = 0; t < N_; ++t) {
@@ -829,10 +831,10 @@ class Runner {
           async_copy(t, r, code_.staged[in.a]);
           break;
         case Op::async_commit:
-          ++open_[t];
+          ++open_[t], open_copies_[t] = 0;
           break;
         case Op::async_wait:
-          ++open_[t];
+          if (open_copies_[t]) ++open_[t], open_copies_[t] = 0;
           landed_[t] = std::max(landed_[t], open_[t] - std::min<uint32_t>(open_[t], uint32_t(in.a)));
           break;
         case Op::staged_load:
@@ -1059,6 +1061,7 @@ class Runner {
                     " after this worker read it (the asynchronous write would race with the read)");
       std::memcpy(dst + (at + j) * es, src + (index + j) * es, size_t(es));
       el = {t, open_[t], false};
+      open_copies_[t] = 1;
     }
     if (vector)
       ++(m.width > 1 ? stats_.vector_accesses : stats_.scalar_accesses);
@@ -1419,6 +1422,7 @@ class Runner {
   // Per worker: the group its async copies go to now (groups are numbered from 0 as they
   // open), and the groups before `landed_` have landed.
   std::vector<uint32_t> open_, landed_;
+  std::vector<uint8_t> open_copies_;   // per worker: its open group holds a copy
   std::vector<int64_t> staged_first_;  // per staged region: its first element in elems_ of a group
   int64_t SE_ = 0;                     // staged elements per group
   std::vector<StagedElem> elems_;      // (C_, SE_)

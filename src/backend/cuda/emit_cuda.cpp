@@ -475,6 +475,7 @@ class CudaEmitter : public IRPrinter {
     const Buffer& b = k_.buffers[s.buffer];
     const StagedRegion& r = k_.staged[size_t(s.region)];
     const int es = dtype_size(r.dtype), bytes = s.width * es;
+    open_copies_ = true;
     line("{  // async copy " + b.name + " -> " + r.name + ", " + std::to_string(s.width) + " elements");
     ++indent_;
     line(std::string(element_type(r.dtype)) + "* tile_s = " + staged_pointer(s, false) + ";");
@@ -506,10 +507,16 @@ class CudaEmitter : public IRPrinter {
     --indent_;
     line("}");
   }
-  void visit_async_commit(const Stmt&) override { line("tile_async_commit();"); }
-  // At most 7 groups are left in flight (cp.async.wait_group's range); more lands early.
+  void visit_async_commit(const Stmt&) override {
+    line("tile_async_commit();");
+    open_copies_ = false;
+  }
+  // A wait commits the open group where a copy may be in it (on some path since the last
+  // commit); an empty group would count as in flight and make later waits land more.
   void visit_async_wait(const Stmt& s) override {
-    line("tile_async_wait<" + std::to_string(std::min(s.offset, 7)) +
+    if (open_copies_) line("tile_async_commit();");
+    open_copies_ = false;
+    line("tile_async_wait<" + std::to_string(std::min(s.offset, 63)) +
          ">();  // older copies of this worker have landed");
   }
   void visit_staged_load(const Stmt& s) override {
@@ -583,6 +590,7 @@ class CudaEmitter : public IRPrinter {
 
  private:
   std::vector<std::string> names_;
+  bool open_copies_ = false;  // an async copy may be in the open group (program order)
 };
 
 }  // namespace

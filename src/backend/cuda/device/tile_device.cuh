@@ -249,11 +249,10 @@ TILE_DEVICE void tile_async_commit() {
   asm volatile("cp.async.commit_group;" : : : "memory");
 #endif
 }
-// Commits the open group, then waits until at most InFlight groups are pending.
+// Waits until at most InFlight of this thread's committed groups are pending.
 template <int InFlight>
 TILE_DEVICE void tile_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" : : : "memory");
   asm volatile("cp.async.wait_group %0;" : : "n"(InFlight) : "memory");
 #endif
 }
