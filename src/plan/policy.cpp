@@ -39,6 +39,9 @@ constexpr int kClusterWidth = 256;
 // power-of-two cluster that holds the row that way.
 constexpr int kStagedWidth = 256;
 constexpr int64_t kStagedGroupBytes = 64 * 1024;
+// Elements a worker of a staged plan holds at most (its unrolled stripes x vector_elems): a bf16
+// row of 1,048,576 on 16 groups of 256 takes 256.
+constexpr int64_t kMaxStagedElems = 256;
 constexpr int64_t kClusterSliceScalars = 64;
 // Where 16 such groups cannot hold a row, a request for register caching widens them to 512,
 // then 1024 workers of at most 32 scalars (index math needs the rest of their registers).
@@ -602,6 +605,12 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
            "cache_format \"f32\"",
            "grid_limit " + str(p.grid_limit) + ", row_head \"" + to_string(p.row_head) + "\", tail \"" +
                to_string(p.tail) + "\", cache_format \"" + to_string(p.cache_format) + "\"");
+    // Its stripes are unrolled, as a register cache's are: the kernel grows with them.
+    if (int64_t(p.stripes) * V > kMaxStagedElems)
+      fail("caching",
+           "\"shared\" with at most " + str(kMaxStagedElems) +
+               " staged elements a worker (stripes x vector_elems; the stripes are unrolled): more workers or groups",
+           "stripes x vector_elems = " + str(p.stripes) + " x " + str(V) + " = " + str(int64_t(p.stripes) * V));
     const int64_t staged = staged_bytes(in, p);
     const int64_t merges = merge_shared_bytes(in, p);
     if (staged + merges > limits.max_staged_bytes)

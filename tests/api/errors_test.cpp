@@ -399,7 +399,9 @@ TEST(ArgumentErrors, PlanJsonNamesTheField) {
     PlanRequest::from_json(R"({"caching": "sometimes"})");
     ADD_FAILURE();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("\"registers\" or \"reread\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("expected \"registers\", \"reread\" or \"shared\", got \"sometimes\""),
+              std::string::npos)
+        << e.what();
   }
 }
 

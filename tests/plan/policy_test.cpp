@@ -509,6 +509,14 @@ TEST(Policy, StagedPlansAreValidatedFieldByField) {
       std::string::npos)
       << error(q, clusters, in);
   EXPECT_NE(error(q, clusters, in).find("= 262144 bytes staged"), std::string::npos) << error(q, clusters, in);
+  // One worker a row, 1024 stripes: the unrolled kernel would be huge.
+  q = choose_plan(short_rows, r, clusters), q.workers_per_program = 1, q.programs_per_group = 32, q.stripes = 1024;
+  EXPECT_NE(error(q, clusters, short_rows)
+                .find("'plan.caching': expected \"shared\" with at most 256 staged elements a worker (stripes x "
+                      "vector_elems; the stripes are unrolled): more workers or groups, got stripes x vector_elems = "
+                      "1024 x 4 = 4096"),
+            std::string::npos)
+      << error(q, clusters, short_rows);
   DeviceLimits small = clusters;
   small.max_staged_bytes = 32 * 1024;
   EXPECT_NE(error(p, small, in).find("within 32768 bytes"), std::string::npos) << error(p, small, in);

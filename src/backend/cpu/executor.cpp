@@ -1049,15 +1049,16 @@ class Runner {
     for (int64_t j = 0; j < n; ++j) {
       if (!vector) check_element(t, m, index + j, "async copy");
       StagedElem& el = staged_elem(t, op, at + j, "async copy into");
-      const std::string where = "staged region '" + reg.name + "' element " + std::to_string(at + j);
+      // The element's name only for an error: the loop runs once a copied element.
+      auto where = [&] { return "staged region '" + reg.name + "' element " + std::to_string(at + j); };
       if (el.owner >= 0 && el.owner != t)
-        fail(t, "async copy into " + where + ", which worker " + std::to_string(el.owner % T_) +
+        fail(t, "async copy into " + where() + ", which worker " + std::to_string(el.owner % T_) +
                     " copied (each staged element belongs to one worker)");
       if (el.owner == t && el.wait >= landed_[t])
-        fail(t,
-             "second async copy into " + where + " before the first landed (the two copies may land in either order)");
+        fail(t, "second async copy into " + where() +
+                    " before the first landed (the two copies may land in either order)");
       if (el.owner == t && el.read)
-        fail(t, "async copy into " + where +
+        fail(t, "async copy into " + where() +
                     " after this worker read it (the asynchronous write would race with the read)");
       std::memcpy(dst + (at + j) * es, src + (index + j) * es, size_t(es));
       el = {t, open_[t], false};
@@ -1091,10 +1092,10 @@ class Runner {
         continue;
       }
       StagedElem& el = staged_elem(t, op, at + j, "staged load from");
-      const std::string where = "staged region '" + reg.name + "' element " + std::to_string(at + j);
-      if (el.owner < 0) fail(t, "staged load of " + where + ", which no async copy wrote");
+      auto where = [&] { return "staged region '" + reg.name + "' element " + std::to_string(at + j); };
+      if (el.owner < 0) fail(t, "staged load of " + where() + ", which no async copy wrote");
       if (el.owner != t || el.wait >= landed_[t])
-        throw ExecutionError("data race on " + where + ": worker " + std::to_string(t % T_) + " of group " +
+        throw ExecutionError("data race on " + where() + ": worker " + std::to_string(t % T_) + " of group " +
                              std::to_string(group_of(t)) +
                              (el.owner != t ? " reads it, but worker " + std::to_string(el.owner % T_) +
                                                   " copied it (a worker reads only the elements it copied)"
