@@ -572,6 +572,35 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
   std::vector<std::string> errors_;
 };
 
+// A walk of every path through a kernel, for order rules: an if joins its arms' states
+// (Self::join), a loop iterates its head's state to a fixed point (the body runs zero or more
+// times), and statements other than those Self handles change nothing.
+template <typename Self>
+class PathOrder : public IRVisitor<Self> {
+ public:
+  template <typename State>
+  void visit_if(const Stmt& s, State& st) {
+    State a = st, b = st;
+    this->visit_block(s.body, a);
+    this->visit_block(s.else_body, b);
+    st = Self::join(a, b);
+  }
+  template <typename State>
+  void visit_for(const Stmt& s, State& st) {
+    State head = st;
+    for (;;) {
+      State out = head;
+      this->visit_block(s.body, out);
+      State next = Self::join(head, out);
+      if (next == head) break;
+      head = next;
+    }
+    st = head;
+  }
+  template <typename... Ctx>
+  void visit_children(const Stmt&, Ctx&&...) {}
+};
+
 // The order of cluster barriers, remote accesses and exchange waits along every path: a remote
 // read or push needs a cluster barrier passed on every path before it (the other groups of the
 // cluster are then known to have started, their shared memory written before it visible and
@@ -579,7 +608,7 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
 // cluster barrier (the group read could have exited); an exchange region is read only after its
 // wait on every path, waited at most once on any path, and waited on every path before the end
 // (its group cannot exit before the pushes into it land).
-class ClusterOrder : public IRVisitor<ClusterOrder> {
+class ClusterOrder : public PathOrder<ClusterOrder> {
  public:
   struct State {
     bool synced = false;   // a cluster barrier (whole or split) was passed on every path
@@ -607,6 +636,7 @@ class ClusterOrder : public IRVisitor<ClusterOrder> {
 
  private:
   friend class IRVisitor<ClusterOrder>;
+  friend class PathOrder<ClusterOrder>;
   static State join(State a, State b) {
     State j{a.synced && b.synced, a.published && b.published, a.pending || b.pending, {}, a.waited_any,
             a.arrived_all && b.arrived_all, a.arrived_any || b.arrived_any};
@@ -657,26 +687,6 @@ class ClusterOrder : public IRVisitor<ClusterOrder> {
                         "writes not published; a split barrier publishes none)");
     st.pending = true;
   }
-  void visit_if(const Stmt& s, State& st) {
-    State a = st, b = st;
-    visit_block(s.body, a);
-    visit_block(s.else_body, b);
-    st = join(a, b);
-  }
-  void visit_for(const Stmt& s, State& st) {
-    // The body runs zero or more times: iterate the loop head's state to a fixed point.
-    State head = st;
-    for (;;) {
-      State out = head;
-      visit_block(s.body, out);
-      State next = join(head, out);
-      if (next == head) break;
-      head = next;
-    }
-    st = head;
-  }
-  template <typename... Ctx>
-  void visit_children(const Stmt&, Ctx&&...) {}  // no other statement changes the order
 
   std::string region_name(const Stmt& s) const {
     return s.region >= 0 && s.region < int(k_.shared.size()) ? k_.shared[s.region].name : "?";
@@ -695,7 +705,7 @@ void Verifier::check_cluster_order() {
 // needs the group of each copy into its region at its offset landed (an async wait leaving
 // fewer groups in flight), and no copy into a region may follow a staged load of it (the
 // asynchronous write would race with the read).
-class StagedOrder : public IRVisitor<StagedOrder> {
+class StagedOrder : public PathOrder<StagedOrder> {
  public:
   // A copy by its region and offset expression. Groups of copies in flight on some path,
   // oldest first, and the open group; regions staged-loaded on some path.
@@ -742,6 +752,7 @@ class StagedOrder : public IRVisitor<StagedOrder> {
 
  private:
   friend class IRVisitor<StagedOrder>;
+  friend class PathOrder<StagedOrder>;
   // Groups aligned from the newest: a copy in flight on either path stays in flight.
   static State join(State a, const State& b) {
     if (a.groups.size() < b.groups.size()) a.groups.insert(a.groups.begin(), b.groups.size() - a.groups.size(), {});
@@ -781,26 +792,6 @@ class StagedOrder : public IRVisitor<StagedOrder> {
                         "' before an async wait saw its async copy land on some path (the copy may not have landed)");
     st.read.insert(s.region);
   }
-  void visit_if(const Stmt& s, State& st) {
-    State a = st, b = st;
-    visit_block(s.body, a);
-    visit_block(s.else_body, b);
-    st = join(a, b);
-  }
-  void visit_for(const Stmt& s, State& st) {
-    // Rejected elsewhere (staged regions are single-phase), yet iterated as ClusterOrder does.
-    State head = st;
-    for (;;) {
-      State out = head;
-      visit_block(s.body, out);
-      State next = join(head, out);
-      if (next == head) break;
-      head = next;
-    }
-    st = head;
-  }
-  template <typename... Ctx>
-  void visit_children(const Stmt&, Ctx&&...) {}  // no other statement changes the order
 
   std::string region_name(const Stmt& s) const {
     return s.region >= 0 && s.region < int(k_.staged.size()) ? k_.staged[size_t(s.region)].name : "?";

@@ -464,6 +464,8 @@ class RowLowering {
   // region, and (after the async wait) the slot's values read back from there into fresh
   // registers, its memoised values forgotten: each pass reads the worker's elements again, so
   // no register holds them across a merge.
+  // The slot's column, and how much of its vector lies in the row, in registers.
+  void place_slot(std::vector<Stmt>& out, Slot& slot);
   void stage_slot(std::vector<Stmt>& out, Slot& slot, int stripe);
   void load_staged(std::vector<Stmt>& out, Slot& slot, int operand);
   // Forgets a staged slot's values and what was computed from them: the next use reads them
@@ -502,6 +504,7 @@ class RowLowering {
   void column_inputs_of(int node, std::set<int>& out) const;  // per-column inputs (present) a node reads
   std::set<int> output_column_inputs() const;  // per-column inputs of the output pass's row stores
   void hold_columns(std::vector<Stmt>& body);
+  void load_columns_with_row(std::vector<Stmt>& body);
   std::vector<ChunkGroup> slot_groups(std::vector<Stmt>& out, std::vector<Slot*> slots, const std::vector<int>& inputs);
   void level_pass(std::vector<Stmt>& out, const std::vector<int>& reductions);
   enum class LeafKind { sum, max, uniform };
@@ -908,16 +911,7 @@ void RowLowering::row_inputs_of(int node, std::set<int>& out) const {
 
 void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<int>& inputs, bool cache,
                             const std::map<int, std::vector<int>>* from) {
-  int col = assign_new(out, "col", slot.col);
-  slot.col = r(col);
-  // min(max(load_cols - col, 0), V) as i32: one compare per element instead of i64 math.
-  if (whole_) {
-    slot.live = r(assign_new(out, "live", binary(BinOp::lt, slot.col, r(load_cols_))));
-  } else {
-    if (slot.limit) slot.limit = r(assign_new(out, "n", slot.limit));
-    ExprPtr count = binary(BinOp::min, binary(BinOp::max, slot_count(slot, load_cols_), i64(0)), i64(plan_.vector_elems));
-    slot.in_row_count = r(assign_new(out, "n", cast(Type::i32, count)));
-  }
+  place_slot(out, slot);
   const bool clamp = plan_.tail == TailHandling::clamp;
   for (int operand : inputs) {
     const int buffer = buffer_of_.at(operand);
@@ -950,6 +944,19 @@ void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<i
   }
 }
 
+void RowLowering::place_slot(std::vector<Stmt>& out, Slot& slot) {
+  slot.col = r(assign_new(out, "col", slot.col));
+  // min(max(load_cols - col, 0), V) as i32: one compare per element instead of i64 math.
+  if (whole_) {
+    slot.live = r(assign_new(out, "live", binary(BinOp::lt, slot.col, r(load_cols_))));
+  } else {
+    if (slot.limit) slot.limit = r(assign_new(out, "n", slot.limit));
+    ExprPtr count =
+        binary(BinOp::min, binary(BinOp::max, slot_count(slot, load_cols_), i64(0)), i64(plan_.vector_elems));
+    slot.in_row_count = r(assign_new(out, "n", cast(Type::i32, count)));
+  }
+}
+
 void RowLowering::stage_slot(std::vector<Stmt>& out, Slot& slot, int stripe) {
   const int P = plan_.programs_per_group, W = plan_.workers_per_program, V = plan_.vector_elems;
   const int64_t per_program = int64_t(plan_.stripes) * W * V;
@@ -958,14 +965,7 @@ void RowLowering::stage_slot(std::vector<Stmt>& out, Slot& slot, int stripe) {
       staged_of_[operand] = int(k_.staged.size());
       k_.staged.push_back({decl(operand).name + "_slice", dtype(operand), P * per_program});
     }
-  slot.col = r(assign_new(out, "col", slot.col));
-  // min(max(load_cols - col, 0), V) as i32, as load_slot counts it.
-  if (whole_) {
-    slot.live = r(assign_new(out, "live", binary(BinOp::lt, slot.col, r(load_cols_))));
-  } else {
-    ExprPtr count = binary(BinOp::min, binary(BinOp::max, slot_count(slot, load_cols_), i64(0)), i64(V));
-    slot.in_row_count = r(assign_new(out, "n", cast(Type::i32, count)));
-  }
+  place_slot(out, slot);
   // Worker w's vector of stripe s in program p's part of the region: consecutive workers take
   // consecutive vectors, so a warp's shared accesses are conflict-free.
   ExprPtr worker = binary(BinOp::add, i64(int64_t(stripe) * W), cast(Type::i64, special(Special::worker_in_program)));
@@ -1993,6 +1993,15 @@ void RowLowering::prefetch_rows(std::vector<Stmt>& out, ExprPtr block) {
   for (auto& [operand, reg] : prefetched_scalars_) out.push_back(load_row_scalar(operand, reg, load_row, valid_row));
 }
 
+// column_loads "with_row": the output pass's per-column inputs of every cached slot, loaded
+// right after the row (before the first merge).
+void RowLowering::load_columns_with_row(std::vector<Stmt>& body) {
+  body.push_back(comment("the output pass's per-column inputs, loaded with the row"));
+  const std::set<int> columns = output_column_inputs();
+  for (Slot& slot : cached_)
+    for (int operand : columns) column_values(body, slot, operand);
+}
+
 std::vector<Stmt> RowLowering::row_body() {
   std::vector<Stmt> body;
   if (staged()) {
@@ -2004,12 +2013,7 @@ std::vector<Stmt> RowLowering::row_body() {
       body.push_back(async_commit());  // one group a stripe
       cached_.push_back(std::move(slot));
     }
-    if (plan_.column_loads == ColumnLoads::with_row) {
-      body.push_back(comment("the output pass's per-column inputs, loaded with the row"));
-      const std::set<int> columns = output_column_inputs();
-      for (Slot& slot : cached_)
-        for (int operand : columns) column_values(body, slot, operand);
-    }
+    if (plan_.column_loads == ColumnLoads::with_row) load_columns_with_row(body);
   } else if (plan_.caching == InputCaching::registers) {
     body.push_back(comment("load the row slices once into cached registers"));
     for (int s = 0; s < plan_.stripes; ++s) {
@@ -2026,12 +2030,7 @@ std::vector<Stmt> RowLowering::row_body() {
       load_slot(body, head, cached_inputs_, /*cache=*/true);
       cached_.push_back(std::move(head));
     }
-    if (plan_.column_loads == ColumnLoads::with_row) {
-      body.push_back(comment("the output pass's per-column inputs, loaded with the row"));
-      const std::set<int> columns = output_column_inputs();
-      for (Slot& slot : cached_)
-        for (int operand : columns) column_values(body, slot, operand);
-    }
+    if (plan_.column_loads == ColumnLoads::with_row) load_columns_with_row(body);
   }
   for (size_t l = 0; l < levels_.size(); ++l) {
     if (l + 1 == levels_.size() && program_fast(levels_[l])) {
