@@ -10,6 +10,16 @@ namespace {
 
 PlanInputs inputs(int64_t rows, int64_t cols, DType dt = DType::f32) { return PlanInputs::for_rows(dt, dt, rows, cols); }
 
+// What validate_plan says of `q` for a softmax call of `in` ("" when it accepts it).
+std::string error(const MappingPlan& q, const DeviceLimits& limits, const PlanInputs& in) {
+  try {
+    validate_plan(q, in, limits, "softmax");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 TEST(Policy, ShortRowsGetPackedSubWarpPrograms) {
   MappingPlan p = choose_plan(inputs(100000, 32), {});
   EXPECT_EQ(p.vector_elems, 4);
@@ -413,14 +423,6 @@ TEST(Policy, ClusterPlansAreValidatedFieldByField) {
   const MappingPlan p = choose_plan(in, r, clusters);
   EXPECT_EQ(p.stripes, 8);  // 65536 / (4 x 512 x 4)
   EXPECT_NO_THROW(validate_plan(p, in, clusters, "softmax"));
-  auto error = [&](MappingPlan q, const DeviceLimits& limits, const PlanInputs& pin) -> std::string {
-    try {
-      validate_plan(q, pin, limits, "softmax");
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  };
   EXPECT_NE(error(p, {}, in).find("'plan.ctas_per_program': expected at most 1 groups a cluster on this target (it launches no clusters), got 4"),
             std::string::npos)
       << error(p, {}, in);
@@ -481,14 +483,6 @@ TEST(Policy, StagedPlansAreValidatedFieldByField) {
   r.caching = InputCaching::shared;
   const MappingPlan p = choose_plan(in, r, clusters);
   ASSERT_EQ(p.ctas_per_program, 4);
-  auto error = [&](MappingPlan q, const DeviceLimits& limits, const PlanInputs& pin) -> std::string {
-    try {
-      validate_plan(q, pin, limits, "softmax");
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  };
   EXPECT_EQ(error(p, clusters, in), "");
   // One group a row (a cluster plan refuses a grid limit on its own account).
   const PlanInputs short_rows = inputs(8, 4096);

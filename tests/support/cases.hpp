@@ -359,22 +359,29 @@ inline std::vector<FamilyCase> plan_family_cases() {
                                 to_string(alignment) + " " + to_string(merge)});
           ++index;
         }
+  // A cluster case: the op and y rotate with the index, 16-byte vectors, two stripes of the whole
+  // cluster (13 columns short and misaligned unless `require`), three rows.
+  auto cluster_case = [&](int ctas, int width, bool require, DType x) {
+    Case c;
+    c.op = ops[index % 4];
+    c.x = x, c.y = dtypes[(index + 1) % 3], c.w = c.x;
+    const int v = 16 / std::max(dtype_size(c.x), dtype_size(c.y));
+    const int64_t span = int64_t(ctas) * width * v * 2;
+    c.cols = require ? span : span - 13;
+    c.offset = require ? 0 : 1;
+    c.y_offset = require ? 0 : 3;
+    c.rows = 3;
+    c.seed = uint64_t(9000 + index);
+    c.plan.ctas_per_program = ctas, c.plan.workers_per_program = width, c.plan.vector_elems = v;
+    c.plan.programs_per_group = 1;
+    return c;
+  };
   for (int ctas : {2, 16})
     for (int width : {32, 128})
       for (MergeStrategy merge : {MergeStrategy::combine, MergeStrategy::staged}) {
-        Case c;
-        c.op = ops[index % 4];
         const bool require = index % 2 == 0;
-        c.x = dtypes[(index / 4) % 3], c.y = dtypes[(index + 1) % 3], c.w = c.x;
-        const int v = 16 / std::max(dtype_size(c.x), dtype_size(c.y));
-        const int64_t span = int64_t(ctas) * width * v * 2;
-        c.cols = require ? span : span - 13;
-        c.offset = require ? 0 : 1;
-        c.y_offset = require ? 0 : 3;
-        c.rows = 3;
-        c.seed = uint64_t(9000 + index);
+        Case c = cluster_case(ctas, width, require, dtypes[(index / 4) % 3]);
         PlanRequest& p = c.plan;
-        p.ctas_per_program = ctas, p.workers_per_program = width, p.vector_elems = v, p.programs_per_group = 1;
         p.caching = InputCaching::shared, p.alignment = require ? Alignment::require : Alignment::scalar_fallback;
         p.merge = merge, p.barrier_scope = BarrierScope::group, p.tail = TailHandling::predicate;
         p.cache_format = CacheFormat::f32, p.grid_limit = 0, p.stripe_unroll = 1, p.resident_groups = 1;
@@ -387,31 +394,21 @@ inline std::vector<FamilyCase> plan_family_cases() {
   // the cache format rotate. Rows span every group of the cluster.
   for (int ctas : {2, 16})
     for (int width : {32, 64, 96, 128})
-        for (MergeStrategy merge : {MergeStrategy::combine, MergeStrategy::staged}) {
-          Case c;
-          c.op = ops[index % 4];
-          const bool require = index % 2 == 0, packed_cache = index % 3 == 0;
-          c.x = packed_cache ? DType::bf16 : dtypes[(index / 4) % 3];
-          c.y = dtypes[(index + 1) % 3], c.w = c.x;
-          const int v = 16 / std::max(dtype_size(c.x), dtype_size(c.y));
-          const int64_t span = int64_t(ctas) * width * v * 2;  // two stripes of the whole cluster
-          c.cols = require ? span : span - 13;
-          c.offset = require ? 0 : 1;
-          c.y_offset = require ? 0 : 3;
-          c.rows = 3;
-          c.seed = uint64_t(9000 + index);
-          PlanRequest& p = c.plan;
-          p.ctas_per_program = ctas, p.workers_per_program = width, p.vector_elems = v, p.programs_per_group = 1;
-          p.caching = InputCaching::registers, p.barrier_scope = BarrierScope::group;
-          p.tail = index % 4 < 2 ? TailHandling::predicate : TailHandling::clamp;
-          p.alignment = require ? Alignment::require : Alignment::scalar_fallback;
-          p.cache_format = packed_cache && v % 2 == 0 ? CacheFormat::packed : CacheFormat::f32;
-          p.stripe_unroll = 1, p.merge = merge, p.resident_groups = 1;
-          out.push_back({c, "cluster" + std::to_string(ctas) + " w" + std::to_string(width) + " " + to_string(*p.tail) + " " +
-                                to_string(*p.alignment) + " " + to_string(*p.cache_format) + "-cache" +
-                                " " + to_string(merge)});
-          ++index;
-        }
+      for (MergeStrategy merge : {MergeStrategy::combine, MergeStrategy::staged}) {
+        const bool require = index % 2 == 0, packed_cache = index % 3 == 0;
+        Case c = cluster_case(ctas, width, require, packed_cache ? DType::bf16 : dtypes[(index / 4) % 3]);
+        const int v = *c.plan.vector_elems;
+        PlanRequest& p = c.plan;
+        p.caching = InputCaching::registers, p.barrier_scope = BarrierScope::group;
+        p.tail = index % 4 < 2 ? TailHandling::predicate : TailHandling::clamp;
+        p.alignment = require ? Alignment::require : Alignment::scalar_fallback;
+        p.cache_format = packed_cache && v % 2 == 0 ? CacheFormat::packed : CacheFormat::f32;
+        p.stripe_unroll = 1, p.merge = merge, p.resident_groups = 1;
+        out.push_back({c, "cluster" + std::to_string(ctas) + " w" + std::to_string(width) + " " + to_string(*p.tail) +
+                              " " + to_string(*p.alignment) + " " + to_string(*p.cache_format) + "-cache" + " " +
+                              to_string(merge)});
+        ++index;
+      }
   return out;
 }
 
