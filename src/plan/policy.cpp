@@ -725,12 +725,15 @@ std::vector<MappingPlan> mapping_family(const PlanInputs& in, const DeviceLimits
   const int64_t cols = std::max<int64_t>(in.cols, 1);
   for (int w : {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, policy.workers_per_program})
     for (int v : {1, 2, 4, 8}) {
-      if (v > 1 && !rows_aligned(in, v)) continue;
+      // Rows whose strides break v-element alignment keep v-element vectors past a peeled head.
+      const bool aligned = v == 1 || rows_aligned(in, v);
+      if (!aligned && !bases_aligned(in, v)) continue;
       if (int64_t(w) * v > 2 * int64_t(pow2_at_least(cols))) continue;  // first stripe mostly past the row end
       for (int programs : {1, 2, 4, 8, 16, 32}) {
         if (programs > 1 && programs > in.rows) continue;
         PlanRequest r;
         r.workers_per_program = w, r.vector_elems = v, r.programs_per_group = programs;
+        if (!aligned) r.row_head = RowHead::peel;
         for (InputCaching caching : {InputCaching::registers, InputCaching::reread, InputCaching::shared})
           for (int unroll : {1, 2, 4}) {
             if (caching != InputCaching::reread && unroll > 1) continue;

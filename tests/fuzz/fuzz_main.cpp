@@ -6,7 +6,9 @@
 //
 //   fuzz_main [--cases N] [--seed S] [--jobs J]        CPU backend (CTest: fuzz.cpu)
 //   fuzz_main --backend cuda [--cases N] [--seed S]    GPU, also compared with the CPU executor
+//   fuzz_main ... --verbose                            names each case before it runs
 //   fuzz_main --replay S:I [--backend cuda] [--dump]   one case, verbosely (--dump: a forward case's elements)
+//   fuzz_main --compile-only sm_90 [--cases N]         the GPU fuzz's NVRTC compiles alone (no GPU needed)
 //
 // Case I of seed S is a pure function of (S, I), so a failure replays alone. The rules the
 // outputs are checked by are in docs/source/numerics.md.
@@ -625,9 +627,10 @@ struct Options {
   int64_t cases = 10000;
   int jobs = 0;
   Backend backend = Backend::cpu;
-  bool replay = false, dump = false;
+  bool replay = false, dump = false, verbose = false;
   uint64_t replay_index = 0;
   double budget = 3e7;  // executor cost per case (see executor_cost)
+  std::string compile_only;  // an arch: compile the GPU fuzz's kernels with NVRTC, run nothing
   std::string argv0;
 };
 
@@ -736,38 +739,55 @@ std::string replay_command(const Options& o, uint64_t index) {
 }
 
 #if TILE_WITH_CUDA
-// GPU mode compiles every distinct kernel first, on all host threads (NVRTC dominates).
-void precompile(const std::vector<Drawn>& cases, int jobs) {
-  const std::string arch = cuda::arch_name(cuda::device_info(0));
+// GPU mode compiles every distinct kernel first, on all host threads (NVRTC dominates). Prints
+// how long that took and the slowest compile's case, so a plan family that compiles slowly shows.
+void precompile(const std::vector<Drawn>& cases, int jobs, const std::string& arch) {
+  const auto start = std::chrono::steady_clock::now();
   std::vector<std::string> sources;
+  std::vector<size_t> first_case;  // a case that needs each source
   {
     std::map<std::string, bool> seen;
-    for (const Drawn& drawn : cases) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Drawn& drawn = cases[i];
+      std::string src;
       if (drawn.training) {  // the main pass (a second phase or a counting pass compiles when first run)
         const auto [program, args] = train_call(drawn.t);
-        std::string src = source_for(*program, args, drawn.t.c.plan);
-        if (!seen.count(src)) seen[src] = true, sources.push_back(std::move(src));
-        continue;
+        src = source_for(*program, args, drawn.t.c.plan);
+      } else {
+        CaseData d(drawn.f.c);
+        src = source_for(d.call, drawn.f.c.plan);
       }
-      const FuzzCase& f = drawn.f;
-      CaseData d(f.c);
-      std::string src = source_for(d.call, f.c.plan);
-      if (!seen.count(src)) seen[src] = true, sources.push_back(std::move(src));
+      if (!seen.count(src)) seen[src] = true, sources.push_back(std::move(src)), first_case.push_back(i);
     }
   }
-  std::atomic<size_t> next{0};
+  std::atomic<size_t> next{0}, done{0};
+  std::mutex mutex;
+  double slowest = 0;
+  size_t slowest_case = 0;
   std::vector<std::thread> threads;
   for (int t = 0; t < jobs; ++t)
     threads.emplace_back([&] {
-      for (size_t i; (i = next++) < sources.size();) cuda::compile_cubin(sources[i], arch);
+      for (size_t i; (i = next++) < sources.size();) {
+        const auto t0 = std::chrono::steady_clock::now();
+        cuda::compile_cubin(sources[i], arch);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::lock_guard<std::mutex> lock(mutex);
+        if (s > slowest) slowest = s, slowest_case = first_case[i];
+        if (++done % 200 == 0)
+          std::printf("fuzz: compiled %zu of %zu kernels\n", done.load(), sources.size()), std::fflush(stdout);
+      }
     });
   for (std::thread& t : threads) t.join();
-  std::printf("fuzz: %zu distinct kernels compiled\n", sources.size());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("fuzz: %zu distinct kernels compiled for %s in %.1f s on %d threads; slowest %.2f s (case %zu: %s)\n",
+              sources.size(), arch.c_str(), seconds, jobs, slowest, slowest_case,
+              sources.empty() ? "none" : describe(cases[slowest_case]).c_str());
+  std::fflush(stdout);
 }
 
 bool gpu_available() { return cuda::driver_available(); }
 #else
-void precompile(const std::vector<Drawn>&, int) {}
+void precompile(const std::vector<Drawn>&, int, const std::string&) {}
 bool gpu_available() { return false; }
 #endif
 
@@ -779,17 +799,31 @@ int fuzz(const Options& o) {
   }
   std::vector<Drawn> cases;
   for (int64_t i = 0; i < o.cases; ++i) cases.push_back(draw(o.seed, uint64_t(i), o.budget));
-  if (o.backend == Backend::cuda) precompile(cases, o.jobs);
+#if TILE_WITH_CUDA
+  if (o.backend == Backend::cuda) precompile(cases, o.jobs, cuda::arch_name(cuda::device_info(0)));
+#endif
 
   std::atomic<int64_t> next{0}, failures{0};
+  int64_t finished = 0;  // under mutex; a progress line every tenth of the cases
+  const int64_t progress_every = std::max<int64_t>(1, o.cases / 10);
   std::mutex mutex;
   std::map<std::string, int> tally;  // op, caching, pattern counts for the log
   auto work = [&] {
     for (int64_t i; (i = next++) < o.cases && failures < 10;) {
       const Drawn& d = cases[size_t(i)];
       const FuzzCase& f = d.f;
+      if (o.verbose) {  // before the case runs, so the last line names a case that hangs or crashes
+        std::lock_guard<std::mutex> lock(mutex);
+        std::printf("fuzz: case %lld: %s\n", (long long)i, describe(d).c_str());
+        std::fflush(stdout);
+      }
       std::string fail = d.training ? run_train_one(d.t, f.plan, o.backend) : run_one(f, o.backend, false);
       std::lock_guard<std::mutex> lock(mutex);
+      if (++finished % progress_every == 0) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::printf("fuzz: %lld of %lld cases, %.1f s\n", (long long)finished, (long long)o.cases, s);
+        std::fflush(stdout);
+      }
       if (d.training) {  // per training operator, and the reruns that checked bitwise equality
         ++tally[train_kind_name(d.t.kind)], ++tally["plan from " + f.origin];
         if (d.t.repeat) ++tally["bitwise reruns"];
@@ -843,6 +877,20 @@ int fuzz(const Options& o) {
   return failures ? 1 : 0;
 }
 
+// The GPU fuzz's compile step alone, for an arch named on the command line: needs NVRTC, no
+// GPU, so the compile time of a change's kernels can be measured before it reaches a GPU.
+int compile_only(const Options& o) {
+#if TILE_WITH_CUDA
+  std::vector<Drawn> cases;
+  for (int64_t i = 0; i < o.cases; ++i) cases.push_back(draw(o.seed, uint64_t(i), o.budget));
+  precompile(cases, o.jobs, o.compile_only);
+  return 0;
+#else
+  std::fprintf(stderr, "fuzz_main: --compile-only needs a build with CUDA (TILE_WITH_CUDA=ON, for NVRTC)\n");
+  return 2;
+#endif
+}
+
 int replay(const Options& o) {
   const Drawn d = draw(o.seed, o.replay_index, o.budget);
   std::printf("case %llu:%llu: %s\n", (unsigned long long)o.seed, (unsigned long long)o.replay_index, describe(d).c_str());
@@ -856,7 +904,8 @@ int replay(const Options& o) {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "fuzz_main: %s\nusage: fuzz_main [--cases N] [--seed S] [--jobs J] [--backend cpu|cuda] "
-               "[--budget COST]\n       fuzz_main --replay SEED:CASE [--backend cpu|cuda] [--dump]\n",
+               "[--budget COST] [--verbose]\n       fuzz_main --compile-only ARCH [--cases N] [--seed S] [--jobs J]\n  "
+               "     fuzz_main --replay SEED:CASE [--backend cpu|cuda] [--dump]\n",
                why.c_str());
   std::exit(2);
 }
@@ -891,6 +940,10 @@ int main(int argc, char** argv) {
     else if (a == "--jobs") o.jobs = int(parse_u64(a, value()));
     else if (a == "--budget") o.budget = double(parse_u64(a, value()));
     else if (a == "--dump") o.dump = true;
+    else if (a == "--compile-only")
+      o.compile_only = value();
+    else if (a == "--verbose")
+      o.verbose = true;
     else if (a == "--backend") {
       std::string b = value();
       if (b != "cpu" && b != "cuda") usage("--backend: expected cpu or cuda, got '" + b + "'");
@@ -910,5 +963,6 @@ int main(int argc, char** argv) {
     }
   }
   if (o.jobs <= 0) o.jobs = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (!o.compile_only.empty()) return compile_only(o);
   return o.replay ? replay(o) : fuzz(o);
 }

@@ -411,6 +411,21 @@ TEST(Policy, MappingFamilyHoldsValidPlansAndThePolicysOwn) {
   }
 }
 
+// Rows of odd stride get one-element vectors from the policy; the family also times the wider
+// vectors that a peeled head keeps aligned, and never a vector the strides break without a peel.
+TEST(Policy, MappingFamilyPeelsOddRowsForWiderVectors) {
+  const PlanInputs in = inputs(16384, 1023, DType::bf16);
+  EXPECT_EQ(choose_plan(in, {}).vector_elems, 1);
+  int peeled_wide = 0;
+  for (const MappingPlan& p : mapping_family(in)) {
+    if (p.vector_elems > 1) {
+      EXPECT_EQ(p.row_head, RowHead::peel) << p.to_json();
+    }
+    if (p.vector_elems == 8 && p.row_head == RowHead::peel) ++peeled_wide;
+  }
+  EXPECT_GT(peeled_wide, 0);
+}
+
 // A plan whose row spans a cluster: refused on a target without clusters, and unless each group
 // is one program of whole warps caching its slice in registers; errors name the field.
 TEST(Policy, ClusterPlansAreValidatedFieldByField) {
