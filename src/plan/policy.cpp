@@ -183,6 +183,29 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
       throw_argument_error("mapping plan", field, "an integer in [1, 2147483647]", std::to_string(*value));
   MappingPlan p;
   const int64_t cols = std::max<int64_t>(in.cols, 1);
+  // One 16-bit row input without LayerNorm's five parts (softmax, log-softmax, RMSNorm) whose
+  // row strides break 16-byte alignment keeps 16-byte vectors past a peeled head. H200, bf16,
+  // kernels timed alone (evidence/cubin-time-h200-odd-rows-742346f.log), us, scalar accesses /
+  // peeled: softmax 4096 x 3001 31.6 / 26.3, RMSNorm 35.5 / 29.2, 16384 x 1023 45.6 / 40.5 and
+  // 39.1 / 36.6; LayerNorm lost 5-28 % to its head slot (the eighth run of the redesign page).
+  const int widest_vector = std::max(1, limits.max_vector_bytes / in.widest_elem_bytes());
+  const bool peel_odd_rows =
+      !req.row_head && !req.vector_elems && !req.alignment && req.ctas_per_program.value_or(1) == 1 &&
+      req.caching != InputCaching::shared && req.tail.value_or(TailHandling::predicate) == TailHandling::predicate &&
+      req.cache_format.value_or(CacheFormat::f32) == CacheFormat::f32 && in.row_inputs() == 1 &&
+      in.input_bytes_per_col() == 2 && in.merge_parts < 5 && !in.reduces_rows && widest_vector > 1 &&
+      !rows_aligned(in, widest_vector) && bases_aligned(in, widest_vector) && cols >= 2 * int64_t(widest_vector);
+  const RowHead row_head = req.row_head.value_or(peel_odd_rows ? RowHead::peel : RowHead::as_is);
+  // Peeled rows of at most 512 vectors, over two waves of groups or more: eight programs of one
+  // warp a group (no barrier, one butterfly), re-reading where the row outgrows the budget. The
+  // same run, us: softmax 4096 x 3001 26.0 against 33.3 for 96 workers caching 4 stripes (152
+  // bytes spilled), RMSNorm 28.8 against 32.8; 16384 x 1023 (the width the rules below pick) 40.9.
+  if (peel_odd_rows && ceil_div(cols, widest_vector) <= 512 && in.rows >= 16 * int64_t(limits.sm_count) &&
+      !req.workers_per_program && !req.programs_per_group && !req.stripes && !req.caching) {
+    PlanRequest r = req;
+    r.row_head = RowHead::peel, r.workers_per_program = 32, r.programs_per_group = 8;
+    return choose_plan(in, r, limits);
+  }
 
   // Widest access the target allows (16 bytes on CUDA) on every operand whose rows all start
   // aligned to it, and no wider than the row.
@@ -191,7 +214,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   } else {
     // A peeled row needs only aligned bases: its accesses start at an aligned column whatever
     // the strides (and validation keeps two vectors a row).
-    const bool peel = req.row_head == RowHead::peel;
+    const bool peel = row_head == RowHead::peel;
     auto fits = [&](int v) {
       return peel ? bases_aligned(in, v) && 2 * int64_t(v) <= cols : rows_aligned(in, v) && v <= cols;
     };
@@ -240,7 +263,10 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   } else if (req.ctas_per_program) {
     cluster = *req.ctas_per_program;
   } else if (limits.max_cluster_size > 1 && cols * xes > kRegisterRowBytes && free_mapping && !in.reduces_rows &&
-             cluster_wanted && kClusterWidth <= limits.max_threads_per_group) {
+             cluster_wanted && kClusterWidth <= limits.max_threads_per_group && row_head == RowHead::as_is &&
+             p.vector_elems == widest_vector) {
+    // Only rows of whole-width vectors: softmax bf16 512 x 50257 in scalar accesses over a
+    // cluster of 4 took 128 registers and 99.5 us against 54.9 re-read (the same run as above).
     const int64_t budget = req.private_budget.value_or(64);
     const std::pair<int, int64_t> tiers[] = {
         {kClusterWidth, kClusterSliceScalars}, {512, kWideClusterSliceScalars}, {1024, kWideClusterSliceScalars}};
@@ -393,7 +419,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // Whole vectors when every row is aligned and cols is a multiple of V (contiguous rows of
   // any aligned tensor): the kernel then has no scalar path and one row test per vector.
   p.alignment = req.alignment.value_or(whole_vectors(in, p.vector_elems) ? Alignment::require : Alignment::scalar_fallback);
-  p.row_head = req.row_head.value_or(RowHead::as_is);
+  p.row_head = row_head;
   if (p.row_head == RowHead::peel) p.alignment = req.alignment.value_or(Alignment::scalar_fallback);
   // Packed caching: ptxas register counts alone do not favour it for the forward operators
   // (fewer registers for RMSNorm, more for log-softmax), so their default stays f32. A program

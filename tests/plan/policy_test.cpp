@@ -300,15 +300,27 @@ TEST(Policy, ShortSixteenBitRowsTakeWidthAndResidencyByTheirMergedParts) {
   EXPECT_EQ(choose_plan(merged_parts(DType::f32, 65536, 512, 5), {}).resident_groups, 4);
 }
 
-TEST(Policy, ScalarSixteenBitRowsOfManyRowsAskForThreeGroupsOf512) {
-  // Odd strides take one-element vectors: bf16 x 3001 caches 6 scalars a worker in groups of
-  // 512, three an SM where the rows fill the SMs twice over; fp32 and few rows keep two.
-  for (int parts : {2, 3, 5}) {
+TEST(Policy, OddSixteenBitRowsPeelTheirHeadOrAskForThreeGroupsOf512) {
+  // Odd strides: bf16 x 3001 without LayerNorm's five parts peels each row's head for 16-byte
+  // vectors, in eight programs of one warp a group; with them it takes one-element vectors, 6
+  // cached scalars a worker in groups of 512, three an SM where the rows fill the SMs twice
+  // over; fp32 and few rows keep two.
+  for (int parts : {2, 3}) {
     const MappingPlan p = choose_plan(merged_parts(DType::bf16, 4096, 3001, parts), {});
-    EXPECT_EQ(p.vector_elems, 1) << parts;
-    EXPECT_EQ(p.workers_per_program, 512) << parts;
-    EXPECT_EQ(p.resident_groups, 3) << parts;
+    EXPECT_EQ(p.row_head, RowHead::peel) << parts;
+    EXPECT_EQ(p.vector_elems, 8) << parts;
+    EXPECT_EQ(p.workers_per_program, 32) << parts;
+    EXPECT_EQ(p.programs_per_group, 8) << parts;
   }
+  // Long odd rows peel too, at the width of the rules below, and never over a cluster.
+  const MappingPlan long_row = choose_plan(merged_parts(DType::bf16, 512, 50257, 2), {});
+  EXPECT_EQ(long_row.row_head, RowHead::peel);
+  EXPECT_EQ(long_row.ctas_per_program, 1);
+  const MappingPlan p = choose_plan(merged_parts(DType::bf16, 4096, 3001, 5), {});
+  EXPECT_EQ(p.row_head, RowHead::as_is);
+  EXPECT_EQ(p.vector_elems, 1);
+  EXPECT_EQ(p.workers_per_program, 512);
+  EXPECT_EQ(p.resident_groups, 3);
   EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 512, 3001, 5), {}).resident_groups, 2);
   EXPECT_EQ(choose_plan(merged_parts(DType::f32, 4096, 3001, 5), {}).resident_groups, 2);
   EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 37, 1537, 5), {}).resident_groups, 2);
@@ -414,7 +426,7 @@ TEST(Policy, MappingFamilyHoldsValidPlansAndThePolicysOwn) {
 // Rows of odd stride get one-element vectors from the policy; the family also times the wider
 // vectors that a peeled head keeps aligned, and never a vector the strides break without a peel.
 TEST(Policy, MappingFamilyPeelsOddRowsForWiderVectors) {
-  const PlanInputs in = inputs(16384, 1023, DType::bf16);
+  const PlanInputs in = merged_parts(DType::bf16, 16384, 1023, 5);  // LayerNorm's parts: no peel unasked
   EXPECT_EQ(choose_plan(in, {}).vector_elems, 1);
   int peeled_wide = 0;
   for (const MappingPlan& p : mapping_family(in)) {
