@@ -29,10 +29,20 @@ def program(op):
     return _tile.Program.builtin(op)
 
 
+def same_layout(v):
+    """A copy of v with v's strides and offset in a copy of its buffer: a peeled plan's accesses
+    depend on where each row starts, so both launches must see one layout."""
+    base = v.base
+    if not isinstance(base, np.ndarray) or base.base is not None or not base.flags.c_contiguous:
+        return v.copy()
+    buffer = base.copy()
+    return np.ndarray(v.shape, v.dtype, buffer=buffer, offset=v.ctypes.data - base.ctypes.data, strides=v.strides)
+
+
 def both(p, operands, record=False):
-    """Runs p through launch and launch_raw (into copies of the outputs); returns (launch's, launch_raw's)
-    (outputs, record)."""
-    copies = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in operands.items()}
+    """Runs p through launch and launch_raw (into copies of the outputs, laid out alike); returns
+    (launch's, launch_raw's) (outputs, record)."""
+    copies = {k: same_layout(v) if isinstance(v, np.ndarray) else v for k, v in operands.items()}
     a = _tile.launch(p, operands, None, 0, record, LABELS)
     b = _tile.launch_raw(p, as_raw(copies), None, 0, record, LABELS)
     return (operands, a), (copies, b)
