@@ -787,7 +787,6 @@ void precompile(const std::vector<Drawn>& cases, int jobs, const std::string& ar
 
 bool gpu_available() { return cuda::driver_available(); }
 #else
-void precompile(const std::vector<Drawn>&, int, const std::string&) {}
 bool gpu_available() { return false; }
 #endif
 
@@ -886,6 +885,7 @@ int compile_only(const Options& o) {
   precompile(cases, o.jobs, o.compile_only);
   return 0;
 #else
+  (void)o;
   std::fprintf(stderr, "fuzz_main: --compile-only needs a build with CUDA (TILE_WITH_CUDA=ON, for NVRTC)\n");
   return 2;
 #endif
