@@ -185,9 +185,10 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   const int64_t cols = std::max<int64_t>(in.cols, 1);
   // One 16-bit row input without LayerNorm's five parts (softmax, log-softmax, RMSNorm) whose
   // row strides break 16-byte alignment keeps 16-byte vectors past a peeled head. H200, bf16,
-  // kernels timed alone (evidence/cubin-time-h200-odd-rows-742346f.log), us, scalar accesses /
-  // peeled: softmax 4096 x 3001 31.6 / 26.3, RMSNorm 35.5 / 29.2, 16384 x 1023 45.6 / 40.5 and
-  // 39.1 / 36.6; LayerNorm lost 5-28 % to its head slot (the eighth run of the redesign page).
+  // kernels timed alone (evidence/cubin-time-h200-odd-rows-742346f.log), us, fixed-shape kernel /
+  // peeled: softmax 4096 x 3001 29.5 / 26.0, RMSNorm 31.3 / 28.8, 16384 x 1023 36.4 / 40.9 and
+  // 37.6 / 37.7 (one-element vectors: 45.6, 39.1); LayerNorm lost 5-28 % to its head slot (the
+  // eighth run of the redesign page).
   const int widest_vector = std::max(1, limits.max_vector_bytes / in.widest_elem_bytes());
   const bool peel_odd_rows =
       !req.row_head && !req.vector_elems && !req.alignment && req.ctas_per_program.value_or(1) == 1 &&
@@ -218,7 +219,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     auto fits = [&](int v) {
       return peel ? bases_aligned(in, v) && 2 * int64_t(v) <= cols : rows_aligned(in, v) && v <= cols;
     };
-    int v = std::max(1, limits.max_vector_bytes / in.widest_elem_bytes());
+    int v = widest_vector;
     while (v > 1 && !fits(v)) v /= 2;
     p.vector_elems = v;
   }

@@ -760,8 +760,9 @@ void precompile(const std::vector<Drawn>& cases, int jobs, const std::string& ar
       if (!seen.count(src)) seen[src] = true, sources.push_back(std::move(src)), first_case.push_back(i);
     }
   }
-  std::atomic<size_t> next{0}, done{0};
-  std::mutex mutex;
+  std::atomic<size_t> next{0};
+  std::mutex mutex;  // guards done, slowest and slowest_case
+  size_t done = 0;
   double slowest = 0;
   size_t slowest_case = 0;
   std::vector<std::thread> threads;
@@ -774,7 +775,7 @@ void precompile(const std::vector<Drawn>& cases, int jobs, const std::string& ar
         std::lock_guard<std::mutex> lock(mutex);
         if (s > slowest) slowest = s, slowest_case = first_case[i];
         if (++done % 200 == 0)
-          std::printf("fuzz: compiled %zu of %zu kernels\n", done.load(), sources.size()), std::fflush(stdout);
+          std::printf("fuzz: compiled %zu of %zu kernels\n", done, sources.size()), std::fflush(stdout);
       }
     });
   for (std::thread& t : threads) t.join();
