@@ -92,7 +92,7 @@ std::shared_ptr<const PreparedKernel> prepare(const RowProgram& program, const B
 int64_t workspace_elems(const PreparedKernel& pk, const BoundCall& call) {
   const LoweredProgram& lp = pk.lowered;
   if (!lp.finish) return 0;
-  const int64_t slots = grid_groups(call, pk.plan) * pk.plan.programs_per_group;
+  const int64_t slots = workspace_slots(pk.plan, grid_groups(call, pk.plan));
   return slots * (lp.col_parts * call.cols + lp.fixed_parts);
 }
 

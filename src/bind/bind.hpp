@@ -75,4 +75,10 @@ void check_f32_scalar(const std::string& op, const std::string& name, double val
 // programs that loop over rows. Throws tile::Error when it exceeds what a launch can address.
 int64_t grid_groups(const BoundCall& call, const MappingPlan& plan);
 
+// Workspace slots of a grid of `groups` groups for reductions over the rows: one per program,
+// and one per cluster where a cluster's groups share a program.
+inline int64_t workspace_slots(const MappingPlan& plan, int64_t groups) {
+  return groups / plan.ctas_per_program * plan.programs_per_group;
+}
+
 }  // namespace tile

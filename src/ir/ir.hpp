@@ -99,9 +99,11 @@ ExprPtr unpack16(DType dtype, ExprPtr word, int half);
 
 // A cluster barrier whole, or its two halves: work between a group's arrive and its wait
 // overlaps the other groups' arrival (the lowering arrives at kernel start and waits before the
-// first push). A split barrier proves the cluster resident (and its exchange barriers, which
-// have their own fence, initialised) but publishes no shared writes: its arrive is relaxed, so
-// remote loads need a whole barrier.
+// first push; a cluster looping over row blocks arrives again once it has read a row's exchange
+// regions, and waits before the next row's pushes). A split barrier proves the cluster resident
+// (and its exchange barriers, which have their own fence, initialised) and orders each group's
+// accesses before its arrive (release) before every access after the wait, but publishes no
+// shared writes to remote loads: those need a whole barrier.
 enum class BarrierPhase : uint8_t { both, arrive, wait };
 
 struct Stmt {
@@ -120,8 +122,9 @@ struct Stmt {
     remote_shared_push,  // shared[region][index] of the group of rank `cta` (i32) in this
                          // cluster = regs[src]: one of the pushes that region's exchange awaits
                          // there (CUDA: st.async completing the owner's transaction mbarrier)
-    exchange_wait,       // wait until every push this group's exchange region `region` awaits has
-                         // landed (acquire): its slots may be read from then on
+    exchange_wait,       // wait until every push of the region's next phase has landed in this
+                         // group's exchange region `region` (acquire): its slots may be read until
+                         // a cluster arrive retires the phase
     async_copy,          // staged[region][at + j] = buffer[index + j] for j < min(width, valid), as
                          // stored (no conversion), asynchronously, in this worker's open group of
                          // copies: the worker may read the elements once an async_wait has seen
@@ -204,10 +207,13 @@ struct Register {
 // With program_stride 0 it is one copy for the whole group, which every program indexes.
 //
 // An exchange region (pushes > 0) is filled only by remote pushes from the groups of the
-// cluster: each group awaits exactly `pushes` of them per kernel, one per slot, and reads it
-// only after its `exchange_wait`. It is single-phase (one row block per cluster): pushes and
-// the wait run once, outside loops. Its pushes are one-way, so no group needs a barrier with
-// another to merge through it: the owner cannot exit before its own wait, which needs them all.
+// cluster, in phases: each phase, each group awaits exactly `pushes` of them, one per slot, and
+// reads them only after its `exchange_wait` for that phase (the CUDA backend waits on the
+// transaction barrier's parity, flipped each wait). A cluster looping over row blocks takes one
+// phase a row: a cluster arrive after the phase's reads and a cluster wait before the next
+// phase's pushes retire it, so no push overwrites a slot some group has yet to read. Its pushes
+// are one-way, so no group needs a barrier with another within a phase: the owner cannot exit
+// before its own wait, which needs them all.
 struct SharedRegion {
   std::string name;
   int base = 0;

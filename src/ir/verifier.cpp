@@ -427,7 +427,7 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     define(s.dst, u);
   }
   // A push: a float register into an exchange region of a group of the cluster, at a rank and
-  // index proven in range, once per kernel (outside loops: the region is single-phase).
+  // index proven in range (ClusterOrder proves its phase retired before it).
   void visit_remote_shared_push(const Stmt& s, unsigned) {
     visit(*s.index);
     visit(*s.cta);
@@ -442,10 +442,9 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     auto iv = RangeOf(k_).visit(*s.cta);
     if (!iv || iv->lo < 0 || iv->hi >= k_.ctas_per_cluster)
       error("push rank '" + print(*s.cta) + "' is not provably in [0, " + std::to_string(k_.ctas_per_cluster) + ")");
-    if (loops_ > 0) error("remote shared push inside a loop (an exchange region takes one push a slot per kernel)");
   }
   // The wait of an exchange region: every group reaches it (its pushes must land before it
-  // exits), once, outside loops.
+  // exits).
   void visit_exchange_wait(const Stmt& s, unsigned control) {
     if (!check_) return;
     if (s.region < 0 || s.region >= int(k_.shared.size()) || !exchange(s)) {
@@ -456,7 +455,6 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
       error("exchange wait of '" + k_.shared[s.region].name +
             "' under control flow that is not uniform across the cluster (a group skipping it could exit before its "
             "pushes land)");
-    if (loops_ > 0) error("exchange wait of '" + k_.shared[s.region].name + "' inside a loop (exchange regions are single-phase)");
   }
   // Staged regions: an async copy of an input buffer of the region's dtype, the worker's wait,
   // and loads of its elements into float registers, all outside loops (single-phase).
@@ -605,16 +603,23 @@ class PathOrder : public IRVisitor<Self> {
 // read or push needs a cluster barrier passed on every path before it (the other groups of the
 // cluster are then known to have started, their shared memory written before it visible and
 // their exchange barriers armed); the kernel must not end while a remote read may lack a later
-// cluster barrier (the group read could have exited); an exchange region is read only after its
-// wait on every path, waited at most once on any path, and waited on every path before the end
-// (its group cannot exit before the pushes into it land).
+// cluster barrier (the group read could have exited). An exchange region runs in phases: a
+// phase's pushes, its wait, its reads (only after the wait on every path), then a cluster arrive
+// and a cluster wait retire it (a whole barrier does both); a push or wait before the previous
+// phase is retired on every path is refused (a push could overwrite a slot another group has yet
+// to read, a wait would count the next phase's pushes), as is a read after the arrive, and a
+// push not followed by its wait on every path before the end (the group could exit before the
+// pushes into it land). The groups of a cluster run the same code under cluster-uniform
+// control, so this group's order stands for each of theirs.
 class ClusterOrder : public PathOrder<ClusterOrder> {
  public:
   struct State {
     bool synced = false;   // a cluster barrier (whole or split) was passed on every path
     bool published = false;  // a whole cluster barrier was passed on every path
     bool pending = false;  // on some path a remote read has no cluster barrier after it
-    std::set<int> waited_all, waited_any;  // exchange regions waited on every path, on some path
+    std::set<int> open_all, open_any;  // exchange regions waited and readable: on every path, on some
+    std::set<int> retiring_any;        // regions whose phase an arrive closed, awaiting the wait, on some path
+    std::set<int> unwaited_any;        // regions pushed into and not yet waited, on some path
     bool arrived_all = false, arrived_any = false;  // a cluster arrive awaits its wait: on every path, on some
     bool operator==(const State&) const = default;
   };
@@ -627,10 +632,11 @@ class ClusterOrder : public PathOrder<ClusterOrder> {
       errors_.push_back("a remote shared load is not followed by a cluster barrier before the kernel ends (the group it "
                         "reads may have exited)");
     if (s.arrived_any) errors_.push_back("a cluster arrive has no cluster wait after it before the kernel ends");
-    for (size_t r = 0; r < k_.shared.size(); ++r)
-      if (k_.shared[r].pushes > 0 && !s.waited_all.count(int(r)))
-        errors_.push_back("exchange region '" + k_.shared[r].name +
-                          "' is not waited on every path (its group could exit before the pushes into it land)");
+    for (int r : s.unwaited_any)
+      errors_.push_back(
+          "exchange region '" + k_.shared[r].name +
+          "' is not waited on every path after its pushes (its group could exit before the pushes into it "
+          "land)");
     return errors_;
   }
 
@@ -638,16 +644,26 @@ class ClusterOrder : public PathOrder<ClusterOrder> {
   friend class IRVisitor<ClusterOrder>;
   friend class PathOrder<ClusterOrder>;
   static State join(State a, State b) {
-    State j{a.synced && b.synced, a.published && b.published, a.pending || b.pending, {}, a.waited_any,
-            a.arrived_all && b.arrived_all, a.arrived_any || b.arrived_any};
-    for (int r : a.waited_all)
-      if (b.waited_all.count(r)) j.waited_all.insert(r);
-    j.waited_any.insert(b.waited_any.begin(), b.waited_any.end());
+    State j{a.synced && b.synced,
+            a.published && b.published,
+            a.pending || b.pending,
+            {},
+            a.open_any,
+            a.retiring_any,
+            a.unwaited_any,
+            a.arrived_all && b.arrived_all,
+            a.arrived_any || b.arrived_any};
+    for (int r : a.open_all)
+      if (b.open_all.count(r)) j.open_all.insert(r);
+    j.open_any.insert(b.open_any.begin(), b.open_any.end());
+    j.retiring_any.insert(b.retiring_any.begin(), b.retiring_any.end());
+    j.unwaited_any.insert(b.unwaited_any.begin(), b.unwaited_any.end());
     return j;
   }
 
   // A split cluster barrier: a wait needs an arrive before it on every path, an arrive (or a
-  // whole barrier) none pending; the wait completes the barrier.
+  // whole barrier) none pending; the wait completes the barrier. An arrive closes the open
+  // exchange phases, the wait (or a whole barrier) retires them.
   void visit_barrier(const Stmt& s, State& st) {
     if (s.scope != Scope::cluster) return;
     if (s.phase == BarrierPhase::wait && !st.arrived_all && reported_.insert(&s).second)
@@ -657,9 +673,13 @@ class ClusterOrder : public PathOrder<ClusterOrder> {
                         " while an earlier cluster arrive awaits its wait on some path");
     if (s.phase == BarrierPhase::arrive) {
       st.arrived_all = st.arrived_any = true;
+      st.retiring_any.insert(st.open_any.begin(), st.open_any.end());
+      st.open_all.clear(), st.open_any.clear();
       return;
     }
     st.arrived_all = st.arrived_any = false;
+    st.retiring_any.clear();
+    if (s.phase == BarrierPhase::both) st.open_all.clear(), st.open_any.clear();
     st.synced = true;
     if (s.phase == BarrierPhase::both) st.published = true, st.pending = false;
   }
@@ -667,18 +687,35 @@ class ClusterOrder : public PathOrder<ClusterOrder> {
     if (!st.synced && reported_.insert(&s).second)
       errors_.push_back("remote shared push into region '" + region_name(s) +
                         "' before a cluster barrier on some path (the cluster is not known to be resident)");
+    if (retained(s.region, st) && reported_.insert(&s).second)
+      errors_.push_back("remote shared push into exchange region '" + region_name(s) +
+                        "' before its previous phase is retired on some path (a cluster arrive after the phase's reads "
+                        "and a cluster wait before the push): it could overwrite a slot another group has yet to read");
+    st.unwaited_any.insert(s.region);
   }
   void visit_exchange_wait(const Stmt& s, State& st) {
-    if (st.waited_any.count(s.region) && reported_.insert(&s).second)
-      errors_.push_back("exchange region '" + region_name(s) + "' waited twice on some path (it is single-phase)");
-    st.waited_all.insert(s.region);
-    st.waited_any.insert(s.region);
+    if (retained(s.region, st) && reported_.insert(&s).second)
+      errors_.push_back("exchange region '" + region_name(s) +
+                        "' waited again before its previous phase is retired on some path (a cluster arrive after the "
+                        "phase's reads and a cluster wait before the next pushes)");
+    st.open_all.insert(s.region);
+    st.open_any.insert(s.region);
+    st.unwaited_any.erase(s.region);
   }
   void visit_shared_load(const Stmt& s, State& st) {
     if (s.region < 0 || s.region >= int(k_.shared.size()) || k_.shared[s.region].pushes == 0) return;
-    if (!st.waited_all.count(s.region) && reported_.insert(&s).second)
+    if (st.open_all.count(s.region) || !reported_.insert(&s).second) return;
+    if (st.retiring_any.count(s.region))
+      errors_.push_back("shared load of exchange region '" + region_name(s) +
+                        "' after the cluster arrive that retires its phase on some path (the next pushes may "
+                        "overwrite it)");
+    else
       errors_.push_back("shared load of exchange region '" + region_name(s) +
                         "' before its exchange wait on some path (the pushes may not have landed)");
+  }
+  // A phase of the region is waited or closing, not retired, on some path.
+  static bool retained(int region, const State& st) {
+    return st.open_any.count(region) || st.retiring_any.count(region);
   }
   void visit_remote_shared_load(const Stmt& s, State& st) {
     if (!st.published && reported_.insert(&s).second)

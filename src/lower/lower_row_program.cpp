@@ -634,7 +634,6 @@ LoweredProgram RowLowering::run() {
   k_.resident_groups = plan_.resident_groups;
   k_.real = sig_.f64() ? Type::f64 : Type::f32;
   analyse();
-  TILE_CHECK(C == 1 || rows_reductions_.empty(), "a cluster plan for a program reducing over the rows");
   declare_arguments();
 
   // Row blocks are indexed by group, or by cluster when the groups of a cluster share a row.
@@ -678,11 +677,19 @@ LoweredProgram RowLowering::run() {
     begin_row(loop, block);
     for (Stmt& s : row_body()) loop.push_back(std::move(s));
     // The next row block reuses the merges' shared slots: every warp must have read the
-    // previous block's partials before any warp overwrites them.
-    TILE_CHECK(C == 1, "a cluster plan over several row blocks (exchange regions are single-phase)");
-    if (!k_.shared.empty()) loop.push_back(barrier(merge_scope()));
+    // previous block's partials before any warp overwrites them. On a cluster, the exchange
+    // regions take one phase a row: each group arrives once it has read the row's (releasing
+    // those reads) and waits before the next row's first push, so the arrive's latency overlaps
+    // the row's output pass and the next row's loads; the first row's wait pairs with an arrive
+    // before the loop, and a wait after it ends the last row's.
+    const bool other_shared =
+        std::any_of(k_.shared.begin(), k_.shared.end(), [](const SharedRegion& r) { return r.pushes == 0; });
+    if (other_shared) loop.push_back(barrier(merge_scope()));
+    if (cluster_resident_) loop.push_back(cluster_arrive());
     loop.push_back(assign(first_row_, b1_const(false)));
+    if (cluster_resident_) body.push_back(cluster_arrive());
     body.push_back(for_(it, i64(0), count, std::move(loop)));
+    if (cluster_resident_) body.push_back(cluster_wait());
     flush_rows(body);
   } else {
     std::vector<Stmt> row;
@@ -1804,8 +1811,10 @@ void RowLowering::store_row_scalars(std::vector<Stmt>& out) {
 }
 
 ExprPtr RowLowering::slot_base() const {
-  // (group_index * P + program_in_group) * (col_parts * cols + fixed_parts)
-  ExprPtr slot = binary(BinOp::add, binary(BinOp::mul, special(Special::group_index), i64_const(plan_.programs_per_group)),
+  // (group_index * P + program_in_group) * (col_parts * cols + fixed_parts); a cluster's groups
+  // share its slot (one program each), each writing the columns of its slice.
+  const Special owner = plan_.ctas_per_program > 1 ? Special::cluster_index : Special::group_index;
+  ExprPtr slot = binary(BinOp::add, binary(BinOp::mul, special(owner), i64_const(plan_.programs_per_group)),
                         cast(Type::i64, special(Special::program_in_group)));
   ExprPtr stride = binary(BinOp::add, binary(BinOp::mul, i64_const(lowered_.col_parts), param(p_cols_, Type::i64)),
                           i64_const(lowered_.fixed_parts));
@@ -1893,7 +1902,11 @@ void RowLowering::flush_rows(std::vector<Stmt>& out) {
                                       i64_const(ws_offset_[red] + int(q))));
         stores.push_back(store({row_acc_[red][q]}, ws_buffer_, index, i64(1), b1_const(false)));
       }
-      out.push_back(if_(binary(BinOp::eq, special(Special::worker_in_program), i32_const(0)), std::move(stores)));
+      // A row value is the same in every group of a cluster: rank 0's first worker writes it.
+      ExprPtr first = binary(BinOp::eq, special(Special::worker_in_program), i32_const(0));
+      if (plan_.ctas_per_program > 1)
+        first = binary(BinOp::and_, first, binary(BinOp::eq, special(Special::cta_in_cluster), i32_const(0)));
+      out.push_back(if_(first, std::move(stores)));
       continue;
     }
     if (plan_.caching != InputCaching::registers) continue;  // already in the workspace

@@ -599,12 +599,9 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     if (p.caching == InputCaching::reread)
       fail("caching", "\"registers\" or \"shared\" when ctas_per_program > 1 (each group caches its slice of the row)",
            "\"" + to_string(p.caching) + "\"");
-    if (in.reduces_rows)
-      fail("ctas_per_program", "1 for a program with a reduction over the rows (its partials are kept per group)",
-           str(C));
-    // A cluster merges through single-phase exchange regions: one row block a cluster.
-    if (p.grid_limit > 0)
-      fail("grid_limit", "0 when ctas_per_program > 1 (a cluster takes one row block)", str(p.grid_limit));
+    // A cluster looping over row blocks (grid_limit > 0, as reductions over the rows need) merges
+    // each row through its exchange regions' next phase; its groups keep the partials of the
+    // columns of their slices in one workspace slot a cluster.
   }
   // The passes of all workers over a row are counted in 32 bits (the stripes field).
   if (ceil_div(in.cols, int64_t(C) * W * V) > INT32_MAX)

@@ -441,7 +441,7 @@ TEST(VerifierProof, RejectsAGroupThatNeverWaitsForItsPushes) {
   EXPECT_TRUE(mentions(verify(k), "exchange wait of 'exchange' under control flow that is not uniform across the cluster"));
   EXPECT_THROW(run_cluster(k, 2), cpu::ExecutionError);
   k = cluster_exchange_sum(2, {.wait_in_loop = true});
-  EXPECT_TRUE(mentions(verify(k), "exchange wait of 'exchange' inside a loop"));
+  EXPECT_TRUE(mentions(verify(k), "exchange region 'exchange' waited again before its previous phase is retired"));
 }
 
 TEST(VerifierProof, TheExecutorRefusesTwoPushesIntoOneSlot) {
@@ -452,6 +452,33 @@ TEST(VerifierProof, TheExecutorRefusesTwoPushesIntoOneSlot) {
   } catch (const cpu::ExecutionError& e) {
     EXPECT_NE(std::string(e.what()).find("second remote shared push into slot 0"), std::string::npos) << e.what();
   }
+}
+
+// A cluster looping over row blocks takes one phase of its exchange region a row: accepted, and
+// each row's sum right, where an arrive after the reads and a wait before the next pushes
+// retire each phase; without them the verifier refuses the next push and the executor reports
+// the push racing with the last phase's reads.
+TEST(VerifierProof, AcceptsOnePhaseOfAnExchangeRegionARow) {
+  for (int C : {2, 4, 16}) {
+    Kernel k = cluster_exchange_sum(C, {.loop_over_rows = true});
+    EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
+    run_cluster(k, 5, /*loop=*/true);
+  }
+  Kernel k = cluster_exchange_sum(2, {.loop_over_rows = true, .no_retire = true});
+  EXPECT_TRUE(
+      mentions(verify(k), "remote shared push into exchange region 'exchange' before its previous phase is retired"));
+  EXPECT_TRUE(mentions(verify(k), "exchange region 'exchange' waited again before its previous phase is retired"));
+  try {
+    run_cluster(k, 5, /*loop=*/true);
+    ADD_FAILURE() << "pushes of the next phase with no cluster barrier ran";
+  } catch (const cpu::ExecutionError& e) {
+    EXPECT_NE(std::string(e.what()).find("with no cluster barrier after that group's reads of phase 0"),
+              std::string::npos)
+        << e.what();
+  }
+  k = cluster_exchange_sum(2, {.loop_over_rows = true, .read_after_arrive = true});
+  EXPECT_TRUE(
+      mentions(verify(k), "shared load of exchange region 'exchange' after the cluster arrive that retires its phase"));
 }
 
 TEST(VerifierProof, RejectsAnArriveLeftWithoutItsWait) {

@@ -207,7 +207,8 @@ TEST(LowerRowProgram, RowBlockLoopsReuseSharedSlotsAfterABarrier) {
 // A row split over the C groups of a cluster: each group caches its slice, and the partial
 // states merge through exchange regions in distributed shared memory, every warp pushing its
 // states to every group (the executor reports a read before the wait, a second push into a slot
-// and a push into a group that exited). A cluster plan looping over row blocks is refused.
+// and a push into a group that exited). Two clusters looping over the five rows (grid_limit 2)
+// take one phase of their exchange regions a row.
 TEST(LowerRowProgram, ClusterProgramsSplitEachRowOverTheGroupsOfACluster) {
   RowProgram p("centered_softmax");
   Operand x = p.row_in("x"), y = p.row_out("y");
@@ -236,16 +237,6 @@ TEST(LowerRowProgram, ClusterProgramsSplitEachRowOverTheGroupsOfACluster) {
             SCOPED_TRACE(std::to_string(cols) + " cols, plan " + req.to_json());
             out.poison();
             LaunchRecord rec;
-            if (grid_limit > 0) {  // a cluster takes one row block: refused, by name
-              try {
-                run(p, args, {req, nullptr, Backend::cpu});
-                ADD_FAILURE() << "a cluster plan looping over row blocks ran";
-              } catch (const Error& e) {
-                EXPECT_NE(std::string(e.what()).find("plan.grid_limit': expected 0 when ctas_per_program > 1"),
-                          std::string::npos) << e.what();
-              }
-              continue;
-            }
             try {
               rec = run(p, args, {req, nullptr, Backend::cpu});
             } catch (const Error& e) {  // a slice beyond the private budget at this width
@@ -253,14 +244,14 @@ TEST(LowerRowProgram, ClusterProgramsSplitEachRowOverTheGroupsOfACluster) {
               continue;
             }
             ++launched;
-            EXPECT_EQ(rec.groups, 5 * C);
+            EXPECT_EQ(rec.groups, (grid_limit > 0 ? grid_limit : 5) * C);
             EXPECT_EQ(rec.plan.stripes, (cols + C * workers * rec.plan.vector_elems - 1) / (C * workers * rec.plan.vector_elems));
             const OracleCheck check = check_against_reference(p, args);
             EXPECT_TRUE(check.ok) << check.first_mismatch;
             EXPECT_TRUE(out.outside_untouched());
           }
   }
-  EXPECT_GE(launched, 30);
+  EXPECT_GE(launched, 60);
   // The IR: lanes 0 .. C-1 of every warp push its states to the C groups (one exchange region a
   // merge), one wait a region, a fold over segments of 8 lanes (C x 2 warps partials: 6 for
   // C = 3, the rest the identity), one split cluster barrier around the row's loads and local
@@ -806,6 +797,64 @@ TEST(LowerRowProgram, PrefetchedRowBlocksComputeWhatLoadingEachInTurnComputes) {
           EXPECT_EQ(results[0], results[1]) << dtype_name(dt) << " " << rows << "x" << cols;
         }
     }
+}
+
+// A cluster looping over row blocks reduces over the rows: each group keeps the partials of
+// its slice's columns in registers across its rows and writes them to its cluster's workspace
+// slot. rms_norm_backward and layer_norm_backward (dweight, dbias) in bf16, f32 and f64 against
+// the float64 oracle, over odd columns and row counts that leave clusters without a last row
+// block (grid limits 3 and 7 over 5 and 37 rows), both merges, clusters of 2, 3 and 4; the
+// same plan twice gives the same bits, and the workspace holds one slot a cluster.
+TEST(LowerRowProgram, ClustersLoopingOverRowBlocksReduceOverTheRows) {
+  DeviceLimits clusters;
+  clusters.max_cluster_size = 16;
+  int launched = 0;
+  for (const char* name : {"rms_norm_backward", "layer_norm_backward"})
+    for (DType dt : {DType::bf16, DType::f32, DType::f64})
+      for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 300}, {5, 1001}}) {
+        const RowProgram& p = training_program(name);
+        std::mt19937_64 rng(uint64_t(rows * cols) + uint64_t(dt));
+        const DType stat = dt == DType::f64 ? DType::f64 : DType::f32;
+        testing::HostMatrix dy(dt, rows, cols, cols), x(dt, rows, cols, cols), dx(dt, rows, cols, cols);
+        testing::HostVector w(dt, cols), dw(dt, cols), db(dt, cols), rstd(stat, rows), mean(stat, rows);
+        dy.fill_random(rng), x.fill_random(rng), w.fill_random(rng, 1.0, 0.5), rstd.fill_random(rng, 1.0, 0.2);
+        mean.fill_random(rng, 0.0, 0.3);
+        Args args;
+        args.set("dy", dy.view()).set("x", x.view()).set("weight", w.view()).set("rstd", rstd.view());
+        args.set("dx", dx.view()).set("dweight", dw.view());
+        if (std::string(name) == "layer_norm_backward") args.set("mean", mean.view()).set("dbias", db.view());
+        const BoundCall call = bind(p, args);
+        const Reference want = reference(p, args);
+        for (int C : {2, 3, 4})
+          for (int grid_limit : {3, 7})
+            for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine}) {
+              PlanRequest req;
+              req.ctas_per_program = C, req.workers_per_program = 32, req.grid_limit = grid_limit, req.merge = merge;
+              req.caching = InputCaching::registers, req.private_budget = 255;
+              const MappingPlan plan = choose_plan(call.plan_inputs(), req, clusters);
+              SCOPED_TRACE(std::string(name) + " " + std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" +
+                           std::to_string(cols) + " " + plan.to_json());
+              std::vector<std::vector<uint8_t>> results;
+              for (int k = 0; k < 2; ++k) {
+                dx.poison();
+                std::fill(dw.bytes.begin(), dw.bytes.end(), 0xff);
+                std::fill(db.bytes.begin(), db.bytes.end(), 0xff);
+                const LaunchRecord rec = run(p, args, {req, nullptr, Backend::cpu});
+                EXPECT_EQ(rec.groups, std::min<int64_t>(rows, grid_limit) * C);
+                EXPECT_EQ(workspace_slots(rec.plan, rec.groups), std::min<int64_t>(rows, grid_limit));
+                const OracleCheck check = check_against_reference(p, args, want);
+                EXPECT_TRUE(check.ok) << check.first_mismatch;
+                EXPECT_TRUE(dx.outside_untouched());
+                std::vector<uint8_t> out(dx.bytes());
+                out.insert(out.end(), dw.bytes.begin(), dw.bytes.end());
+                out.insert(out.end(), db.bytes.begin(), db.bytes.end());
+                results.push_back(std::move(out));
+              }
+              EXPECT_EQ(results[0], results[1]);
+              ++launched;
+            }
+      }
+  EXPECT_EQ(launched, 2 * 3 * 2 * 3 * 2 * 2);
 }
 
 // caching "shared": the row slices go to shared memory through async copies, a group of them

@@ -99,8 +99,14 @@ namespace tile::testing {
 // The same row sum merged through an exchange region instead: a split cluster barrier (arrive
 // first, wait before the first push), then lane r < C of each warp pushes the warp's sum to the
 // group of rank r (slot rank x 2 + warp), each group waits for its 2 x C pushes and every
-// worker folds the slots in order; worker 0 of rank 0 stores the sum. Each flag breaks one rule.
+// worker folds the slots in order; worker 0 of rank 0 stores the sum. With loop_over_rows each
+// cluster loops over row blocks cluster_index, + clusters, ..., one phase of the region a row:
+// an arrive after the row's reads, the wait before the next row's pushes, and a wait after the
+// loop for the last arrive. Each flag breaks one rule.
 struct ExchangeSumFlaws {
+  bool loop_over_rows = false;       // (not a flaw) rows looped over, as described above
+  bool no_retire = false;            // in the loop: no arrive and wait between a row's reads and the next pushes
+  bool read_after_arrive = false;    // in the loop: the row's last slot read after its arrive
   bool no_wait_before_push = false;  // pushes with no cluster barrier (split or whole) before them
   bool read_before_wait = false;     // a slot read before the exchange wait
   bool no_exchange_wait = false;     // the group never waits for its pushes
@@ -127,9 +133,8 @@ inline ir::Kernel cluster_exchange_sum(int C, ExchangeSumFlaws f = {}) {
   auto eq = [](ExprPtr a, ExprPtr b) { return binary(BinOp::eq, std::move(a), std::move(b)); };
   const ExprPtr cols = i64_const(64 * C);
   const ExprPtr valid = select(binary(BinOp::lt, r(row), param(0, Type::i64)), i64_const(1), i64_const(0));
-  std::vector<Stmt>& b = k.body;
-  b.push_back(cluster_arrive());
-  b.push_back(assign(row, special(Special::cluster_index)));
+  std::vector<Stmt> b;
+  if (!f.loop_over_rows) b.push_back(assign(row, special(Special::cluster_index)));
   const ExprPtr col = add(binary(BinOp::mul, cast(Type::i64, special(Special::cta_in_cluster)), i64_const(64)),
                           cast(Type::i64, special(Special::worker_in_program)));
   b.push_back(load({v}, 0, add(binary(BinOp::mul, r(row), cols), col), valid, b1_const(false), false, 0.0f));
@@ -137,7 +142,7 @@ inline ir::Kernel cluster_exchange_sum(int C, ExchangeSumFlaws f = {}) {
     b.push_back(shfl_xor(t, v, off, 32));
     b.push_back(assign(v, add(r(v), r(t))));
   }
-  if (!f.no_wait_before_push) b.push_back(cluster_wait());
+  if (!f.no_wait_before_push && !f.no_retire) b.push_back(cluster_wait());
   const ExprPtr slot = f.same_slot ? i32_const(0)
                                    : add(binary(BinOp::mul, special(Special::cta_in_cluster), i32_const(2)),
                                          special(Special::warp_in_program));
@@ -153,12 +158,29 @@ inline ir::Kernel cluster_exchange_sum(int C, ExchangeSumFlaws f = {}) {
   if (f.arrive_unwaited) b.push_back(cluster_arrive());
   b.push_back(shared_load(total, 0, i32_const(0)));
   for (int s = 1; s < 2 * C; ++s) {
+    if (f.read_after_arrive && s == 2 * C - 1) b.push_back(cluster_arrive());
     b.push_back(shared_load(t, 0, i32_const(s)));
     b.push_back(assign(total, add(r(total), r(t))));
   }
   b.push_back(if_(binary(BinOp::and_, eq(special(Special::worker_in_program), i32_const(0)),
                          eq(special(Special::cta_in_cluster), i32_const(0))),
                   {store({total}, 1, r(row), valid, b1_const(false))}));
+  k.body.push_back(cluster_arrive());
+  if (!f.loop_over_rows) {
+    for (Stmt& st : b) k.body.push_back(std::move(st));
+    return k;
+  }
+  if (f.no_retire) k.body.push_back(cluster_wait());  // resident, then never again
+  const ExprPtr clusters = binary(BinOp::div, special(Special::group_count), i64_const(C));
+  std::vector<Stmt> loop = {assign(row, add(special(Special::cluster_index), binary(BinOp::mul, r(it), clusters)))};
+  for (Stmt& st : b) loop.push_back(std::move(st));
+  if (!f.no_retire && !f.read_after_arrive) loop.push_back(cluster_arrive());
+  const ExprPtr count = binary(BinOp::div,
+                               add(binary(BinOp::sub, param(0, Type::i64), special(Special::cluster_index)),
+                                   binary(BinOp::sub, clusters, i64_const(1))),
+                               clusters);
+  k.body.push_back(for_(it, i64_const(0), count, std::move(loop)));
+  if (!f.no_retire) k.body.push_back(cluster_wait());
   return k;
 }
 

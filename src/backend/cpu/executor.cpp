@@ -576,8 +576,11 @@ class Runner {
         pgen_(size_t(C_) * k.programs_per_group),
         remote_reader_(C_, -1),
         received_(size_t(C_) * k.shared.size()),
+        opened_(size_t(C_) * k.shared.size()),
         pushed_(shared_.size()),
-        waited_(size_t(N_) * k.shared.size()),
+        read_gen_(shared_.size()),
+        waits_(size_t(N_) * k.shared.size()),
+        known_(N_),
         arrivals_(N_),
         staged_(size_t(C_) * size_t(k.staged_bytes())),
         open_(N_),
@@ -662,8 +665,11 @@ class Runner {
     std::fill(remote_reader_.begin(), remote_reader_.end(), -1);
     std::fill(shared_.begin(), shared_.end(), shared_init_);
     std::fill(received_.begin(), received_.end(), 0);
-    std::fill(pushed_.begin(), pushed_.end(), 0);
-    std::fill(waited_.begin(), waited_.end(), 0);
+    std::fill(opened_.begin(), opened_.end(), 0u);
+    std::fill(pushed_.begin(), pushed_.end(), 0u);
+    std::fill(waits_.begin(), waits_.end(), 0u);
+    std::fill(read_gen_.begin(), read_gen_.end(), 0u);
+    std::fill(known_.begin(), known_.end(), 0u);
     std::fill(arrivals_.begin(), arrivals_.end(), 0);
     std::fill(staged_.begin(), staged_.end(), uint8_t(0xff));  // NaN bits; never read uncopied
     std::fill(elems_.begin(), elems_.end(), StagedElem{});
@@ -1142,11 +1148,23 @@ class Runner {
     const size_t slot = size_t(c) * E_ + size_t(reg.base) + size_t(p) * reg.program_stride + size_t(i);
     if (reg.pushes > 0) {  // an exchange region: written by pushes only, read after the wait
       if (write || c != cta(t)) fail(t, std::string(write ? "shared store into" : "remote load of") + " exchange region '" + reg.name + "'");
-      if (!waited_[size_t(t) * k_.shared.size() + size_t(in.b)])
+      // The worker reads the phase it last waited for: the slot must hold that phase's push.
+      const uint32_t phase = waits_[size_t(t) * k_.shared.size() + size_t(in.b)];
+      if (phase == 0)
         throw ExecutionError("data race on exchange region '" + reg.name + "' slot " + std::to_string(i) + ": worker " +
                              std::to_string(t % T_) + " of group " + std::to_string(group_of(t)) +
                              " reads it before its exchange wait, in cluster " + std::to_string(cluster_) +
                              " of kernel '" + k_.name + "'");
+      if (pushed_[slot] != phase)
+        throw ExecutionError("data race on exchange region '" + reg.name + "' slot " + std::to_string(i) + ": worker " +
+                             std::to_string(t % T_) + " of group " + std::to_string(group_of(t)) + " reads phase " +
+                             std::to_string(phase - 1) + " of it, which holds " +
+                             (pushed_[slot] > phase
+                                  ? "the push of phase " + std::to_string(pushed_[slot] - 1) +
+                                        " (no cluster barrier between this phase's reads and the next one's pushes)"
+                                  : std::string("no push of that phase")) +
+                             ", in cluster " + std::to_string(cluster_) + " of kernel '" + k_.name + "'");
+      read_gen_[slot] = std::max(read_gen_[slot], uint32_t(arrivals_[t] + 1));  // the arrive that orders this read
       return slot;
     }
     SlotLog& log = logs_[slot];
@@ -1210,28 +1228,46 @@ class Runner {
                   ", which has exited");
     const int p = (t % T_) / W_;
     const size_t slot = size_t(rank) * E_ + size_t(reg.base) + size_t(p) * reg.program_stride + size_t(i);
-    if (pushed_[slot])
+    // The pusher's phase: the waits of this region it passed. The receiver's open phase must be
+    // that one (an earlier one still open would count this push early).
+    const size_t at = size_t(rank) * k_.shared.size() + size_t(in.b);
+    const uint32_t phase = waits_[size_t(t) * k_.shared.size() + size_t(in.b)];
+    if (phase != opened_[at])
+      fail(t, "remote shared push of phase " + std::to_string(phase) + " into exchange region '" + reg.name +
+                  "' of group " + std::to_string(cluster_ * C_ + rank) + ", whose open phase is " +
+                  std::to_string(opened_[at]) +
+                  " (a cluster barrier must retire each phase before the next one's pushes)");
+    if (pushed_[slot] == phase + 1)
       fail(t, "second remote shared push into slot " + std::to_string(i) + " of exchange region '" + reg.name +
-                  "' of group " + std::to_string(cluster_ * C_ + rank) + " (each slot takes one push)");
-    int& n = received_[size_t(rank) * k_.shared.size() + size_t(in.b)];
+                  "' of group " + std::to_string(cluster_ * C_ + rank) + " (each slot takes one push a phase)");
+    // The slot's last reads must lie before a cluster arrive whose barrier this worker waited for.
+    if (read_gen_[slot] > known_[t])
+      throw ExecutionError("data race on exchange region '" + reg.name + "' slot " + std::to_string(i) + " of group " +
+                           std::to_string(cluster_ * C_ + rank) + ": worker " + std::to_string(t % T_) + " of group " +
+                           std::to_string(group_of(t)) + " pushes phase " + std::to_string(phase) +
+                           " with no cluster barrier after that group's reads of phase " + std::to_string(phase - 1) +
+                           ", in cluster " + std::to_string(cluster_) + " of kernel '" + k_.name + "'");
+    int& n = received_[at];
     if (++n > reg.pushes)
       fail(t, "more remote shared pushes into exchange region '" + reg.name + "' of group " +
                   std::to_string(cluster_ * C_ + rank) + " than the " + std::to_string(reg.pushes) + " it awaits");
-    pushed_[slot] = 1;
+    pushed_[slot] = phase + 1;
     shared_[slot] = v;
     ++stats_.remote_pushes;
   }
 
-  // Every exchange region of every group received all its pushes by the cluster's end (a
-  // group that skipped its wait would otherwise pass unnoticed).
+  // Every exchange region of every group had each phase's pushes waited for by the cluster's
+  // end (a group that skipped its wait would otherwise pass unnoticed).
   void check_exchanges() const {
     for (int c = 0; c < C_; ++c)
       for (size_t g = 0; g < k_.shared.size(); ++g) {
         const int want = k_.shared[g].pushes, got = received_[size_t(c) * k_.shared.size() + g];
-        if (want > 0 && got != want)
-          throw ExecutionError("exchange region '" + k_.shared[g].name + "' of group " + std::to_string(cluster_ * C_ + c) +
-                               " received " + std::to_string(got) + " of its " + std::to_string(want) +
-                               " pushes by the end of kernel '" + k_.name + "'");
+        if (want > 0 && got != 0)
+          throw ExecutionError("exchange region '" + k_.shared[g].name + "' of group " +
+                               std::to_string(cluster_ * C_ + c) + " received " + std::to_string(got) + " of its " +
+                               std::to_string(want) + " pushes of phase " +
+                               std::to_string(opened_[size_t(c) * k_.shared.size() + g]) +
+                               " without a wait for them by the end of kernel '" + k_.name + "'");
       }
   }
 
@@ -1275,15 +1311,24 @@ class Runner {
       bool all = true;
       for (int u = 0; u < N_ && all; ++u) all = arrivals_[u] >= arrivals_[t];
       if (!all) continue;
+      known_[t] =
+          uint32_t(arrivals_[t]);  // every worker's accesses before its arrival that many are ordered before t's
       resume(t, t + 1);
       any = true;
     }
     // An exchange wait releases each worker on its own, once its group has every push.
     for (int t = 0; t < N_; ++t) {
       if (state_[t] != kWaiting || code[pc_[t]].op != Op::exchange_wait) continue;
+      // The worker's phase completes with its pushes (the first of its group's workers to pass
+      // closes it); a later worker of the group passes a completed phase at once.
       const int region = code[pc_[t]].b;
-      if (received_[size_t(cta(t)) * k_.shared.size() + size_t(region)] < k_.shared[region].pushes) continue;
-      waited_[size_t(t) * k_.shared.size() + size_t(region)] = 1;
+      const size_t at = size_t(cta(t)) * k_.shared.size() + size_t(region);
+      uint32_t& mine = waits_[size_t(t) * k_.shared.size() + size_t(region)];
+      if (mine == opened_[at]) {
+        if (received_[at] < k_.shared[region].pushes) continue;
+        ++opened_[at], received_[at] = 0;
+      }
+      ++mine;
       resume(t, t + 1);
       any = true;
     }
@@ -1337,6 +1382,7 @@ class Runner {
       for (uint32_t& g : ggen_) ++g;
       for (uint32_t& g : pgen_) ++g;
       std::fill(remote_reader_.begin(), remote_reader_.end(), -1);
+      for (int t = 0; t < N_; ++t) known_[t] = uint32_t(++arrivals_[t]);  // a whole barrier: an arrival and its wait
       resume(0, N_);
       ++stats_.barriers;
       any = true;
@@ -1415,9 +1461,12 @@ class Runner {
   std::vector<uint32_t> pgen_;        // per program of the cluster
   std::vector<int32_t> remote_reader_;  // per group: a worker of another group that read its
                                         // shared memory since the last cluster barrier, or -1
-  std::vector<int> received_;     // (C_, regions): pushes each group's exchange regions received
-  std::vector<uint8_t> pushed_;   // per shared slot of the cluster: pushed into already
-  std::vector<uint8_t> waited_;   // (N_, regions): the worker passed the region's exchange wait
+  std::vector<int> received_;       // (C_, regions): pushes of the open phase each group's exchange regions received
+  std::vector<uint32_t> opened_;    // (C_, regions): the open phase (phases completed before it)
+  std::vector<uint32_t> pushed_;    // per shared slot of the cluster: 1 + the phase of its last push (0: none)
+  std::vector<uint32_t> read_gen_;  // per shared slot of the cluster: the cluster arrival that orders its last read
+  std::vector<uint32_t> waits_;     // (N_, regions): exchange waits of the region the worker passed
+  std::vector<uint32_t> known_;     // per worker: cluster arrivals of every worker its completed waits saw
   std::vector<int> arrivals_;     // per worker: cluster arrives so far
   std::vector<uint8_t> staged_;   // (C_, staged bytes): staged regions as stored, at staged_offset
   // Per worker: the group its async copies go to now (groups are numbered from 0 as they

@@ -43,7 +43,7 @@ class CpuTarget final : public Target {
     rec.groups = grid_groups(call, pk.plan);
     rec.threads_per_group = lp.main.kernel.threads_per_group();
     rec.shared_bytes = lp.main.kernel.shared_bytes();
-    const int64_t slots = rec.groups * pk.plan.programs_per_group;
+    const int64_t slots = workspace_slots(pk.plan, rec.groups);
     // The caller's workspace (host memory, checked by run() to hold ws_elems), else our own.
     const int64_t ws_elems = workspace_elems(pk, call);
     std::vector<double> own;  // holds f32 or f64 partials

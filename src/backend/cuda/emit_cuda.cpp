@@ -106,6 +106,9 @@ class CudaEmitter : public IRPrinter {
       line("if (tile_tid == 0) {");
       for (int e = 0; e < exchanges; ++e) line("  tile_exchange_init(&tile_exchange[" + std::to_string(e) + "]);");
       line("}");
+      // Each thread counts its waits of a region (uniform across the cluster): the parity of
+      // the phase its next wait is for.
+      for (int e = 0; e < exchanges; ++e) line("unsigned tile_exchange_phase" + std::to_string(e) + " = 0u;");
     }
     for (size_t i = 0; i < k_.regs.size(); ++i)
       line(type_spelling(k_.regs[i].type) + " " + names_[i] + ";" +
@@ -451,9 +454,10 @@ class CudaEmitter : public IRPrinter {
   }
   void visit_exchange_wait(const Stmt& s) override {
     const SharedRegion& r = k_.shared[s.region];
-    line("tile_exchange_wait(&tile_exchange[" + std::to_string(exchange_of(s.region)) + "], " +
-         std::to_string(r.pushes * (k_.real == Type::f64 ? 8 : 4)) + ");  // " + r.name + ", " +
-         std::to_string(r.pushes) + " pushes");
+    const std::string e = std::to_string(exchange_of(s.region));
+    line("tile_exchange_wait(&tile_exchange[" + e + "], " + std::to_string(r.pushes * (k_.real == Type::f64 ? 8 : 4)) +
+         ", tile_exchange_phase" + e + ");  // " + r.name + ", " + std::to_string(r.pushes) + " pushes");
+    line("tile_exchange_phase" + e + " ^= 1u;");
   }
   int exchange_of(int region) const {
     int e = 0;

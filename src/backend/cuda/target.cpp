@@ -211,7 +211,7 @@ class CudaReplay final : public Replay {
       : pk_(std::move(pk)), call_(call), kernels_(std::move(kernels)), context_(context), context_id_(context_id) {
     const LoweredProgram& lp = pk_->lowered;
     groups_ = grid_groups(call_, pk_->plan);
-    const int64_t slots = groups_ * pk_->plan.programs_per_group;
+    const int64_t slots = workspace_slots(pk_->plan, groups_);
     params_ = argument_values(lp.main, call_, nullptr, 0, slots).params;
     if (lp.finish) {
       workspace_elems_ = workspace_elems(*pk_, call_);
@@ -356,7 +356,7 @@ class CudaTarget final : public Target {
     rec.compile_options = loaded.first.module->options;
 
     const CUstream stream = static_cast<CUstream>(options.stream);
-    const int64_t slots = rec.groups * pk.plan.programs_per_group;
+    const int64_t slots = workspace_slots(pk.plan, rec.groups);
     void* workspace = nullptr;
     const int64_t ws_elems = workspace_elems(pk, call);
     if (lp.finish) {

@@ -161,28 +161,30 @@ TILE_DEVICE void tile_remote_shared_push(double* p, unsigned long long* bar, int
 #endif
 }
 
-// Waits for phase 0 of an exchange region's transaction barrier: thread 0 arrives expecting
-// the region's bytes (pushes landed before count against them), then every push has landed.
-TILE_DEVICE void tile_exchange_wait(unsigned long long* bar, unsigned bytes) {
+// Waits for the phase of parity `phase` of an exchange region's transaction barrier: thread 0
+// arrives expecting the region's bytes (pushes landed before count against them), then every
+// push of the phase has landed. The caller flips its phase after each wait; pushes of the next
+// phase land only after the cluster barrier that retires this one, so none counts early.
+TILE_DEVICE void tile_exchange_wait(unsigned long long* bar, unsigned bytes, unsigned phase) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (threadIdx.x == 0)
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  : : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
   asm volatile(
       "{\n\t.reg .pred done;\n\tTILE_WAIT_%=:\n\t"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n\t@!done bra TILE_WAIT_%=;\n\t}"
-      : : "r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t@!done bra TILE_WAIT_%=;\n\t}"
+      : : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(phase) : "memory");
 #else
   __trap();
 #endif
 }
 
-// The halves of a split cluster barrier, for work between them: the arrive is relaxed (it
-// publishes no earlier memory accesses; exchange barriers' initialisation has its own fence),
-// the wait acquires.
+// The halves of a split cluster barrier, for work between them: the arrive releases (a
+// cluster looping over row blocks arrives after reading a row's exchange slots, which the
+// next row's pushes overwrite once the wait returns), the wait acquires.
 TILE_DEVICE void tile_cluster_arrive() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" : : : "memory");
+  asm volatile("barrier.cluster.arrive.release.aligned;" : : : "memory");
 #else
   __trap();
 #endif
