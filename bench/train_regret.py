@@ -20,15 +20,18 @@ the row's input is 16 KiB or more, re-reading with 256, 512 or 1024 workers and 
 2 or 4, and register caching with 1024 workers and a budget of 128 scalars; the other caching
 than the policy's (re-reading at its width, or register caching with a budget of 128 scalars,
 the width and a cluster left to the policy); where it is more than 32 KiB (the
-policy re-reads) and the program has no reduction over the rows, rows split over a cluster of
-2, 4, 8 or 16 groups of 256, 512 or 1024 workers caching the row (where at most half the
-workers of a stripe have no vector); where the program reduces over the rows (dweight, dbias;
+policy re-reads), rows split over a cluster of 2, 4, 8 or 16 groups of 256, 512 or 1024
+workers caching the row (where at most half the workers of a stripe have no vector), and for a
+program reducing over the rows (whose cluster groups loop over row blocks) where the row's input
+is 16 KiB or more, those of at most four stripes, also at two and four resident groups an SM
+(up to 1024 threads); where the program reduces over the rows (dweight, dbias;
 cross-entropy's summed losses, absent here), half, twice and four times the policy's grid
 limit, the groups that loop over the rows (where it changes the grid), and for a register-cached
 row the other row_prefetch, prefetching with a budget of 128 scalars (so at half and twice the
 grid limit, and at the widths giving 1, 2 or 4 stripes), and for 16-bit row inputs the packed
 register cache, prefetching or not; and where the call has a second phase (a workspace of
-partials), 128, 512 or 1024 workers folding the partials.
+partials), 128, 512 or 1024 workers folding the partials. --family clusters keeps the policy's
+plan and the cluster candidates only (a quick run).
 Candidates are resolved with tile.builtin(name).plan() and deduplicated; a request the
 validation refuses is recorded as rejected with its message.
 Every plan is run with its outputs poisoned (NaN; the logits restored before a cross-entropy
@@ -180,11 +183,31 @@ def row_input_bytes(program, ops):
     return sum(a.itemsize for a in row_inputs(program, ops))
 
 
-def candidates(n, rows, policy, row_bytes, second_phase, all_16bit=False):
+def cluster_candidates(n, policy, row_bytes):
+    """Rows split over a cluster (the module's docstring says which)."""
+    v = policy["vector_elems"]
+    reduces_rows = policy["grid_limit"] > 0
+    if n * row_bytes <= (REGISTER_ROW_BYTES // 2 if reduces_rows else REGISTER_ROW_BYTES):
+        return []
+    out = []
+    for c in (2, 4, 8, 16):
+        for w in (256, 512, 1024):
+            if c * w * v > 2 * n or (reduces_rows and 4 * c * w * v < n):
+                continue
+            out.append({"ctas_per_program": c, "workers_per_program": w, "caching": "registers"})
+            if reduces_rows:
+                out += [{"ctas_per_program": c, "workers_per_program": w, "caching": "registers",
+                         "resident_groups": g} for g in (2, 4) if g * w <= 1024]
+    return out
+
+
+def candidates(n, rows, policy, row_bytes, second_phase, all_16bit=False, family="all"):
     """Plan requests around the policy's plan (None), for rows of n elements of row_bytes input
     bytes a column; second_phase: the call folds partials of a reduction over the rows in a
     second kernel (its workspace is not empty); all_16bit: every row input is 16-bit. The
     module's docstring says which."""
+    if family == "clusters":
+        return [None] + cluster_candidates(n, policy, row_bytes)
     v = policy["vector_elems"]
     vectors = -(-n // v)
     reduces_rows = policy["grid_limit"] > 0
@@ -209,9 +232,7 @@ def candidates(n, rows, policy, row_bytes, second_phase, all_16bit=False):
     # The other caching at the policy's width (a long row asking for registers may get a cluster)
     out.append({"caching": "reread"} if policy["caching"] == "registers" else
                {"caching": "registers", "private_budget": 128})
-    if n * row_bytes > REGISTER_ROW_BYTES and not reduces_rows:
-        out += [{"ctas_per_program": c, "workers_per_program": w, "caching": "registers"} for c in (2, 4, 8, 16)
-                for w in (256, 512, 1024) if c * w * v <= 2 * n]
+    out += cluster_candidates(n, policy, row_bytes)
     if reduces_rows:
         g0, blocks = policy["grid_limit"], -(-rows // policy["programs_per_group"])
         out += [{"grid_limit": g} for g in (g0 // 2, 2 * g0, 4 * g0) if g >= 1 and min(g, blocks) != min(g0, blocks)]
@@ -229,7 +250,7 @@ def candidates(n, rows, policy, row_bytes, second_phase, all_16bit=False):
     return out
 
 
-def family(program, ops, rows, n):
+def family(program, ops, rows, n, which="all"):
     """The candidates of one call resolved with program.plan() (regret.resolve: deduplicated,
     refusals recorded); only the policy's, rejected, when the policy's plan cannot be resolved."""
     def plan_of(request):
@@ -240,15 +261,15 @@ def family(program, ops, rows, n):
         return first
     second_phase = program.workspace_bytes(**ops) > 0
     all_16bit = all(a.itemsize == 2 for a in row_inputs(program, ops))
-    return regret.resolve(candidates(n, rows, first[0]["plan"], row_input_bytes(program, ops), second_phase, all_16bit),
-                          plan_of)
+    return regret.resolve(candidates(n, rows, first[0]["plan"], row_input_bytes(program, ops), second_phase, all_16bit,
+                                     which), plan_of)
 
 
-def dry_family(op, dtype, n, rows):
+def dry_family(op, dtype, n, rows, which="all"):
     """family() on the CPU: numpy arrays (empty_case), no GPU."""
     import tile
     c = empty_case(op, dtype, n, rows)
-    entries = family(tile.builtin(op), operands(op, c, new_outputs(op, c)), rows, n)
+    entries = family(tile.builtin(op), operands(op, c, new_outputs(op, c)), rows, n, which)
     tile.clear_kernel_caches()  # each plan resolved was lowered: hundreds of MiB over a whole run
     return entries
 
@@ -272,7 +293,7 @@ def run_point(op, dtype, n, args, gen):
     names = train_sweep.OUTPUTS[case_op]
     program = tile.builtin(op)
     ops = operands(op, c, o)
-    entries = family(program, ops, rows, n)
+    entries = family(program, ops, rows, n, args.family)
 
     def reset():
         for name in names:
@@ -294,6 +315,20 @@ def run_point(op, dtype, n, args, gen):
         reset()
         return sweep.time_ms(lambda: program(plan=fixed, **ops), args.batch_ms, args.batches)[0]
 
+    # Every plan's kernels compiled first, args.compile_jobs at a time (a call releases the GIL
+    # while it compiles); what these calls write is poisoned again before each check.
+    plans = [regret.fixed_plan(e["plan"]) for e in entries if "plan" in e]
+    if args.compile_jobs > 1 and len(plans) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def warm(fixed):
+            try:
+                program(plan=fixed, **ops)
+            except Exception:  # noqa: BLE001 - the check below records the error
+                pass
+        with ThreadPoolExecutor(args.compile_jobs) as pool:
+            list(pool.map(warm, plans))
+        torch.cuda.synchronize()
     regret.measure(entries, check, time_of)
     del c, refs, o, ops
     torch.cuda.empty_cache()
@@ -312,6 +347,10 @@ def parse(argv):
     ap.add_argument("--ce-rows", type=int, default=4096, help="cross-entropy rows (default 4096)")
     ap.add_argument("--batch-ms", type=float, default=10, help="length of one timed batch (default 10)")
     ap.add_argument("--batches", type=int, default=5, help="timed batches per plan (default 5)")
+    ap.add_argument("--family", choices=["all", "clusters"], default="all",
+                    help="the candidates: all (default), or the policy's plan and the cluster candidates only")
+    ap.add_argument("--compile-jobs", type=int, default=8,
+                    help="calls compiling a point's kernels at once before it is measured (default 8)")
     ap.add_argument("--resume", action="store_true", help="keep the points already in --out and add the others")
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="start no point after this many seconds; exit 3 with the file incomplete")
@@ -330,7 +369,7 @@ def list_candidates(args):
     from regret_table import plan_text
     for op, dtype, n in planned(args):
         rows = rows_for(op, dtype, n, args)
-        entries = dry_family(op, dtype, n, rows)
+        entries = dry_family(op, dtype, n, rows, args.family)
         plans = [e for e in entries if "plan" in e]
         print(f"{op} {dtype} N={n} rows={rows}: {len(plans)} plans, {len(entries) - len(plans)} rejected")
         for e in entries:

@@ -533,7 +533,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // gained 0-5 % at 32768 and lost up to 4 % beyond.
   int64_t grid = 0;  // one group a row block
   if (in.reduces_rows && p.caching == InputCaching::registers) {
-    grid = std::min<int64_t>(int64_t(p.resident_groups) * limits.sm_count,
+    // A row block of a cluster takes ctas_per_program groups: a wave holds that many fewer.
+    grid = std::min<int64_t>(int64_t(p.resident_groups) * limits.sm_count / p.ctas_per_program,
                              kMaxPartialSlotsPerSm * limits.sm_count / std::max(1, p.programs_per_group));
   } else if (in.reduces_rows) {
     const int64_t groups_per_sm = 2 * std::max<int64_t>(1, 512 / std::max<int64_t>(threads, 1));
