@@ -198,6 +198,10 @@ def cluster_candidates(n, policy, row_bytes):
             if reduces_rows:
                 out += [{"ctas_per_program": c, "workers_per_program": w, "caching": "registers",
                          "resident_groups": g} for g in (2, 4) if g * w <= 1024]
+                # The next row block loaded during this one, within twice the budget.
+                out += [{"ctas_per_program": c, "workers_per_program": w, "caching": "registers",
+                         "row_prefetch": "next", "private_budget": 128, "resident_groups": g}
+                        for g in (1, 2, 4) if g * w <= 1024 and c * w * v * 2 >= n]
     return out
 
 

@@ -605,8 +605,7 @@ LoweredProgram RowLowering::run() {
   whole_ = plan_.alignment == Alignment::require;
   peel_ = plan_.row_head == RowHead::peel;
   prefetch_ = plan_.row_prefetch == RowPrefetch::next;
-  TILE_CHECK(!prefetch_ || (plan_.grid_limit > 0 && plan_.caching == InputCaching::registers && !peel_ &&
-                            plan_.ctas_per_program == 1),
+  TILE_CHECK(!prefetch_ || (plan_.grid_limit > 0 && plan_.caching == InputCaching::registers && !peel_),
              "a prefetching plan that validation should have refused");
   TILE_CHECK(!staged() || (plan_.grid_limit == 0 && !peel_ && plan_.tail == TailHandling::predicate &&
                            plan_.cache_format == CacheFormat::f32),

@@ -691,12 +691,12 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
          "\"once\" only for groups that loop over row blocks (grid_limit > 0) with row_head \"as_is\"",
          "grid_limit " + str(p.grid_limit) + ", row_head \"" + to_string(p.row_head) + "\"");
   if (p.row_prefetch == RowPrefetch::next &&
-      (p.caching != InputCaching::registers || p.grid_limit == 0 || p.row_head != RowHead::as_is || C != 1))
+      (p.caching != InputCaching::registers || p.grid_limit == 0 || p.row_head != RowHead::as_is))
     fail("row_prefetch",
-         "\"none\" unless groups loop over row blocks (grid_limit > 0) with their rows cached in registers, "
-         "row_head \"as_is\" and ctas_per_program 1",
+         "\"none\" unless groups loop over row blocks (grid_limit > 0) with their rows cached in registers and "
+         "row_head \"as_is\"",
          "\"next\" with caching \"" + to_string(p.caching) + "\", grid_limit " + str(p.grid_limit) + ", row_head \"" +
-             to_string(p.row_head) + "\", ctas_per_program " + str(C));
+             to_string(p.row_head) + "\"");
   if (p.cache_format == CacheFormat::packed && (p.caching != InputCaching::registers || !inputs_16bit || V % 2 != 0))
     fail("cache_format", "\"f32\" unless the rows are cached in registers, every row input is 16-bit and vector_elems is even",
          "\"packed\" with caching \"" + to_string(p.caching) + "\", row inputs " + input_dtypes +

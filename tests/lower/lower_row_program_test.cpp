@@ -804,7 +804,8 @@ TEST(LowerRowProgram, PrefetchedRowBlocksComputeWhatLoadingEachInTurnComputes) {
 // slot. rms_norm_backward and layer_norm_backward (dweight, dbias) in bf16, f32 and f64 against
 // the float64 oracle, over odd columns and row counts that leave clusters without a last row
 // block (grid limits 3 and 7 over 5 and 37 rows), both merges, clusters of 2, 3 and 4; the
-// same plan twice gives the same bits, and the workspace holds one slot a cluster.
+// same plan twice gives the same bits, as does it with the next row block prefetched
+// (row_prefetch), and the workspace holds one slot a cluster.
 TEST(LowerRowProgram, ClustersLoopingOverRowBlocksReduceOverTheRows) {
   DeviceLimits clusters;
   clusters.max_cluster_size = 16;
@@ -828,14 +829,15 @@ TEST(LowerRowProgram, ClustersLoopingOverRowBlocksReduceOverTheRows) {
         for (int C : {2, 3, 4})
           for (int grid_limit : {3, 7})
             for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine}) {
-              PlanRequest req;
-              req.ctas_per_program = C, req.workers_per_program = 32, req.grid_limit = grid_limit, req.merge = merge;
-              req.caching = InputCaching::registers, req.private_budget = 255;
-              const MappingPlan plan = choose_plan(call.plan_inputs(), req, clusters);
-              SCOPED_TRACE(std::string(name) + " " + std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" +
-                           std::to_string(cols) + " " + plan.to_json());
               std::vector<std::vector<uint8_t>> results;
-              for (int k = 0; k < 2; ++k) {
+              for (int k = 0; k < 3; ++k) {
+                PlanRequest req;
+                req.ctas_per_program = C, req.workers_per_program = 32, req.grid_limit = grid_limit, req.merge = merge;
+                req.caching = InputCaching::registers, req.private_budget = 255;
+                req.row_prefetch = k == 2 ? RowPrefetch::next : RowPrefetch::none;
+                const MappingPlan plan = choose_plan(call.plan_inputs(), req, clusters);
+                SCOPED_TRACE(std::string(name) + " " + std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" +
+                             std::to_string(cols) + " " + plan.to_json());
                 dx.poison();
                 std::fill(dw.bytes.begin(), dw.bytes.end(), 0xff);
                 std::fill(db.bytes.begin(), db.bytes.end(), 0xff);
@@ -851,6 +853,7 @@ TEST(LowerRowProgram, ClustersLoopingOverRowBlocksReduceOverTheRows) {
                 results.push_back(std::move(out));
               }
               EXPECT_EQ(results[0], results[1]);
+              EXPECT_EQ(results[0], results[2]);  // the next row block prefetched: the same bits
               ++launched;
             }
       }
