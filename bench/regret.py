@@ -8,7 +8,11 @@ programs for rows of at most 32 vectors, and for rows of 16384 elements or more 
 with 256, 512 or 1024 workers and an unroll of 2 or 4, plus register caching with 1024
 workers, and rows split over a thread-block cluster of 2, 4, 8 or 16 groups of 256, 512 or
 1024 workers caching the row in registers (where the slice fits the budget; tile.plan()
-refuses the others, which are left out). Candidates are resolved with tile.plan() and deduplicated, every one is checked
+refuses the others, which are left out). --family clusters keeps the policy's plan and
+persistent cluster plans only, for rows of 16384 elements or more: 4, 8 or 16 groups of 256 or
+512 workers caching the row, looping over one wave of row blocks (one or two groups of 256 an
+SM, one of 512), the norms' weight and bias loaded once a group before the loop (column_loads
+"once", a budget of 255 scalars) or with each row, the next row block prefetched or not. Candidates are resolved with tile.plan() and deduplicated, every one is checked
 against a float64 oracle (torch on the GPU) on the output before it is timed, and a time is
 the median of --batches CUDA-event-timed batches of back-to-back launches of about
 --batch-ms each. Regret = policy time / fastest candidate's time - 1.
@@ -34,6 +38,25 @@ from pathlib import Path
 # torch, tile and the sweep's helpers are imported by main(): the helpers below, which
 # bench/train_regret.py shares, need neither torch nor a GPU.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def cluster_candidates(n, element_bytes, sms, weights):
+    """Persistent cluster plans (the module's docstring says which); weights: the operator
+    reads per-column inputs (a norm's weight and bias)."""
+    out = [None]
+    if n < 16384:
+        return out
+    for ctas in (4, 8, 16):
+        for w in (256, 512):
+            if ctas * w * (16 // element_bytes) > 2 * n:
+                continue
+            for groups in ((1, 2) if w == 256 else (1,)):
+                for loads in (("once", "ahead") if weights else ("ahead",)):
+                    for prefetch in ("none", "next"):
+                        out.append({"ctas_per_program": ctas, "workers_per_program": w, "caching": "registers",
+                                    "resident_groups": groups, "grid_limit": groups * sms // ctas,
+                                    "column_loads": loads, "row_prefetch": prefetch, "private_budget": 255})
+    return out
 
 
 def candidates(n, element_bytes):
@@ -162,6 +185,8 @@ def main(argv):
     ap.add_argument("--input-mib", type=float, default=512)
     ap.add_argument("--batch-ms", type=float, default=10)
     ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--family", choices=["all", "clusters"], default="all",
+                    help="the candidates: all (default), or the policy's plan and persistent cluster plans only")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -181,7 +206,10 @@ def main(argv):
                 kw = sweep.tile_kwargs(op, out, w, b, eps)
                 ref = sweep.reference(op, x, w, b, eps)
                 no_eps = {k: v for k, v in kw.items() if k != "eps"}
-                timed = resolve(candidates(n, es), lambda request: tile.plan(op, x, plan=request, **no_eps))
+                family = (cluster_candidates(n, es, torch.cuda.get_device_properties(0).multi_processor_count,
+                                             op in ("rms_norm", "layer_norm"))
+                          if args.family == "clusters" else candidates(n, es))
+                timed = resolve(family, lambda request: tile.plan(op, x, plan=request, **no_eps))
 
                 def check(fixed):
                     out.fill_(float("nan"))

@@ -53,6 +53,10 @@ constexpr int64_t kRowsReducingCachedBytes = 64 * 1024;
 // Program slots an SM of the partials of a register-cached program reducing over the rows: its
 // workspace holds at most kMaxPartialSlotsPerSm x SMs x cols x parts floats.
 constexpr int64_t kMaxPartialSlotsPerSm = 8;
+// Programs reducing over the rows split rows longer than this over a cluster of groups of
+// kRowsClusterWidth workers (the rule and its measurements are in choose_plan).
+constexpr int64_t kRowsClusterCols = 8192;
+constexpr int kRowsClusterWidth = 512;
 // Threads a group of packed short-row programs aims for.
 constexpr int kTargetGroupThreads = 256;
 // Groups per SM below which packing more rows per group would leave SMs idle.
@@ -249,6 +253,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // 316.2 / 194.9; log_softmax_backward f32 x 32768 246.0 / 189.3; fused_add_rms_norm f32 x
   // 131072 406.0 / 282.3, bf16 x 65536 383.7 / 305.7.
   int cluster = 1, cluster_width = 0;
+  bool rows_cluster = false;  // a program reducing over the rows on a cluster (the rule below)
   const bool free_mapping = !req.stripes && !req.workers_per_program && req.programs_per_group.value_or(1) == 1 &&
                             req.caching.value_or(InputCaching::registers) == InputCaching::registers;
   const bool cluster_wanted =
@@ -290,6 +295,26 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
           break;
         }
     }
+  } else if (limits.max_cluster_size > 1 && in.rows_reduction_parts > 0 && free_mapping && cols > kRowsClusterCols &&
+             kRowsClusterWidth <= limits.max_threads_per_group && row_head == RowHead::as_is &&
+             p.vector_elems == widest_vector) {
+    // A program with per-column accumulators (weight gradients) over rows of more than 8192
+    // elements: the smallest cluster of groups of 512 whose slice and accumulators fit the
+    // budget, its groups looping over row blocks and keeping the accumulators of their columns
+    // (one workspace slot a cluster). Only clusters of 2, unless the program folds two partials
+    // or more a column (layer_norm_backward's dweight and dbias): with one, larger clusters lost
+    // to re-reading. H200, training regret subset (bench/results/train-regret-h200-clusters-5f2078f.json and
+    // -clusters-prefetch-571530c.json), policy before (re-read, or 1024 workers of two stripes) / this plan, us: N =
+    // 16384, bf16 (prefetching) rms_norm_backward 325 / 323, layer_norm_backward 667 / 372, fused_add_rms_norm_backward
+    // 657 / 500, f32 318 / 300, 461 / 297, 536 / 428; layer_norm_backward bf16 x 32768 (cluster of 4) 1130 / 686, x
+    // 131072 (16) 1178 / 829, f32 630 / 489, 640 / 561; rms_norm_backward bf16 x 32768 on 4: 551 / 594, and at 131072
+    // on 16 692 / 751 (they keep re-reading).
+    const int64_t budget = req.private_budget.value_or(64);
+    for (int c = 2; c <= std::min(16, limits.max_cluster_size); c *= 2)
+      if (ceil_div(vectors, int64_t(c) * kRowsClusterWidth) * p.vector_elems * per_elem <= budget) {
+        if (c == 2 || in.rows_reduction_parts >= 2) cluster = c, cluster_width = kRowsClusterWidth, rows_cluster = true;
+        break;
+      }
   }
   // A program with per-column accumulators (a weight gradient: reductions over the rows) keeps
   // them in registers across its rows when the row is cached, and folds them through the
@@ -557,7 +582,17 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
                              p.ctas_per_program == 1 && p.row_head == RowHead::as_is &&
                              one_stripe_prefetching <= p.private_budget &&
                              (p.programs_per_group == 1 || in.merge_parts < 2);
-  p.row_prefetch = req.row_prefetch.value_or(prefetch_fits ? RowPrefetch::next : RowPrefetch::none);
+  // A cluster of the rule above prefetches 16-bit rows within a budget of 128 scalars (bf16 x
+  // 16384, layer_norm_backward: 467 us without, 372 with; f32 rows of four stripes were not
+  // measured prefetching).
+  const int64_t cluster_prefetched =
+      rows_cluster ? int64_t(p.stripes) * p.vector_elems * per_elem + prefetch_scalars(in, p.stripes, p.vector_elems)
+                   : 0;
+  const bool cluster_prefetch = rows_cluster && row_inputs_16bit(in) && !req.row_prefetch &&
+                                cluster_prefetched <= req.private_budget.value_or(128);
+  if (cluster_prefetch && !req.private_budget)
+    p.private_budget = std::max<int>(p.private_budget, int(cluster_prefetched));
+  p.row_prefetch = req.row_prefetch.value_or(prefetch_fits || cluster_prefetch ? RowPrefetch::next : RowPrefetch::none);
   // The second phase reads slots x columns partials, one column per worker: 256 workers keep
   // a group's reads coalesced across a whole row of slots and leave 8 groups an SM.
   p.finish_workers = req.finish_workers.value_or(256);

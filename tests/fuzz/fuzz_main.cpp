@@ -827,6 +827,7 @@ int fuzz(const Options& o) {
       if (d.training) {  // per training operator, and the reruns that checked bitwise equality
         ++tally[train_kind_name(d.t.kind)], ++tally["plan from " + f.origin];
         if (d.t.repeat) ++tally["bitwise reruns"];
+        if (f.plan.ctas_per_program > 1) ++tally["training cluster programs"];
         if (d.t.c.in == DType::f64) ++tally["float64 calls"];
         if (!fail.empty()) {
           ++failures;
@@ -852,6 +853,7 @@ int fuzz(const Options& o) {
       if (p.grid_limit > 0) ++tally["row-block loops"];
       if (p.row_prefetch == RowPrefetch::next) ++tally["next row block prefetched"];
       if (p.ctas_per_program > 1) ++tally["cluster programs"];
+      if (p.ctas_per_program > 1 && p.grid_limit > 0) ++tally["clusters looping over row blocks"];
       if (f.c.special_values) ++tally["special values"];
       if (f.c.x == DType::f64) ++tally["float64 calls"];
       if (!fail.empty()) {

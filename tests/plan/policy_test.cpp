@@ -193,6 +193,47 @@ TEST(Policy, RowsReducingProgramsOfOneVectorAWorkerPrefetchTheNextRowBlock) {
   EXPECT_EQ(choose_plan(two_inputs(16384, 8192, 1), small).row_prefetch, RowPrefetch::none);
 }
 
+// Where the target has clusters, a program with per-column accumulators over rows of more than
+// 8192 elements takes the smallest cluster of groups of 512 whose slice and accumulators fit
+// 64 scalars: clusters of 2 only for one accumulator a column (rms_norm_backward), any size for
+// two (layer_norm_backward); 16-bit rows prefetch the next row block within 128 scalars. The
+// grid is one wave of row blocks (an SM's group each); none on a target without clusters, nor
+// at 8192 columns, nor where no cluster of 16 holds the slice (re-read).
+TEST(Policy, RowsReducingProgramsOfLongRowsSplitThemOverASmallCluster) {
+  DeviceLimits clusters;
+  clusters.max_cluster_size = 16;
+  const int sms = clusters.sm_count;
+  MappingPlan p = choose_plan(two_inputs(8192, 16384, 1), {}, clusters);
+  EXPECT_EQ(p.ctas_per_program, 2) << p.to_json();
+  EXPECT_EQ(p.workers_per_program, 512);
+  EXPECT_EQ(p.stripes, 2);  // 2 x 8 x 3 = 48 scalars
+  EXPECT_EQ(p.caching, InputCaching::registers);
+  EXPECT_EQ(p.row_prefetch, RowPrefetch::next);  // 48 + 2 x 8 x 2 = 80 within 128
+  EXPECT_EQ(p.grid_limit, sms / 2);
+  EXPECT_NO_THROW(validate_plan(p, two_inputs(8192, 16384, 1), clusters, "rms_norm_backward"));
+  p = choose_plan(several_inputs(DType::f32, 4096, 16384, 2, 1), {}, clusters);
+  EXPECT_EQ(p.ctas_per_program, 2) << p.to_json();
+  EXPECT_EQ(p.stripes, 4);                       // 4 x 4 x 3 = 48
+  EXPECT_EQ(p.row_prefetch, RowPrefetch::none);  // f32 rows do not prefetch here
+  // One accumulator at 32768 columns would need a cluster of 4: it re-reads.
+  EXPECT_EQ(choose_plan(two_inputs(4096, 32768, 1), {}, clusters).caching, InputCaching::reread);
+  // Two accumulators a column: clusters of 4 and 16, re-read at 262144.
+  p = choose_plan(two_inputs(4096, 32768, 2), {}, clusters);
+  EXPECT_EQ(p.ctas_per_program, 4) << p.to_json();
+  EXPECT_EQ(p.stripes, 2);  // 2 x 8 x 4 = 64
+  EXPECT_EQ(p.grid_limit, sms / 4);
+  p = choose_plan(two_inputs(1024, 131072, 2), {}, clusters);
+  EXPECT_EQ(p.ctas_per_program, 16) << p.to_json();
+  EXPECT_EQ(choose_plan(two_inputs(512, 262144, 2), {}, clusters).caching, InputCaching::reread);
+  // Not at 8192 columns, nor without clusters.
+  EXPECT_EQ(choose_plan(two_inputs(16384, 8192, 1), {}, clusters).ctas_per_program, 1);
+  EXPECT_EQ(choose_plan(two_inputs(8192, 16384, 1), {}).ctas_per_program, 1);
+  // A request for a mapping keeps the single-group rules.
+  PlanRequest wide;
+  wide.workers_per_program = 1024;
+  EXPECT_EQ(choose_plan(two_inputs(8192, 16384, 1), wide, clusters).ctas_per_program, 1);
+}
+
 TEST(Policy, RowsReducingProgramsOfTwoStripesOfSixteenBitRowsKeepThemPacked) {
   // bf16 x 16384 on 1024 workers, two stripes (H200: rms_norm_backward 332 us packed against
   // 396); one stripe, f32 rows and programs without per-column accumulators stay f32.

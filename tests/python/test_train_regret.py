@@ -73,6 +73,11 @@ def test_families_vary_the_mapping_the_caching_and_the_second_phase():
     # A long row without a reduction over the rows: clusters of groups caching the row.
     _, entries = resolved("softmax_backward", "f32", 65536)
     assert max(e["plan"]["ctas_per_program"] for e in entries if "plan" in e) > 1
+    # And with one (the weight gradient): clusters looping over row blocks, prefetching or not.
+    _, entries = resolved("rms_norm_backward", "bf16", 32768)
+    looping = [e["plan"] for e in entries if "plan" in e and e["plan"]["ctas_per_program"] > 1]
+    assert looping and all(p["grid_limit"] > 0 for p in looping)
+    assert {p["row_prefetch"] for p in looping} == {"none", "next"}
     # Cross-entropy with reduction "none" has no second phase: the folding workers do not vary.
     _, entries = resolved("cross_entropy_fused", "bf16", 32000)
     assert {e["plan"]["finish_workers"] for e in entries if "plan" in e} == {256}
@@ -87,7 +92,7 @@ def test_refused_candidates_are_recorded_not_raised():
     # Requests no call takes, each recorded with the validation's message naming the field.
     rows = train_regret.rows_for("rms_norm_backward", "bf16", 4096, ARGS)
     program, ops = program_call("rms_norm_backward", "bf16", 4096, rows)
-    bad = [{"workers_per_program": 48}, {"ctas_per_program": 2}, {"vector_elems": 3}]
+    bad = [{"workers_per_program": 48}, {"programs_per_group": 2, "ctas_per_program": 2}, {"vector_elems": 3}]
     out = regret.resolve([None] + bad, lambda r: program.plan(plan=r, **ops))
     assert "plan" in out[0]
     for request, e in zip(bad, out[1:]):
