@@ -224,6 +224,7 @@ def main(argv):
                 del ref
                 case = conclude({"op": op, "dtype": dtype, "n": n, "rows": rows, "candidates": timed})
                 cases.append(case)
+                write(args.out, document(args, __doc__, cases))  # a run cut short keeps every finished case
                 print(f"[{done}/{total}] {op} {dtype} N={n}: {sum('ms' in t for t in timed)} plans; regret "
                       f"{100 * case.get('regret', float('nan')):.1f}%", flush=True)
             del x, w, b, out
