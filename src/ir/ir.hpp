@@ -99,11 +99,11 @@ ExprPtr unpack16(DType dtype, ExprPtr word, int half);
 
 // A cluster barrier whole, or its two halves: work between a group's arrive and its wait
 // overlaps the other groups' arrival (the lowering arrives at kernel start and waits before the
-// first push; a cluster looping over row blocks arrives again once it has read a row's exchange
-// regions, and waits before the next row's pushes). A split barrier proves the cluster resident
-// (and its exchange barriers, which have their own fence, initialised) and orders each group's
-// accesses before its arrive (release) before every access after the wait, but publishes no
-// shared writes to remote loads: those need a whole barrier.
+// first push; a cluster looping over row blocks arrives again once it has consumed an
+// exchange's reads, and waits before the next exchange's pushes). A split barrier proves the
+// cluster resident (and its exchange barriers, which have their own fence, initialised); its
+// arrive is relaxed: it publishes no shared writes to remote loads (those need a whole barrier)
+// and orders only reads whose values instructions before it consumed.
 enum class BarrierPhase : uint8_t { both, arrive, wait };
 
 struct Stmt {

@@ -677,14 +677,13 @@ LoweredProgram RowLowering::run() {
     for (Stmt& s : row_body()) loop.push_back(std::move(s));
     // The next row block reuses the merges' shared slots: every warp must have read the
     // previous block's partials before any warp overwrites them. On a cluster, the exchange
-    // regions take one phase a row: each group arrives once it has read the row's (releasing
-    // those reads) and waits before the next row's first push, so the arrive's latency overlaps
-    // the row's output pass and the next row's loads; the first row's wait pairs with an arrive
-    // before the loop, and a wait after it ends the last row's.
+    // regions take one phase a row: each group arrives once it has consumed an exchange's reads
+    // and waits before the next exchange's pushes (merge_through_exchange), so the arrive's
+    // latency overlaps the row's output pass and the next row's loads; the first wait pairs with
+    // an arrive before the loop, and a wait after it ends the last arrive.
     const bool other_shared =
         std::any_of(k_.shared.begin(), k_.shared.end(), [](const SharedRegion& r) { return r.pushes == 0; });
     if (other_shared) loop.push_back(barrier(merge_scope()));
-    if (cluster_resident_) loop.push_back(cluster_arrive());
     loop.push_back(assign(first_row_, b1_const(false)));
     if (cluster_resident_) body.push_back(cluster_arrive());
     body.push_back(for_(it, i64(0), count, std::move(loop)));
@@ -1716,8 +1715,13 @@ std::vector<std::vector<int>> RowLowering::merge_through_exchange(std::vector<St
   const int region = int(k_.shared.size());
   k_.shared.push_back({"exchange" + std::to_string(region), next_shared_, n * parts, 0, n * parts});
   next_shared_ += n * parts;
-  if (!cluster_resident_) {
-    out.push_back(comment("the cluster is resident and its exchange barriers initialised before the first push"));
+  // A cluster looping over row blocks retires each exchange's phase with a split barrier: a
+  // wait before its pushes, an arrive once its reads are consumed (below).
+  const bool phases = plan_.grid_limit > 0;
+  if (!cluster_resident_ || phases) {
+    out.push_back(comment(phases
+                              ? "every group has consumed the last exchange's reads (and the cluster is resident)"
+                              : "the cluster is resident and its exchange barriers initialised before the first push"));
     out.push_back(cluster_wait());
     cluster_resident_ = true;
   }
@@ -1758,6 +1762,9 @@ std::vector<std::vector<int>> RowLowering::merge_through_exchange(std::vector<St
     q += int(states[i].size());
   }
   butterfly(out, monoids, mine, B, "c");
+  // After the butterfly, whose shuffles consume every value read from the region: the arrive
+  // (relaxed, so the row's stores do not have to drain first) cannot pass an unfinished read.
+  if (phases) out.push_back(cluster_arrive());
   return mine;
 }
 

@@ -179,12 +179,13 @@ TILE_DEVICE void tile_exchange_wait(unsigned long long* bar, unsigned bytes, uns
 #endif
 }
 
-// The halves of a split cluster barrier, for work between them: the arrive releases (a
-// cluster looping over row blocks arrives after reading a row's exchange slots, which the
-// next row's pushes overwrite once the wait returns), the wait acquires.
+// The halves of a split cluster barrier, for work between them: the arrive is relaxed (it
+// publishes no earlier memory accesses, and waits for none: a cluster looping over row blocks
+// arrives after instructions that consume its reads of an exchange region, so they are done;
+// exchange barriers' initialisation has its own fence), the wait acquires.
 TILE_DEVICE void tile_cluster_arrive() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;" : : : "memory");
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" : : : "memory");
 #else
   __trap();
 #endif
