@@ -54,7 +54,7 @@ constexpr int64_t kRowsReducingCachedBytes = 64 * 1024;
 // workspace holds at most kMaxPartialSlotsPerSm x SMs x cols x parts floats.
 constexpr int64_t kMaxPartialSlotsPerSm = 8;
 // Programs reducing over the rows split rows longer than this over a cluster of groups of
-// kRowsClusterWidth workers (the rule and its measurements are in choose_plan).
+// kRowsClusterWidth workers, or half that (the rule and its measurements are in choose_plan).
 constexpr int64_t kRowsClusterCols = 8192;
 constexpr int kRowsClusterWidth = 512;
 // Threads a group of packed short-row programs aims for.
@@ -254,6 +254,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // 131072 406.0 / 282.3, bf16 x 65536 383.7 / 305.7.
   int cluster = 1, cluster_width = 0;
   bool rows_cluster = false;  // a program reducing over the rows on a cluster (the rule below)
+  int rows_cluster_groups = 1;  // its resident groups an SM
   const bool free_mapping = !req.stripes && !req.workers_per_program && req.programs_per_group.value_or(1) == 1 &&
                             req.caching.value_or(InputCaching::registers) == InputCaching::registers;
   const bool cluster_wanted =
@@ -299,22 +300,32 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
              kRowsClusterWidth <= limits.max_threads_per_group && row_head == RowHead::as_is &&
              p.vector_elems == widest_vector) {
     // A program with per-column accumulators (weight gradients) over rows of more than 8192
-    // elements: the smallest cluster of groups of 512 whose slice and accumulators fit the
-    // budget, its groups looping over row blocks and keeping the accumulators of their columns
-    // (one workspace slot a cluster). Only clusters of 2, unless the program folds two partials
-    // or more a column (layer_norm_backward's dweight and dbias): with one, larger clusters lost
-    // to re-reading. H200, training regret subset (bench/results/train-regret-h200-clusters-5f2078f.json and
-    // -clusters-prefetch-571530c.json), policy before (re-read, or 1024 workers of two stripes) / this plan, us: N =
-    // 16384, bf16 (prefetching) rms_norm_backward 325 / 323, layer_norm_backward 667 / 372, fused_add_rms_norm_backward
-    // 657 / 500, f32 318 / 300, 461 / 297, 536 / 428; layer_norm_backward bf16 x 32768 (cluster of 4) 1130 / 686, x
-    // 131072 (16) 1178 / 829, f32 630 / 489, 640 / 561; rms_norm_backward bf16 x 32768 on 4: 551 / 594, and at 131072
-    // on 16 692 / 751 (they keep re-reading).
+    // elements, its groups looping over row blocks and keeping the accumulators of their
+    // columns (one workspace slot a cluster): rows of up to 16384 on the smallest cluster of
+    // groups of 512 whose slice and accumulators fit the budget; longer rows on the smallest
+    // cluster of groups of 256 that fit, two resident an SM, else of 512, one an SM. A cluster
+    // takes its rows one after another, so the smallest cluster keeps the most rows in flight
+    // (bf16 x 16384 on 8 groups of one stripe: 1101-2611 us against 252-384 on 2). H200,
+    // training regret subset (bench/results/train-regret-h200-clusters-relaxed-a9012d3.json, every
+    // plan below timed there; the re-read plans before it in -clusters-prefetch-571530c.json),
+    // before (re-read, or 1024 workers of two stripes) / this plan, us, x 16384 (2 x 512),
+    // 32768 (8 x 256), 131072 (16 x 512): rms_norm_backward bf16 325 / 252, 551 / 345,
+    // 692 / 555, f32 318 / 231, 415 / 328, 484 / 466; layer_norm_backward bf16 667 / 287,
+    // 1130 / 477, 1178 / 745, f32 461 / 243, 630 / 356, 640 / 491; fused_add_rms_norm_backward
+    // bf16 657 / 384, 732 / 544, 814 / 738, f32 536 / 377, 627 / 460, 639 / 652. Within the
+    // family of that run (clusters of 2-16 groups of 256-1024, one to four resident, prefetching
+    // or not) the geometric mean regret of these plans is 2.7 %, the worst 14.6 %.
     const int64_t budget = req.private_budget.value_or(64);
-    for (int c = 2; c <= std::min(16, limits.max_cluster_size); c *= 2)
-      if (ceil_div(vectors, int64_t(c) * kRowsClusterWidth) * p.vector_elems * per_elem <= budget) {
-        if (c == 2 || in.rows_reduction_parts >= 2) cluster = c, cluster_width = kRowsClusterWidth, rows_cluster = true;
-        break;
-      }
+    auto smallest = [&](int w) {
+      for (int c = 2; c <= std::min(16, limits.max_cluster_size); c *= 2)
+        if (ceil_div(vectors, int64_t(c) * w) * p.vector_elems * per_elem <= budget) return c;
+      return 0;
+    };
+    int w = cols > 2 * kRowsClusterCols ? kRowsClusterWidth / 2 : kRowsClusterWidth;
+    int c = w < kRowsClusterWidth ? smallest(w) : 0;
+    rows_cluster_groups = c ? 2 : 1;
+    if (!c) w = kRowsClusterWidth, c = smallest(w);
+    if (c) cluster = c, cluster_width = w, rows_cluster = true;
   }
   // A program with per-column accumulators (a weight gradient: reductions over the rows) keeps
   // them in registers across its rows when the row is cached, and folds them through the
@@ -536,7 +547,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     staged_groups = std::clamp<int64_t>((int64_t(limits.max_staged_bytes) + 1024) / bytes, 1,
                                         std::max<int64_t>(1, limits.max_threads_per_sm / threads));
   }
-  p.resident_groups = req.resident_groups.value_or(staged_groups ? int(std::min<int64_t>(staged_groups, 32))
+  p.resident_groups = req.resident_groups.value_or(staged_groups  ? int(std::min<int64_t>(staged_groups, 32))
+                                                   : rows_cluster ? rows_cluster_groups
                                                    : cluster == 1 && threads <= 512
                                                        ? int(std::clamp<int64_t>(resident_threads / threads, 1, 32))
                                                        : 1);
@@ -582,9 +594,9 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
                              p.ctas_per_program == 1 && p.row_head == RowHead::as_is &&
                              one_stripe_prefetching <= p.private_budget &&
                              (p.programs_per_group == 1 || in.merge_parts < 2);
-  // A cluster of the rule above prefetches 16-bit rows within a budget of 128 scalars (bf16 x
-  // 16384, layer_norm_backward: 467 us without, 372 with; f32 rows of four stripes were not
-  // measured prefetching).
+  // A cluster of the rule above prefetches 16-bit rows within a budget of 128 scalars (H200,
+  // bf16 x 16384, layer_norm_backward: 376 us without, 279-287 with, in the relaxed-a9012d3
+  // run; f32 rows of four stripes were not measured prefetching).
   const int64_t cluster_prefetched =
       rows_cluster ? int64_t(p.stripes) * p.vector_elems * per_elem + prefetch_scalars(in, p.stripes, p.vector_elems)
                    : 0;

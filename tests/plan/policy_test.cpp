@@ -194,11 +194,11 @@ TEST(Policy, RowsReducingProgramsOfOneVectorAWorkerPrefetchTheNextRowBlock) {
 }
 
 // Where the target has clusters, a program with per-column accumulators over rows of more than
-// 8192 elements takes the smallest cluster of groups of 512 whose slice and accumulators fit
-// 64 scalars: clusters of 2 only for one accumulator a column (rms_norm_backward), any size for
-// two (layer_norm_backward); 16-bit rows prefetch the next row block within 128 scalars. The
-// grid is one wave of row blocks (an SM's group each); none on a target without clusters, nor
-// at 8192 columns, nor where no cluster of 16 holds the slice (re-read).
+// 8192 elements splits them over the smallest cluster whose slice and accumulators fit 64
+// scalars: groups of 512 (one an SM) for rows of up to 16384, else groups of 256 (two an SM)
+// where a cluster of 16 holds the row, else of 512; 16-bit rows prefetch the next row block
+// within 128 scalars. The grid is one wave of row blocks; none on a target without clusters,
+// nor at 8192 columns, nor where no cluster of 16 holds the slice (re-read).
 TEST(Policy, RowsReducingProgramsOfLongRowsSplitThemOverASmallCluster) {
   DeviceLimits clusters;
   clusters.max_cluster_size = 16;
@@ -208,6 +208,7 @@ TEST(Policy, RowsReducingProgramsOfLongRowsSplitThemOverASmallCluster) {
   EXPECT_EQ(p.workers_per_program, 512);
   EXPECT_EQ(p.stripes, 2);  // 2 x 8 x 3 = 48 scalars
   EXPECT_EQ(p.caching, InputCaching::registers);
+  EXPECT_EQ(p.resident_groups, 1);
   EXPECT_EQ(p.row_prefetch, RowPrefetch::next);  // 48 + 2 x 8 x 2 = 80 within 128
   EXPECT_EQ(p.grid_limit, sms / 2);
   EXPECT_NO_THROW(validate_plan(p, two_inputs(8192, 16384, 1), clusters, "rms_norm_backward"));
@@ -215,16 +216,22 @@ TEST(Policy, RowsReducingProgramsOfLongRowsSplitThemOverASmallCluster) {
   EXPECT_EQ(p.ctas_per_program, 2) << p.to_json();
   EXPECT_EQ(p.stripes, 4);                       // 4 x 4 x 3 = 48
   EXPECT_EQ(p.row_prefetch, RowPrefetch::none);  // f32 rows do not prefetch here
-  // One accumulator at 32768 columns would need a cluster of 4: it re-reads.
-  EXPECT_EQ(choose_plan(two_inputs(4096, 32768, 1), {}, clusters).caching, InputCaching::reread);
-  // Two accumulators a column: clusters of 4 and 16, re-read at 262144.
-  p = choose_plan(two_inputs(4096, 32768, 2), {}, clusters);
-  EXPECT_EQ(p.ctas_per_program, 4) << p.to_json();
-  EXPECT_EQ(p.stripes, 2);  // 2 x 8 x 4 = 64
-  EXPECT_EQ(p.grid_limit, sms / 4);
-  p = choose_plan(two_inputs(1024, 131072, 2), {}, clusters);
+  // 32768 columns: 8 groups of 256, two an SM (4 would need 4 x 8 x 3 = 96 scalars).
+  for (int accumulators : {1, 2}) {
+    p = choose_plan(two_inputs(4096, 32768, accumulators), {}, clusters);
+    EXPECT_EQ(p.ctas_per_program, 8) << p.to_json();
+    EXPECT_EQ(p.workers_per_program, 256);
+    EXPECT_EQ(p.stripes, 2);
+    EXPECT_EQ(p.resident_groups, 2);
+    EXPECT_EQ(p.grid_limit, 2 * sms / 8);
+    EXPECT_NO_THROW(validate_plan(p, two_inputs(4096, 32768, accumulators), clusters, "layer_norm_backward"));
+  }
+  // 131072: no cluster of 16 groups of 256 holds 8 x 8 x 3 scalars a worker; 16 of 512 do.
+  p = choose_plan(two_inputs(1024, 131072, 1), {}, clusters);
   EXPECT_EQ(p.ctas_per_program, 16) << p.to_json();
-  EXPECT_EQ(choose_plan(two_inputs(512, 262144, 2), {}, clusters).caching, InputCaching::reread);
+  EXPECT_EQ(p.workers_per_program, 512);
+  EXPECT_EQ(p.resident_groups, 1);
+  EXPECT_EQ(choose_plan(two_inputs(512, 262144, 1), {}, clusters).caching, InputCaching::reread);
   // Not at 8192 columns, nor without clusters.
   EXPECT_EQ(choose_plan(two_inputs(16384, 8192, 1), {}, clusters).ctas_per_program, 1);
   EXPECT_EQ(choose_plan(two_inputs(8192, 16384, 1), {}).ctas_per_program, 1);
