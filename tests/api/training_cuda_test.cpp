@@ -62,7 +62,7 @@ TEST_F(TrainingCuda, ReductionsOverTheRowsAreBitwiseIdenticalFromRunToRun) {
   uint64_t seed = 19900;
   for (TrainOp op : {TrainOp::rms_norm_backward, TrainOp::layer_norm_backward, TrainOp::fused_add_rms_norm_backward,
                      TrainOp::cross_entropy, TrainOp::cross_entropy_fused})
-    for (int64_t cols : {1000, 4096, 16384}) {
+    for (int64_t cols : {1000, 4096, 16384, 32768}) {  // the weight gradients on clusters from 16384
       TrainCase c;
       // Many rows per workspace slot; the float64 references on the host bound the size.
       c.op = op, c.rows = std::min<int64_t>(4096, (int64_t(1) << 23) / cols), c.cols = cols, c.seed = seed++;
@@ -84,7 +84,9 @@ TEST_F(TrainingCuda, ReductionsOverTheRowsAreBitwiseIdenticalFromRunToRun) {
 TEST_F(TrainingCudaSanitizerSubset, RepresentativeCases) {
   uint64_t seed = 19950;
   for (int op = 0; op <= int(TrainOp::cross_entropy_fused); ++op)
-    for (auto [rows, cols, offset] : {std::tuple<int64_t, int64_t, int64_t>{37, 1537, 1}, {3, 70000, 0}}) {
+    // 40 x 20000: the weight gradients on clusters of 8 groups looping over row blocks.
+    for (auto [rows, cols, offset] :
+         {std::tuple<int64_t, int64_t, int64_t>{37, 1537, 1}, {3, 70000, 0}, {40, 20000, 0}}) {
       TrainCase c;
       c.op = TrainOp(op), c.rows = rows, c.cols = cols, c.offset = offset, c.in = DType::bf16, c.seed = seed++;
       c.ce.reduction = Reduction(seed % 3);
