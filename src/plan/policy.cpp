@@ -821,19 +821,28 @@ std::vector<MappingPlan> mapping_family(const PlanInputs& in, const DeviceLimits
       }
     }
   // Rows split over the groups of a cluster, where the target has clusters: one program a
-  // group, the row cached in registers or staged in shared memory, either merge.
-  if (!in.reduces_rows)
-    for (int c = 2; c <= std::min(16, limits.max_cluster_size); c *= 2)
-      for (int w : {256, 512, 1024}) {
-        if (int64_t(c) * w * policy.vector_elems > 2 * int64_t(pow2_at_least(cols))) continue;
-        for (InputCaching caching : {InputCaching::registers, InputCaching::shared})
-          for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine}) {
-            PlanRequest r;
-            r.ctas_per_program = c, r.workers_per_program = w, r.vector_elems = policy.vector_elems;
-            r.programs_per_group = 1, r.caching = caching, r.merge = merge;
-            add(choose_plan(in, r, limits));
-          }
-      }
+  // group, the row cached in registers or staged in shared memory, either merge. A program
+  // reducing over the rows loops its clusters over row blocks (register caching only): also at
+  // two resident groups an SM, and prefetching the next row block within 128 scalars.
+  for (int c = 2; c <= std::min(16, limits.max_cluster_size); c *= 2)
+    for (int w : {256, 512, 1024}) {
+      if (int64_t(c) * w * policy.vector_elems > 2 * int64_t(pow2_at_least(cols))) continue;
+      for (InputCaching caching : {InputCaching::registers, InputCaching::shared})
+        for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine}) {
+          if (in.reduces_rows && caching != InputCaching::registers) continue;
+          PlanRequest r;
+          r.ctas_per_program = c, r.workers_per_program = w, r.vector_elems = policy.vector_elems;
+          r.programs_per_group = 1, r.caching = caching, r.merge = merge;
+          add(choose_plan(in, r, limits));
+          if (!in.reduces_rows) continue;
+          for (int groups : {1, 2})
+            for (RowPrefetch prefetch : {RowPrefetch::none, RowPrefetch::next}) {
+              r.resident_groups = groups, r.row_prefetch = prefetch;
+              if (prefetch == RowPrefetch::next) r.private_budget = 128;
+              if (int64_t(groups) * w <= limits.max_threads_per_sm) add(choose_plan(in, r, limits));
+            }
+        }
+    }
   return family;
 }
 

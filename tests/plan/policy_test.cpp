@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "support/error_of.hpp"
 #include "tile/error.hpp"
 
@@ -692,6 +694,24 @@ TEST(Policy, EveryPolicyPlanValidatesOnATargetWithClusters) {
   }
   EXPECT_GE(cluster_plans, 12);
   for (const MappingPlan& p : mapping_family(in)) EXPECT_EQ(p.ctas_per_program, 1);
+  // A program reducing over the rows, and every policy plan of such programs: its family holds
+  // clusters looping over row blocks, at one and two resident groups, prefetching or not.
+  for (int64_t cols : {4096, 16384, 32768, 131072, 262144, 65537})
+    for (int accumulators : {1, 2}) {
+      PlanInputs rows_in = two_inputs(1024, cols, accumulators);
+      EXPECT_NO_THROW(validate_plan(choose_plan(rows_in, {}, clusters), rows_in, clusters, "rms_norm_backward"))
+          << cols;
+    }
+  const PlanInputs rows_in = two_inputs(1024, 32768, 1);
+  std::set<std::pair<int, RowPrefetch>> looping;
+  for (const MappingPlan& p : mapping_family(rows_in, clusters)) {
+    EXPECT_NO_THROW(validate_plan(p, rows_in, clusters, "tune")) << p.to_json();
+    if (p.ctas_per_program > 1) {
+      EXPECT_GT(p.grid_limit, 0) << p.to_json();
+      looping.insert({p.resident_groups, p.row_prefetch});
+    }
+  }
+  EXPECT_EQ(looping.size(), 4u);
 }
 
 }  // namespace
