@@ -83,3 +83,19 @@ def test_the_helpers_import_neither_torch_nor_tile():
             "assert not {'torch', 'tile'} & set(sys.modules), sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code, str(BENCH)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_cluster_family_holds_persistent_cluster_plans_of_long_rows():
+    # The policy's plan only below 16384 columns; above, clusters of 4, 8 and 16 looping over one
+    # wave of row blocks, every worker with a vector (ctas x workers x V <= 2N).
+    assert regret.cluster_candidates(8192, 4, 132, True) == [None]
+    family = regret.cluster_candidates(65536, 2, 132, True)
+    assert family[0] is None
+    plans = family[1:]
+    assert {p["ctas_per_program"] for p in plans} == {4, 8, 16}
+    assert all(p["grid_limit"] == p["resident_groups"] * 132 // p["ctas_per_program"] for p in plans)
+    assert all(p["ctas_per_program"] * p["workers_per_program"] * 8 <= 2 * 65536 for p in plans)
+    assert {p["column_loads"] for p in plans} == {"once", "ahead"}
+    assert {p["row_prefetch"] for p in plans} == {"none", "next"}
+    # Without per-column inputs (softmax) the weights are not held.
+    assert {p["column_loads"] for p in regret.cluster_candidates(65536, 2, 132, False)[1:]} == {"ahead"}
