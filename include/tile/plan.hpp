@@ -82,7 +82,7 @@ enum class RowPrefetch : uint8_t { none, next };
   X(ColumnLoads, column_loads, ColumnLoads::ahead, 0, 2, "when a cached row's output pass loads per-column inputs") \
   X(RowPrefetch, row_prefetch, RowPrefetch::none, 0, 1, "loads of the next row block while the current one runs") \
   X(int, resident_groups, 1, 1, 32, "groups per SM the kernel is compiled to fit (launch bounds)")  \
-  X(int, grid_limit, 0, 0, 1 << 30, "most groups launched; each loops over rows (0: one per row block)") \
+  X(int, grid_limit, 0, 0, 1 << 30, "most row blocks launched (groups, or clusters); each loops over rows (0: one per row block)") \
   X(int, finish_workers, 256, 32, 1024, "workers per group of the second phase of reductions over the rows")
 
 struct MappingPlan {
