@@ -679,9 +679,11 @@ class ClusterOrder : public PathOrder<ClusterOrder> {
     }
     st.arrived_all = st.arrived_any = false;
     st.retiring_any.clear();
-    if (s.phase == BarrierPhase::both) st.open_all.clear(), st.open_any.clear();
     st.synced = true;
-    if (s.phase == BarrierPhase::both) st.published = true, st.pending = false;
+    if (s.phase == BarrierPhase::both) {
+      st.published = true, st.pending = false;
+      st.open_all.clear(), st.open_any.clear();
+    }
   }
   void visit_remote_shared_push(const Stmt& s, State& st) {
     if (!st.synced && reported_.insert(&s).second)

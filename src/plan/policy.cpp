@@ -76,6 +76,12 @@ int64_t prefetch_scalars(const PlanInputs& in, int stripes, int vector_elems) {
   return int64_t(stripes) * vector_elems * in.row_inputs() * (in.real_bytes / 4);
 }
 
+// A worker's cached slice of `stripes` vectors (per_elem scalars a column: row inputs and
+// accumulators) and the next row block's vectors that row_prefetch "next" adds.
+int64_t prefetching_scalars(const PlanInputs& in, int stripes, int vector_elems, int64_t per_elem) {
+  return int64_t(stripes) * vector_elems * per_elem + prefetch_scalars(in, stripes, vector_elems);
+}
+
 // Whether the program reads row inputs and every one is 16-bit.
 bool row_inputs_16bit(const PlanInputs& in) {
   bool all = in.row_inputs() > 0;
@@ -360,7 +366,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // us for rms_norm_backward and 235.6 for layer_norm_backward, against 232.1 and 245.8 for
   // 512 workers of two stripes without.
   // A worker's slice, accumulators and prefetched vectors at one stripe.
-  const int64_t one_stripe_prefetching = p.vector_elems * per_elem + prefetch_scalars(in, 1, p.vector_elems);
+  const int64_t one_stripe_prefetching = prefetching_scalars(in, 1, p.vector_elems, per_elem);
   int rows_cache_width = 0;
   if (in.rows_reduction_parts > 0 && cluster == 1 && vectors > 16 && !req.workers_per_program && !req.stripes &&
       req.programs_per_group.value_or(1) == 1 && req.caching.value_or(InputCaching::registers) == InputCaching::registers) {
@@ -597,9 +603,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // A cluster of the rule above prefetches 16-bit rows within a budget of 128 scalars (H200,
   // bf16 x 16384, layer_norm_backward: 376 us without, 279-287 with, in the relaxed-a9012d3
   // run; f32 rows of four stripes were not measured prefetching).
-  const int64_t cluster_prefetched =
-      rows_cluster ? int64_t(p.stripes) * p.vector_elems * per_elem + prefetch_scalars(in, p.stripes, p.vector_elems)
-                   : 0;
+  const int64_t cluster_prefetched = rows_cluster ? prefetching_scalars(in, p.stripes, p.vector_elems, per_elem) : 0;
   const bool cluster_prefetch = rows_cluster && row_inputs_16bit(in) && !req.row_prefetch &&
                                 cluster_prefetched <= req.private_budget.value_or(128);
   if (cluster_prefetch && !req.private_budget)
