@@ -110,7 +110,8 @@ struct DeviceCase {
 
 // `tile bench --host`: per operator and small shape (the four seed shapes, fp32, and decode
 // sizes of 1, 8, 64 rows x 4096 and 16384): host microseconds per tile::run call (median of 25
-// samples of 200 calls issued back to back, steady_clock, one synchronize after each sample),
+// samples of 200 calls issued back to back, steady_clock, one synchronize after each sample)
+// and per tile::plan_for call (its binding and planning, the same way),
 // then GPU microseconds per launch back to back (event-timed batches) for the kernel, for a
 // device copy of the same bytes and for an empty kernel (the launch floor).
 int host_main() {
@@ -122,8 +123,8 @@ int host_main() {
   const double floor_us = timed(launch_empty) * 1e3;
   std::printf("device %s (%s); empty-kernel launch floor %.2f us per launch back to back\n", dev.name.c_str(),
               dev.uuid.c_str(), floor_us);
-  std::printf("%-12s %-12s %9s %9s %9s %9s %9s %9s\n", "op", "shape", "host_us", "wall_us", "gpu_us", "copy_us",
-              "gpu/copy", "gpu/floor");
+  std::printf("%-12s %-12s %9s %9s %9s %9s %9s %9s %9s\n", "op", "shape", "host_us", "plan_us", "wall_us", "gpu_us",
+              "copy_us", "gpu/copy", "gpu/floor");
   std::vector<std::pair<long long, long long>> shapes = {{37, 1537}, {256, 3072}, {768, 6144}, {1024, 4096},
                                                          {1, 4096}, {8, 4096}, {64, 4096}, {1, 16384}, {8, 16384}, {64, 16384}};
   for (tile::Op op : {tile::Op::softmax, tile::Op::log_softmax, tile::Op::rms_norm, tile::Op::layer_norm})
@@ -147,13 +148,21 @@ int host_main() {
         host.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 200);
         wall.push_back(std::chrono::duration<double, std::micro>(t2 - t0).count() / 200);
       }
+      // The part of a call before its launch: binding and planning (tile::plan_for).
+      std::vector<double> plan;
+      for (int sample = 0; sample < 25; ++sample) {
+        auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < 200; ++i) tile::plan_for(c.call);
+        plan.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 200);
+      }
       std::sort(host.begin(), host.end());
       std::sort(wall.begin(), wall.end());
+      std::sort(plan.begin(), plan.end());
       const double gpu_us = timed([&] { tile::run(c.call); }) * 1e3;
       const double copy_us = copy_ms(c.bytes()) * 1e3;
-      std::printf("%-12s %-12s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", tile::op_name(op).c_str(),
-                  (std::to_string(rows) + "x" + std::to_string(cols)).c_str(), host[12], wall[12], gpu_us, copy_us,
-                  gpu_us / copy_us, gpu_us / floor_us);
+      std::printf("%-12s %-12s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", tile::op_name(op).c_str(),
+                  (std::to_string(rows) + "x" + std::to_string(cols)).c_str(), host[12], plan[12], wall[12], gpu_us,
+                  copy_us, gpu_us / copy_us, gpu_us / floor_us);
       std::fflush(stdout);
     }
   return 0;

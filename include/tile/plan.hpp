@@ -114,6 +114,7 @@ struct PlanRequest {
   static PlanRequest exactly(const MappingPlan& plan);  // every field fixed
   static PlanRequest from_json(const std::string&);     // a subset of the plan's fields
   std::string to_json() const;                          // the fixed fields only
+  void append_key(std::string& key) const;              // each field, set or not, as raw bytes
   bool operator==(const PlanRequest&) const = default;
 };
 

@@ -21,6 +21,27 @@ std::unordered_map<std::string, std::shared_ptr<const PreparedKernel>>& prepared
   static std::unordered_map<std::string, std::shared_ptr<const PreparedKernel>> cache;
   return cache;
 }
+// The prepared kernel of every call already planned, by what its plan follows from (the call's
+// plan key, the request, the device limits): a repeated call skips the policy, the plan's
+// validation and the kernel key. Bounded, since the row count is part of the key; it is
+// emptied when full (calls then plan once again).
+std::unordered_map<std::string, std::shared_ptr<const PreparedKernel>>& planned_calls() {
+  static std::unordered_map<std::string, std::shared_ptr<const PreparedKernel>> cache;
+  return cache;
+}
+constexpr size_t kPlannedCalls = 4096;
+
+std::string planned_call_key(const BoundCall& call, const PlanRequest& request, const DeviceLimits& limits) {
+  std::string key;
+  key.reserve(256);
+  call.append_plan_key(key);
+  request.append_key(key);
+  for (int64_t v : {int64_t(limits.sm_count), int64_t(limits.max_threads_per_group), int64_t(limits.max_threads_per_sm),
+                    int64_t(limits.named_barriers), int64_t(limits.max_shared_bytes), int64_t(limits.max_staged_bytes),
+                    int64_t(limits.max_vector_bytes), int64_t(limits.max_cluster_size), limits.max_groups})
+    key.append(reinterpret_cast<const char*>(&v), sizeof v);
+  return key;
+}
 
 std::string describe(const BoundCall& call) {
   std::ostringstream os;
@@ -50,6 +71,11 @@ bool dump_requested(const char* pass) {
 
 std::shared_ptr<const PreparedKernel> prepare(const RowProgram& program, const BoundCall& call,
                                               const PlanRequest& request, const DeviceLimits& limits) {
+  std::string call_key = planned_call_key(call, request, limits);
+  {
+    std::lock_guard<std::mutex> lock(prepared_mutex());
+    if (auto it = planned_calls().find(call_key); it != planned_calls().end()) return it->second;
+  }
   const PlanInputs in = call.plan_inputs();
   MappingPlan plan = choose_plan(in, request, limits);
   validate_plan(plan, in, limits, program.name());
@@ -62,10 +88,15 @@ std::shared_ptr<const PreparedKernel> prepare(const RowProgram& program, const B
   key.append(reinterpret_cast<const char*>(&serial), sizeof serial);
   for (const BoundOperand& o : call.operands) key += o.present ? char('a' + int(o.dtype)) : '-';
   plan.append_key(key);
+  auto remember = [&](std::shared_ptr<const PreparedKernel> pk) {  // under prepared_mutex()
+    if (planned_calls().size() >= kPlannedCalls) planned_calls().clear();
+    planned_calls().emplace(std::move(call_key), pk);
+    return pk;
+  };
   {
     std::lock_guard<std::mutex> lock(prepared_mutex());
     auto& cache = prepared_cache();
-    if (auto it = cache.find(key); it != cache.end()) return it->second;
+    if (auto it = cache.find(key); it != cache.end()) return remember(it->second);
   }
 
   const KernelSignature signature = call.signature();
@@ -86,7 +117,7 @@ std::shared_ptr<const PreparedKernel> prepare(const RowProgram& program, const B
 
   std::lock_guard<std::mutex> lock(prepared_mutex());
   // Two threads missing on one key both lower it; the first to finish fills the map.
-  return prepared_cache().emplace(key, std::move(prepared)).first->second;
+  return remember(prepared_cache().emplace(key, std::move(prepared)).first->second);
 }
 
 int64_t workspace_elems(const PreparedKernel& pk, const BoundCall& call) {
@@ -99,6 +130,7 @@ int64_t workspace_elems(const PreparedKernel& pk, const BoundCall& call) {
 void clear_prepared_kernels() {
   std::lock_guard<std::mutex> lock(prepared_mutex());
   prepared_cache().clear();
+  planned_calls().clear();
 }
 
 }  // namespace tile

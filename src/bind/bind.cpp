@@ -1,6 +1,7 @@
 #include "bind/bind.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <limits>
@@ -122,30 +123,50 @@ const BoundOperand& BoundCall::operand(const std::string& name) const {
   return operands[i];
 }
 
+namespace {
+
+// The largest power of two up to 16 dividing the base address of every present row and column
+// input operand: what the policy may assume of vector accesses.
+int64_t base_alignment_of(const BoundCall& call) {
+  uintptr_t bits = 0;
+  const auto& decls = call.program->operands();
+  for (size_t i = 0; i < decls.size(); ++i)
+    if (call.operands[i].present && (is_row(decls[i].role) || decls[i].role == Role::col_in))
+      bits |= reinterpret_cast<uintptr_t>(call.operands[i].data);
+  int64_t alignment = 16;
+  while (alignment > 1 && bits % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+}  // namespace
+
 PlanInputs BoundCall::plan_inputs() const {
   PlanInputs in;
   in.rows = rows, in.cols = cols;
   in.rows_operand = program->operands()[facts->first_row_operand].name;
-  uintptr_t bits = 0;
   const auto& decls = program->operands();
   for (size_t i = 0; i < decls.size(); ++i) {
     const BoundOperand& o = operands[i];
     if (!o.present) continue;
-    if (is_row(decls[i].role)) {
+    if (is_row(decls[i].role))
       in.row_operands.push_back({o.dtype, o.stride, decls[i].role == Role::row_in});
-      bits |= reinterpret_cast<uintptr_t>(o.data);
-    } else if (decls[i].role == Role::col_in) {
+    else if (decls[i].role == Role::col_in)
       in.column_dtypes.push_back(o.dtype);
-      bits |= reinterpret_cast<uintptr_t>(o.data);
-    }
   }
-  in.base_alignment = 16;
-  while (in.base_alignment > 1 && bits % in.base_alignment != 0) in.base_alignment /= 2;
+  in.base_alignment = base_alignment_of(*this);
   in.merge_parts = facts->merge_parts;
   in.reduces_rows = facts->reduces_rows;
   in.rows_reduction_parts = facts->rows_reduction_parts;
   in.real_bytes = f64 ? 8 : 4;
   return in;
+}
+
+void BoundCall::append_plan_key(std::string& key) const {
+  auto put = [&key](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(int64_t(program->serial()));
+  put(rows), put(cols), put(base_alignment_of(*this)), put(f64);
+  // Roles and the facts follow from the program; the strides of row operands are what is left.
+  for (const BoundOperand& o : operands) put(o.present ? int64_t(o.dtype) : -1), put(o.present ? o.stride : 0);
 }
 
 namespace {
@@ -193,9 +214,12 @@ bool pointers_bind(const BoundCall& call, const void* const* data) {
     if (call.operands[i].present && call.program->operands()[i].role != Role::scalar_in &&
         pointer_problem(call.operands[i], data[i]) != PointerProblem::none)
       return false;
-  for (size_t o = 0; o < n; ++o)
+  const auto& decls = call.program->operands();
+  for (size_t o = 0; o < n; ++o) {
+    if (!is_output(decls[o].role)) continue;
     for (size_t a = 0; a < n; ++a)
       if (conflict(call, o, a, data[o], data[a])) return false;
+  }
   return true;
 }
 
@@ -351,6 +375,7 @@ BoundCall bind_values(const RowProgram& program, const Args::Value* const* value
   }
 
   for (size_t o = 0; o < decls.size(); ++o) {
+    if (!is_output(decls[o].role)) continue;
     for (size_t a = 0; a < decls.size(); ++a) {
       if (!conflict(call, o, a, call.operands[o].data, call.operands[a].data)) continue;
       const bool allowed = decls[o].may_alias == int(a);
@@ -394,18 +419,27 @@ BoundCall bind(const Call& call) {
   Args::Value storage[8];
   const Args::Value* values[8] = {};
   TILE_CHECK(decls.size() <= 8, "built-in ", program.name(), " has ", decls.size(), " operands");
-  auto put = [&](const char* name, Args::Value v, bool given) {
+  static constexpr const char* kNames[] = {"x", "y", "weight", "bias", "eps"};
+  // Each built-in's operand index of each Call field (-1: not declared), found once.
+  static const auto indices = [] {
+    constexpr int kBuiltins = int(Op::layer_norm) + 1;
+    std::array<std::array<int, 5>, kBuiltins> table{};
+    for (int op = 0; op < kBuiltins; ++op)
+      for (int f = 0; f < 5; ++f) table[op][f] = builtin_program(Op(op)).find_operand(kNames[f]);
+    return table;
+  }();
+  auto put = [&](int field, Args::Value v, bool given) {
     if (!given) return;
-    const int i = program.find_operand(name);
-    if (i < 0) unknown_operand(program, name);
+    const int i = indices[int(call.op)][field];
+    if (i < 0) unknown_operand(program, kNames[field]);
     storage[i] = std::move(v);
     values[i] = &storage[i];
   };
-  put("x", call.x, true);
-  put("y", call.y, true);
-  put("weight", call.weight, call.weight.data != nullptr);
-  put("bias", call.bias, call.bias.data != nullptr);
-  put("eps", call.eps.value_or(0.0), call.eps.has_value());
+  put(0, call.x, true);
+  put(1, call.y, true);
+  put(2, call.weight, call.weight.data != nullptr);
+  put(3, call.bias, call.bias.data != nullptr);
+  put(4, call.eps.value_or(0.0), call.eps.has_value());
   return bind_values(program, values);
 }
 

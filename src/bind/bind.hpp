@@ -56,6 +56,10 @@ struct BoundCall {
 
   KernelSignature signature() const;
   PlanInputs plan_inputs() const;
+  // Appends, as raw bytes, everything plan_inputs() reads (program, shape, each operand's
+  // presence, dtype and stride, the bases' alignment): two calls with the same bytes have the
+  // same PlanInputs.
+  void append_plan_key(std::string& key) const;
   const BoundOperand& operand(const std::string& name) const;
 };
 

@@ -40,6 +40,10 @@ bool overlaps(const StridedBytes& va, const StridedBytes& vb) {
   // A single row's stride is irrelevant; give it one that keeps the arithmetic well defined.
   const i128 sa = va.rows > 1 ? va.stride : std::max<int64_t>(va.length, 1);
   const i128 sb = vb.rows > 1 ? vb.stride : std::max<int64_t>(vb.length, 1);
+  // Disjoint spans (separate allocations, the common case) need no arithmetic on the strides.
+  if (i128(va.start) + (va.rows - 1) * sa + va.length <= i128(vb.start) ||
+      i128(vb.start) + (vb.rows - 1) * sb + vb.length <= i128(va.start))
+    return false;
   const i128 d = i128(va.start) - i128(vb.start);
   const i128 lo = d - vb.length + 1, hi = d + va.length - 1, end = i128(vb.rows - 1) * sb;
   const i128 first = std::max<i128>(0, ceil_div(-hi, sa));

@@ -1,12 +1,14 @@
 // Everything per plan field comes from TILE_PLAN_FIELDS (include/tile/plan.hpp): JSON in and
 // out, the cache key, the range checks and the field list of the loop nest.
+#include "tile/plan.hpp"
+
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <type_traits>
 
 #include "core/sha256.hpp"
 #include "tile/error.hpp"
-#include "tile/plan.hpp"
 
 namespace tile {
 
@@ -167,6 +169,25 @@ void MappingPlan::append_key(std::string& key) const {
   }
   TILE_PLAN_FIELDS(TILE_PLAN_KEY)
 #undef TILE_PLAN_KEY
+}
+
+void PlanRequest::append_key(std::string& key) const {
+  // A flag byte, then the value's 4 bytes where the field is set; one append.
+#define TILE_COUNT_FIELD(type, name, def, lo, hi, doc) +1
+  constexpr size_t kFields = 0 TILE_PLAN_FIELDS(TILE_COUNT_FIELD);
+#undef TILE_COUNT_FIELD
+  char bytes[5 * kFields];
+  size_t n = 0;
+#define TILE_REQUEST_KEY(type, name, def, lo, hi, doc) \
+  bytes[n++] = name ? '+' : '-';                       \
+  if (name) {                                          \
+    const int32_t v = int32_t(*name);                  \
+    std::memcpy(bytes + n, &v, sizeof v);              \
+    n += sizeof v;                                     \
+  }
+  TILE_PLAN_FIELDS(TILE_REQUEST_KEY)
+#undef TILE_REQUEST_KEY
+  key.append(bytes, n);
 }
 
 std::string MappingPlan::loop_nest() const {

@@ -1,8 +1,10 @@
 // The built-in operators as row programs.
+#include <iterator>
 #include <limits>
+#include <string>
 
-#include "tile/error.hpp"
 #include "spec/normaliser.hpp"
+#include "tile/error.hpp"
 #include "tile/spec.hpp"
 
 namespace tile {
@@ -96,6 +98,10 @@ RowProgram layer_norm_program() {
 const RowProgram& builtin_program(Op op) {
   static const RowProgram programs[] = {softmax_program(false), softmax_program(true), rms_norm_program(),
                                         layer_norm_program()};
+  // An Op cast from an integer the enum does not hold names no program.
+  if (int(op) >= int(std::size(programs)))
+    throw Error("built-in operator: expected one of softmax, log_softmax, rms_norm, layer_norm, got Op(" +
+                std::to_string(int(op)) + ")");
   return programs[int(op)];
 }
 

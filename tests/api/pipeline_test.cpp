@@ -54,5 +54,53 @@ TEST(PlanGivenBack, SameKernelSource) {
   EXPECT_GT(checked, 500);
 }
 
+// A repeated call reuses its first planning (src/api/pipeline.cpp): every call of a set that
+// differs in one thing the policy reads (rows, columns, strides, base alignment, dtype, request,
+// the optional operands) gets, planned in an interleaved order twice, the plan it gets alone
+// with every cache emptied.
+TEST(PlannedCalls, RepeatedCallsPlanAsFreshOnes) {
+  std::vector<uint8_t> buffer(size_t(1) << 22);
+  uint8_t* base = buffer.data() + (16 - reinterpret_cast<uintptr_t>(buffer.data()) % 16);
+  struct Case {
+    Call call;
+    PlanRequest request;
+  };
+  std::vector<Case> cases;
+  for (Op op : {Op::softmax, Op::rms_norm, Op::layer_norm})
+    for (DType dt : {DType::f32, DType::bf16})
+      for (int64_t rows : {1, 37, 4096})
+        for (int64_t cols : {1537, 4096})
+          for (int64_t pad : {0, 1})
+            for (int64_t offset : {0, 1, 2}) {  // elements past a 16-byte boundary of x's base
+              const int64_t stride = cols + pad;
+              if ((rows - 1) * stride + cols > 4 * 1024 * 64) continue;
+              uint8_t* x = base + offset * dtype_size(dt);
+              uint8_t* y = base + (size_t(1) << 21);
+              Call call{op, matrix(x, dt, rows, cols, stride), matrix(y, dt, rows, cols, stride)};
+              if (op != Op::softmax && pad == 0) call.weight = VectorView{y + (size_t(1) << 20), dt, cols};
+              cases.push_back({call, {}});
+              if (offset == 0 && pad == 0) {
+                PlanRequest narrow;
+                narrow.workers_per_program = 64;
+                cases.push_back({call, narrow});
+              }
+            }
+  std::vector<MappingPlan> fresh;
+  for (const Case& c : cases) {
+    clear_kernel_caches();
+    fresh.push_back(plan_for(c.call, c.request));
+  }
+  clear_kernel_caches();
+  int differing = 0;
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const size_t i = pass == 0 ? k : cases.size() - 1 - k;
+      EXPECT_EQ(plan_for(cases[i].call, cases[i].request), fresh[i]) << "case " << i << ", pass " << pass;
+      differing += i > 0 && !(fresh[i] == fresh[i - 1]);
+    }
+  // The set is worth its name: neighbouring cases mostly plan differently.
+  EXPECT_GT(differing, int(cases.size()));
+}
+
 }  // namespace
 }  // namespace tile

@@ -115,5 +115,15 @@ TEST(RowProgram, ScalarsHaveDefaultsAndRanges) {
   EXPECT_ERROR(run(p, missing, {{}, nullptr, Backend::cpu}), "demo: argument 'k': expected a number (the scalar has no default), got nothing");
 }
 
+// An Op cast from an integer past the enum is refused by name, not read past the table.
+TEST(BuiltinProgram, UnknownOpIsAnError) {
+  EXPECT_EQ(builtin_program(Op::layer_norm).name(), "layer_norm");
+  EXPECT_ERROR(builtin_program(Op(4)),
+               "built-in operator: expected one of softmax, log_softmax, rms_norm, layer_norm, got Op(4)");
+  Call call{Op(200)};
+  EXPECT_ERROR(run(call, {{}, nullptr, Backend::cpu}),
+               "built-in operator: expected one of softmax, log_softmax, rms_norm, layer_norm, got Op(200)");
+}
+
 }  // namespace
 }  // namespace tile
