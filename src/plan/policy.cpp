@@ -217,6 +217,19 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     r.row_head = RowHead::peel, r.workers_per_program = 32, r.programs_per_group = 8;
     return choose_plan(in, r, limits);
   }
+  // Peeled rows fewer than the SMs (one group a row, under one wave) wait on each row's latency:
+  // one vector a worker, as wide as the row needs up to a group, and one group an SM (no
+  // register cap). H200, bf16 37 x 1537, kernels timed alone in batches of 2000 launches
+  // (evidence/cubin-time-h200-seed-5d316a0.log), us, four vectors a worker of 64 (160 bytes
+  // spilled) / one of 224: RMSNorm 5.51-5.64 / 4.02-4.64, softmax 4.28-4.58 / 4.15-4.77; the
+  // fixed-shape kernels (416 workers of four scalars) 4.29-4.37 and 4.36-4.43.
+  if (peel_odd_rows && in.rows < int64_t(limits.sm_count) && ceil_div(cols, widest_vector) <= limits.max_threads_per_group &&
+      !req.workers_per_program && !req.programs_per_group && !req.stripes && !req.caching && !req.resident_groups) {
+    PlanRequest r = req;
+    r.row_head = RowHead::peel, r.stripes = 1, r.resident_groups = 1;
+    r.workers_per_program = int(round_up(ceil_div(cols, widest_vector), 32));
+    return choose_plan(in, r, limits);
+  }
 
   // Widest access the target allows (16 bytes on CUDA) on every operand whose rows all start
   // aligned to it, and no wider than the row.
