@@ -8,6 +8,10 @@
 // groups, as the library launches it; SHARED bytes of dynamic shared memory (a staged plan's
 // row slices) are given to each group. Built and driven by bench/cubin_time.sh.
 //
+// With GRAPH=1 in the environment each batch is one CUDA graph of the N launches, captured
+// once and replayed: the host's launch path (about 4 us a launch, and as fast as the host is at
+// the moment) drops out, so kernels of a few microseconds are timed by what the GPU does.
+//
 //   cubin_time CUBIN KERNEL softmax|rms|ln bf16|f32 ROWS COLS GRID BLOCK [LAUNCHES [SHARED]]
 #include <cuda.h>
 
@@ -137,6 +141,11 @@ int main(int argc, char** argv) {
   check(cuMemcpyHtoD(w, weight.data(), cols * elem), "copy weight");
   check(cuMemcpyHtoD(b, bias.data(), cols * elem), "copy bias");
   float eps = kind == "ln" ? 1e-5f : 1e-6f;
+  const char* graph_env = std::getenv("GRAPH");
+  const bool graph = graph_env && std::string(graph_env) == "1";
+  // Graph capture needs a stream other than the legacy default one.
+  CUstream stream = nullptr;
+  if (graph) check(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   // The generated kernels' parameters: x, y, [weight, [bias]], rows, cols, x stride, y stride, [eps].
   auto launch = [&](int i) {
     std::vector<void*> args{&xs[i], &ys[i]};
@@ -148,6 +157,7 @@ int main(int argc, char** argv) {
     config.gridDimX = unsigned(grid), config.gridDimY = 1, config.gridDimZ = 1;
     config.blockDimX = unsigned(block), config.blockDimY = 1, config.blockDimZ = 1;
     config.sharedMemBytes = unsigned(shared);
+    config.hStream = stream;
     CUlaunchAttribute attr{};
     attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
     attr.value.clusterDim.x = unsigned(cluster), attr.value.clusterDim.y = 1, attr.value.clusterDim.z = 1;
@@ -156,14 +166,27 @@ int main(int argc, char** argv) {
   };
   for (int i = 0; i < 50; ++i) launch(i % buffers);
   check(cuCtxSynchronize(), "warm-up");
+  CUgraphExec batch_graph = nullptr;
+  if (graph) {
+    CUgraph g;
+    check(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+    for (int i = 0; i < launches; ++i) launch(i % buffers);
+    check(cuStreamEndCapture(stream, &g), "cuStreamEndCapture");
+    check(cuGraphInstantiate(&batch_graph, g, 0), "cuGraphInstantiate");
+    check(cuGraphLaunch(batch_graph, stream), "cuGraphLaunch (warm-up)");
+    check(cuStreamSynchronize(stream), "graph warm-up");
+  }
   CUevent e0, e1;
   check(cuEventCreate(&e0, 0), "cuEventCreate");
   check(cuEventCreate(&e1, 0), "cuEventCreate");
   std::vector<float> us;
   for (int batch = 0; batch < 9; ++batch) {
-    check(cuEventRecord(e0, nullptr), "cuEventRecord");
-    for (int i = 0; i < launches; ++i) launch(i % buffers);
-    check(cuEventRecord(e1, nullptr), "cuEventRecord");
+    check(cuEventRecord(e0, stream), "cuEventRecord");
+    if (graph)
+      check(cuGraphLaunch(batch_graph, stream), "cuGraphLaunch");
+    else
+      for (int i = 0; i < launches; ++i) launch(i % buffers);
+    check(cuEventRecord(e1, stream), "cuEventRecord");
     check(cuEventSynchronize(e1), "cuEventSynchronize");
     float ms;
     check(cuEventElapsedTime(&ms, e0, e1), "cuEventElapsedTime");
@@ -174,7 +197,7 @@ int main(int argc, char** argv) {
   check(cuMemcpyDtoH(out.data(), ys[0], bytes), "copy y");
   double sum = 0;
   for (size_t i = 0; i < n; ++i) sum += decode(out, i, bf16);
-  std::printf("%s %s %s %lldx%lld: median %.3f us (min %.3f, max %.3f), output sum %.6f\n", argv[1], kind.c_str(),
-              dtype.c_str(), rows, cols, us[us.size() / 2], us.front(), us.back(), sum);
+  std::printf("%s %s %s %lldx%lld%s: median %.3f us (min %.3f, max %.3f), output sum %.6f\n", argv[1], kind.c_str(),
+              dtype.c_str(), rows, cols, graph ? " (graph)" : "", us[us.size() / 2], us.front(), us.back(), sum);
   return 0;
 }

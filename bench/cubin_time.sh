@@ -10,7 +10,8 @@
 #   bench/cubin_time.sh run DIR                                            (the GPU machine)
 #
 # CHECK_ROWS=R checks the variant on R rows instead (faster on the CPU; see below); LAUNCHES=N
-# launches a batch in run (300).
+# launches a batch in run (300); GRAPH=1 in run replays each batch as one CUDA graph, so kernels
+# of a few microseconds are timed without the host's launch path (cubin_time.cu).
 # prepare adds one variant to DIR (TAG.cu, TAG.cubin, a line of DIR/list.txt); run builds the
 # timer and times every variant of DIR. bf16 or f32 (every operand of the call that dtype).
 set -euo pipefail
