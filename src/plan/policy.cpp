@@ -207,12 +207,15 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
       in.input_bytes_per_col() == 2 && in.merge_parts < 5 && !in.reduces_rows && widest_vector > 1 &&
       !rows_aligned(in, widest_vector) && bases_aligned(in, widest_vector) && cols >= 2 * int64_t(widest_vector);
   const RowHead row_head = req.row_head.value_or(peel_odd_rows ? RowHead::peel : RowHead::as_is);
+  // The two rules below choose a peeled row's whole mapping; a request for any of it keeps them off.
+  const bool peeled_mapping_free =
+      peel_odd_rows && !req.workers_per_program && !req.programs_per_group && !req.stripes && !req.caching;
+  const int64_t row_vectors = ceil_div(cols, widest_vector);
   // Peeled rows of at most 512 vectors, over two waves of groups or more: eight programs of one
   // warp a group (no barrier, one butterfly), re-reading where the row outgrows the budget. The
   // same run, us: softmax 4096 x 3001 26.0 against 33.3 for 96 workers caching 4 stripes (152
   // bytes spilled), RMSNorm 28.8 against 32.8; 16384 x 1023 (the width the rules below pick) 40.9.
-  if (peel_odd_rows && ceil_div(cols, widest_vector) <= 512 && in.rows >= 16 * int64_t(limits.sm_count) &&
-      !req.workers_per_program && !req.programs_per_group && !req.stripes && !req.caching) {
+  if (peeled_mapping_free && row_vectors <= 512 && in.rows >= 16 * int64_t(limits.sm_count)) {
     PlanRequest r = req;
     r.row_head = RowHead::peel, r.workers_per_program = 32, r.programs_per_group = 8;
     return choose_plan(in, r, limits);
@@ -223,11 +226,11 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // (evidence/cubin-time-h200-seed-5d316a0.log), us, four vectors a worker of 64 (160 bytes
   // spilled) / one of 224: RMSNorm 5.51-5.64 / 4.02-4.64, softmax 4.28-4.58 / 4.15-4.77; the
   // fixed-shape kernels (416 workers of four scalars) 4.29-4.37 and 4.36-4.43.
-  if (peel_odd_rows && in.rows < int64_t(limits.sm_count) && ceil_div(cols, widest_vector) <= limits.max_threads_per_group &&
-      !req.workers_per_program && !req.programs_per_group && !req.stripes && !req.caching && !req.resident_groups) {
+  if (peeled_mapping_free && !req.resident_groups && in.rows < int64_t(limits.sm_count) &&
+      row_vectors <= limits.max_threads_per_group) {
     PlanRequest r = req;
     r.row_head = RowHead::peel, r.stripes = 1, r.resident_groups = 1;
-    r.workers_per_program = int(round_up(ceil_div(cols, widest_vector), 32));
+    r.workers_per_program = int(round_up(row_vectors, 32));
     return choose_plan(in, r, limits);
   }
 

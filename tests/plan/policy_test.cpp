@@ -378,7 +378,7 @@ TEST(Policy, OddSixteenBitRowsPeelTheirHeadOrAskForThreeGroupsOf512) {
 
 TEST(Policy, PeeledRowsFewerThanTheSmsTakeOneVectorAWorkerInOneGroupARow) {
   // bf16 37 x 1537 (a seed shape): 193 vectors a row, so 224 workers of one vector, one group
-  // an SM; with 4096 rows the one-warp programs of the rule above.
+  // an SM.
   const DeviceLimits limits;
   for (int parts : {2, 3}) {
     const MappingPlan p = choose_plan(merged_parts(DType::bf16, 37, 1537, parts), {});
