@@ -31,7 +31,9 @@ row the other row_prefetch, prefetching with a budget of 128 scalars (so at half
 grid limit, and at the widths giving 1, 2 or 4 stripes), and for 16-bit row inputs the packed
 register cache, prefetching or not; and where the call has a second phase (a workspace of
 partials), 128, 512 or 1024 workers folding the partials. --family clusters keeps the policy's
-plan and the cluster candidates only (a quick run).
+plan and the cluster candidates only (a quick run). Rows of an odd stride that the policy reads in
+scalar accesses also get the head peeled (row_head "peel"), at the policy's mapping and re-read on
+512 or 1024 workers with an unroll of 2 or 4.
 Candidates are resolved with tile.builtin(name).plan() and deduplicated; a request the
 validation refuses is recorded as rejected with its message.
 Every plan is run with its outputs poisoned (NaN; the logits restored before a cross-entropy
@@ -237,6 +239,11 @@ def candidates(n, rows, policy, row_bytes, second_phase, all_16bit=False, family
     out.append({"caching": "reread"} if policy["caching"] == "registers" else
                {"caching": "registers", "private_budget": 128})
     out += cluster_candidates(n, policy, row_bytes)
+    if policy["row_head"] == "as_is" and policy["vector_elems"] == 1 and n * row_bytes >= 1024:
+        # Rows of an odd stride in scalar accesses: the head peeled, at the policy's mapping and
+        # re-read on wider groups (refused where the program has per-column accumulators).
+        out += [{"row_head": "peel"}] + [{"row_head": "peel", "caching": "reread", "workers_per_program": w,
+                                          "stripe_unroll": u} for w in (512, 1024) for u in (2, 4)]
     if reduces_rows:
         g0, blocks = policy["grid_limit"], -(-rows // policy["programs_per_group"])
         out += [{"grid_limit": g} for g in (g0 // 2, 2 * g0, 4 * g0) if g >= 1 and min(g, blocks) != min(g0, blocks)]

@@ -733,15 +733,20 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
   if (p.row_head == RowHead::peel) {
     const char* expected =
         "\"as_is\" unless tail is \"predicate\", alignment \"scalar_fallback\", cache_format \"f32\", "
-        "ctas_per_program 1, a row input, nothing reduced over the rows and cols >= 2 x vector_elems";
+        "ctas_per_program 1, a row input, no per-column accumulators (a reduction over the rows of each column) "
+        "and cols >= 2 x vector_elems";
+    // A peeled worker's columns move with each row's alignment, so per-column accumulators held
+    // across rows cannot follow them; reductions over the rows of per-row values (cross-entropy's
+    // summed losses and count) can.
     if (p.tail != TailHandling::predicate || p.alignment != Alignment::scalar_fallback ||
-        p.cache_format != CacheFormat::f32 || C != 1 || in.row_inputs() == 0 || in.reduces_rows ||
+        p.cache_format != CacheFormat::f32 || C != 1 || in.row_inputs() == 0 || in.rows_reduction_parts > 0 ||
         in.cols < 2 * int64_t(V))
       fail("row_head", expected,
            "\"peel\" with tail \"" + to_string(p.tail) + "\", alignment \"" + to_string(p.alignment) +
                "\", cache_format \"" + to_string(p.cache_format) + "\", ctas_per_program " + str(C) +
-               (in.row_inputs() == 0 ? ", no row input" : "") + (in.reduces_rows ? ", a reduction over the rows" : "") +
-               ", cols " + str(in.cols) + ", vector_elems " + str(V));
+               (in.row_inputs() == 0 ? ", no row input" : "") +
+               (in.rows_reduction_parts > 0 ? ", per-column accumulators" : "") + ", cols " + str(in.cols) +
+               ", vector_elems " + str(V));
   }
   const bool inputs_16bit = row_inputs_16bit(in);
   std::string input_dtypes;
