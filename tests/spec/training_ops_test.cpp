@@ -69,27 +69,22 @@ TEST(TrainingOps, EveryOperatorOnEveryLoweringPath) {
 // of odd strides) for every operator without per-column accumulators, cross-entropy's sums over
 // the rows included: cached, re-read, and groups looping over row blocks (each block's heads differ).
 TEST(TrainingOps, PeeledHeadsOnOperatorsWithoutPerColumnAccumulators) {
-  uint64_t seed = 9500;
+  uint64_t seed = 9400;
   std::vector<PlanRequest> plans(3);
-  for (PlanRequest& p : plans) p.row_head = RowHead::peel, p.vector_elems = 8;
+  for (PlanRequest& p : plans) p.row_head = RowHead::peel, p.vector_elems = 8, p.workers_per_program = 256;
   plans[1].caching = InputCaching::reread, plans[1].stripe_unroll = 2, plans[1].workers_per_program = 64;
-  plans[0].workers_per_program = 256;
-  plans[2].grid_limit = 2, plans[2].workers_per_program = 256;
-  int ran = 0;
+  plans[2].grid_limit = 2;
   for (TrainOp op : {TrainOp::softmax_backward, TrainOp::log_softmax_backward, TrainOp::fused_add_rms_norm,
                      TrainOp::cross_entropy, TrainOp::cross_entropy_backward, TrainOp::cross_entropy_fused})
     for (const PlanRequest& plan : plans)
-      for (auto [rows, cols, pad, offset] :
-           {std::tuple<int64_t, int64_t, int64_t, int64_t>{9, 1537, 0, 0}, {6, 1001, 3, 0}}) {
+      for (auto [rows, cols, pad] : {std::tuple<int64_t, int64_t, int64_t>{9, 1537, 0}, {6, 1001, 3}}) {
         TrainCase c;
-        c.op = op, c.rows = rows, c.cols = cols, c.pad = pad, c.offset = offset, c.plan = plan, c.seed = seed++;
+        c.op = op, c.rows = rows, c.cols = cols, c.pad = pad, c.plan = plan, c.seed = seed++;
         c.in = c.out = c.res = c.w = DType::bf16;
         c.special = seed % 2 == 0;
         c.ce.label_smoothing = 0.05, c.ce.reduction = Reduction(seed % 3);
         expect_train_case_passes(c, Backend::cpu);
-        ++ran;
       }
-  EXPECT_EQ(ran, 36);
 }
 
 // Per-column accumulators cannot follow a peeled worker's columns from row to row.
