@@ -199,18 +199,26 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // peeled: softmax 4096 x 3001 29.5 / 26.0, RMSNorm 31.3 / 28.8, 16384 x 1023 36.4 / 40.9 and
   // 37.6 / 37.7 (one-element vectors: 45.6, 39.1); LayerNorm lost 5-28 % to its head slot (the
   // eighth run of the redesign page).
+  // Rows fewer than the SMs of at most one group of vectors stay as they are: one group a row
+  // under one wave waits on latency, and there the fixed-shape kernel's width (four scalar
+  // stripes) beat every peeled mapping. bf16 37 x 1537, kernels alone replayed as CUDA graphs
+  // (evidence/cubin-time-h200-seed-graph-4d60d5f.log), us, peeled 224 workers of one vector /
+  // as is: softmax 2.17 / 1.87, RMSNorm 2.40 / 1.64 (fixed-shape 1.73, 1.91); peeled 64
+  // workers of four vectors 2.99, 4.54.
   const int widest_vector = std::max(1, limits.max_vector_bytes / in.widest_elem_bytes());
-  const bool peel_odd_rows =
-      !req.row_head && !req.vector_elems && !req.alignment && req.ctas_per_program.value_or(1) == 1 &&
-      req.caching != InputCaching::shared && req.tail.value_or(TailHandling::predicate) == TailHandling::predicate &&
-      req.cache_format.value_or(CacheFormat::f32) == CacheFormat::f32 && in.row_inputs() == 1 &&
-      in.input_bytes_per_col() == 2 && in.merge_parts < 5 && !in.reduces_rows && widest_vector > 1 &&
-      !rows_aligned(in, widest_vector) && bases_aligned(in, widest_vector) && cols >= 2 * int64_t(widest_vector);
+  const int64_t row_vectors = ceil_div(cols, widest_vector);
+  const bool few_short_rows = in.rows < int64_t(limits.sm_count) && row_vectors <= limits.max_threads_per_group;
+  const bool peel_odd_rows = !req.row_head && !req.vector_elems && !req.alignment &&
+                             req.ctas_per_program.value_or(1) == 1 && req.caching != InputCaching::shared &&
+                             req.tail.value_or(TailHandling::predicate) == TailHandling::predicate &&
+                             req.cache_format.value_or(CacheFormat::f32) == CacheFormat::f32 && in.row_inputs() == 1 &&
+                             in.input_bytes_per_col() == 2 && in.merge_parts < 5 && !in.reduces_rows &&
+                             widest_vector > 1 && !rows_aligned(in, widest_vector) &&
+                             bases_aligned(in, widest_vector) && cols >= 2 * int64_t(widest_vector) && !few_short_rows;
   const RowHead row_head = req.row_head.value_or(peel_odd_rows ? RowHead::peel : RowHead::as_is);
-  // The two rules below choose a peeled row's whole mapping; a request for any of it keeps them off.
+  // The rule below chooses a peeled row's whole mapping; a request for any of it keeps it off.
   const bool peeled_mapping_free =
       peel_odd_rows && !req.workers_per_program && !req.programs_per_group && !req.stripes && !req.caching;
-  const int64_t row_vectors = ceil_div(cols, widest_vector);
   // Peeled rows of at most 512 vectors, over two waves of groups or more: eight programs of one
   // warp a group (no barrier, one butterfly), re-reading where the row outgrows the budget. The
   // same run, us: softmax 4096 x 3001 26.0 against 33.3 for 96 workers caching 4 stripes (152
@@ -218,19 +226,6 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   if (peeled_mapping_free && row_vectors <= 512 && in.rows >= 16 * int64_t(limits.sm_count)) {
     PlanRequest r = req;
     r.row_head = RowHead::peel, r.workers_per_program = 32, r.programs_per_group = 8;
-    return choose_plan(in, r, limits);
-  }
-  // Peeled rows fewer than the SMs (one group a row, under one wave) wait on each row's latency:
-  // one vector a worker, as wide as the row needs up to a group, and one group an SM (no
-  // register cap). H200, bf16 37 x 1537, kernels timed alone in batches of 2000 launches
-  // (evidence/cubin-time-h200-seed-5d316a0.log), us, four vectors a worker of 64 (160 bytes
-  // spilled) / one of 224: RMSNorm 5.51-5.64 / 4.02-4.64, softmax 4.28-4.58 / 4.15-4.77; the
-  // fixed-shape kernels (416 workers of four scalars) 4.29-4.37 and 4.36-4.43.
-  if (peeled_mapping_free && !req.resident_groups && in.rows < int64_t(limits.sm_count) &&
-      row_vectors <= limits.max_threads_per_group) {
-    PlanRequest r = req;
-    r.row_head = RowHead::peel, r.stripes = 1, r.resident_groups = 1;
-    r.workers_per_program = int(round_up(row_vectors, 32));
     return choose_plan(in, r, limits);
   }
 

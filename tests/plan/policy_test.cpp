@@ -376,32 +376,30 @@ TEST(Policy, OddSixteenBitRowsPeelTheirHeadOrAskForThreeGroupsOf512) {
   EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 37, 1537, 5), {}).resident_groups, 2);
 }
 
-TEST(Policy, PeeledRowsFewerThanTheSmsTakeOneVectorAWorkerInOneGroupARow) {
-  // bf16 37 x 1537 (a seed shape): 193 vectors a row, so 224 workers of one vector, one group
-  // an SM.
+TEST(Policy, OddRowsFewerThanTheSmsOfAtMostAGroupOfVectorsAreNotPeeled) {
+  // bf16 37 x 1537 (a seed shape): 193 vectors a row, fewer rows than SMs, so the row stays as it
+  // is: 416 workers of four one-element stripes, the fixed-shape kernel's width.
   const DeviceLimits limits;
   for (int parts : {2, 3}) {
     const MappingPlan p = choose_plan(merged_parts(DType::bf16, 37, 1537, parts), {});
-    EXPECT_EQ(p.row_head, RowHead::peel) << parts;
-    EXPECT_EQ(p.vector_elems, 8) << parts;
-    EXPECT_EQ(p.workers_per_program, 224) << parts;
-    EXPECT_EQ(p.width_mode, WidthMode::exact) << parts;
-    EXPECT_EQ(p.stripes, 1) << parts;
-    EXPECT_EQ(p.resident_groups, 1) << parts;
-    EXPECT_EQ(p.programs_per_group, 1) << parts;
+    EXPECT_EQ(p.row_head, RowHead::as_is) << parts;
+    EXPECT_EQ(p.vector_elems, 1) << parts;
+    EXPECT_EQ(p.workers_per_program, 416) << parts;
+    EXPECT_EQ(p.stripes, 4) << parts;
   }
-  // As many rows as SMs: the rows fill a wave, and the usual width of four vectors a worker.
+  // As many rows as SMs peel; so does a row of more vectors than a group holds.
   ASSERT_GT(limits.sm_count, 37);
-  EXPECT_GT(choose_plan(merged_parts(DType::bf16, limits.sm_count, 1537, 2), {}).stripes, 1);
-  // A row of more vectors than a group holds keeps several stripes; a request keeps its field.
-  const MappingPlan wide = choose_plan(merged_parts(DType::bf16, 37, 9001, 2), {});
-  EXPECT_EQ(wide.row_head, RowHead::peel);
-  EXPECT_GT(wide.stripes, 1);
-  PlanRequest two;
-  two.stripes = 2;
-  const MappingPlan asked = choose_plan(merged_parts(DType::bf16, 37, 1537, 2), two);
-  EXPECT_EQ(asked.stripes, 2);
-  EXPECT_NE(asked.workers_per_program, 224);
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, limits.sm_count, 1537, 2), {}).row_head, RowHead::peel);
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, limits.sm_count - 1, 1537, 2), {}).row_head, RowHead::as_is);
+  const int64_t over_a_group = 8 * int64_t(limits.max_threads_per_group) + 1;
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 37, over_a_group, 2), {}).row_head, RowHead::peel);
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 37, over_a_group - 2, 2), {}).row_head, RowHead::as_is);
+  // A request for the peel keeps it.
+  PlanRequest peel;
+  peel.row_head = RowHead::peel;
+  const MappingPlan asked = choose_plan(merged_parts(DType::bf16, 37, 1537, 2), peel);
+  EXPECT_EQ(asked.row_head, RowHead::peel);
+  EXPECT_EQ(asked.vector_elems, 8);
 }
 
 TEST(Policy, RereadingLayerNormsSixteenBitRowsUnrollsTwo) {
