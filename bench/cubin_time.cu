@@ -141,18 +141,21 @@ int main(int argc, char** argv) {
   check(cuMemcpyHtoD(w, weight.data(), cols * elem), "copy weight");
   check(cuMemcpyHtoD(b, bias.data(), cols * elem), "copy bias");
   float eps = kind == "ln" ? 1e-5f : 1e-6f;
+  float inv_cols = float(1.0 / double(cols > 0 ? cols : 1));
   const char* graph_env = std::getenv("GRAPH");
   const bool graph = graph_env && std::string(graph_env) == "1";
   // Graph capture needs a stream other than the legacy default one.
   CUstream stream = nullptr;
   if (graph) check(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  // The generated kernels' parameters: x, y, [weight, [bias]], rows, cols, x stride, y stride, [eps].
+  // The generated kernels' parameters: x, y, [weight, [bias]], rows, cols, x stride, y stride, [eps],
+  // [tile_inv_cols] (the norms since it was added; the driver reads only as many entries as the
+  // kernel declares, so older kernels ignore the last).
   auto launch = [&](int i) {
     std::vector<void*> args{&xs[i], &ys[i]};
     if (kind != "softmax") args.push_back(&w);
     if (kind == "ln") args.push_back(&b);
     for (long long* p : {&rows, &cols, &cols, &cols}) args.push_back(p);
-    if (kind != "softmax") args.push_back(&eps);
+    if (kind != "softmax") args.push_back(&eps), args.push_back(&inv_cols);
     CUlaunchConfig config{};
     config.gridDimX = unsigned(grid), config.gridDimY = 1, config.gridDimZ = 1;
     config.blockDimX = unsigned(block), config.blockDimY = 1, config.blockDimZ = 1;

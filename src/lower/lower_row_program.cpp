@@ -223,6 +223,9 @@ class ChunkEvaluator {
       : em_(em), out_(out), m_(m), groups_(std::move(groups)) {}
 
   void set(int id, ExprPtr value) { chunk_memo_[id] = std::move(value); }
+  // 1 / max(count, 1) for count node `id` (set to a uniform value), made on first use: a
+  // division by max(that count, 1) becomes a multiplication by it.
+  void set_reciprocal(int id, std::function<ExprPtr()> inv) { reciprocal_[id] = std::move(inv); }
   ExprPtr value(int id) { return elem(id, 0, 0); }
   // Element node `id` at every element of group g.
   std::vector<ExprPtr> values_at(int id, int g) {
@@ -282,7 +285,9 @@ class ChunkEvaluator {
       case MonoidNode::Kind::element: return groups_[g].elems[e].inputs[n.index];
       case MonoidNode::Kind::constant: return em_.fc(n.value_in(em_.f64()));
       case MonoidNode::Kind::unary: return em_.keep(out_, em_.unary_fn(n.unary, elem(n.a, g, e)));
-      case MonoidNode::Kind::binary: return em_.keep(out_, em_.binary_fn(n.binary, elem(n.a, g, e), elem(n.b, g, e)));
+      case MonoidNode::Kind::binary:
+        if (ExprPtr inv = reciprocal_of(n)) return em_.keep(out_, em_.binary_fn(BinaryFn::mul, elem(n.a, g, e), inv));
+        return em_.keep(out_, em_.binary_fn(n.binary, elem(n.a, g, e), elem(n.b, g, e)));
       case MonoidNode::Kind::select: return em_.keep(out_, select(elem(n.a, g, e), elem(n.b, g, e), elem(n.c, g, e)));
       case MonoidNode::Kind::count: {
         std::vector<ExprPtr> counts;
@@ -322,10 +327,24 @@ class ChunkEvaluator {
     return nullptr;
   }
 
+  // The reciprocal set for d where n is a / d and d is max(count, 1) of a count with one.
+  ExprPtr reciprocal_of(const MonoidNode& n) {
+    if (n.binary != BinaryFn::div || reciprocal_.empty()) return nullptr;
+    const MonoidNode& d = m_.nodes[n.b];
+    if (d.kind != MonoidNode::Kind::binary || d.binary != BinaryFn::max) return nullptr;
+    for (auto [c, one] : {std::pair{d.a, d.b}, std::pair{d.b, d.a}}) {
+      const MonoidNode& k = m_.nodes[one];
+      if (k.kind != MonoidNode::Kind::constant || k.value_in(em_.f64()) != 1.0) continue;
+      if (auto it = reciprocal_.find(c); it != reciprocal_.end()) return it->second();
+    }
+    return nullptr;
+  }
+
   Emitter& em_;
   std::vector<Stmt>& out_;
   const Monoid& m_;
   std::vector<ChunkGroup> groups_;
+  std::map<int, std::function<ExprPtr()>> reciprocal_;
   std::map<int, std::vector<std::vector<ExprPtr>>> elem_memo_;
   std::map<int, ExprPtr> chunk_memo_;
   std::map<std::tuple<int, int, int>, std::vector<ExprPtr>> reload_memo_;  // (group, input, generation)
@@ -498,6 +517,16 @@ class RowLowering {
   }
   ExprPtr in_row(const Slot& slot, int j) const { return whole_ ? slot.live : binary(BinOp::lt, i32_const(j), slot.in_row_count); }
   ExprPtr row_value(std::vector<Stmt>& out, int node);
+  // 1 / max(cols, 1), a parameter added on first use: a division by the row length is a
+  // multiplication by it (one rounding more, no division's instructions or slow-path call).
+  ExprPtr inv_cols() {
+    if (p_inv_cols_ < 0) {
+      k_.params.push_back({"tile_inv_cols", real()});
+      lowered_.main.params.push_back({ParamSource::Kind::inv_cols});
+      p_inv_cols_ = int(k_.params.size()) - 1;
+    }
+    return param(p_inv_cols_, real());
+  }
   void hoist_row_values(std::vector<Stmt>& out, int node);
   const std::vector<ExprPtr>& element(std::vector<Stmt>& out, Slot& slot, int node);
   void row_inputs_of(int node, std::set<int>& out) const;
@@ -561,7 +590,7 @@ class RowLowering {
   LoweredProgram lowered_;
 
   // Kernel arguments.
-  int p_rows_ = -1, p_cols_ = -1, ws_buffer_ = -1;
+  int p_rows_ = -1, p_cols_ = -1, p_inv_cols_ = -1, ws_buffer_ = -1;
   std::map<int, int> buffer_of_, stride_of_, scalar_of_;  // operand -> buffer / param
   // What the program needs.
   std::vector<int> live_stores_;                 // indices into prog_.stores()
@@ -1010,6 +1039,10 @@ ExprPtr RowLowering::row_value(std::vector<Stmt>& out, int node) {
     case RowNode::Kind::unary: value = em_.unary_fn(n.unary, row_value(out, n.a)); break;
     case RowNode::Kind::binary:
       if (ExprPtr kept = absorbed(out, n)) return row_values_[node] = kept;
+      if (n.binary == BinaryFn::div && prog_.nodes()[n.b].kind == RowNode::Kind::cols) {
+        value = em_.binary_fn(BinaryFn::mul, row_value(out, n.a), inv_cols());
+        break;
+      }
       value = em_.binary_fn(n.binary, row_value(out, n.a), row_value(out, n.b));
       break;
     case RowNode::Kind::select: {
@@ -1400,13 +1433,24 @@ RowLowering::FastSplit RowLowering::program_fast_split(std::vector<Stmt>& out, c
   // Every program's exactness test; the worker's own totals by a select chain over the
   // programs read, and its fast state from them (the state's exponents and scalings once, not
   // once a program).
+  // The row count's reciprocal: 1 / max(cols, 1), or 1 where the program loads no row.
+  ExprPtr inv_count;
+  auto row_count_reciprocal = [&]() {
+    if (!inv_count)
+      inv_count = r(assign_new(out, "inv", select(binary(BinOp::eq, r(load_cols_), i64(0)), fc(1.0), inv_cols())));
+    return inv_count;
+  };
   auto evaluate = [&](const std::vector<ExprPtr>& sums, std::vector<std::vector<ExprPtr>>* state) {
     ExprPtr exact;
     for (size_t i = 0; i < reductions.size(); ++i) {
       const Monoid& m = prog_.reductions()[reductions[i]].monoid;
       ChunkEvaluator ev(em_, out, m, {});
       for (size_t l = 0; l < leaves.size(); ++l)
-        if (leaves[l].reduction == i) ev.set(leaves[l].node, sums[l]);
+        if (leaves[l].reduction == i) {
+          ev.set(leaves[l].node, sums[l]);
+          if (m.nodes[leaves[l].node].kind == MonoidNode::Kind::count)
+            ev.set_reciprocal(leaves[l].node, row_count_reciprocal);
+        }
       if (state)
         for (int id : m.fast) (*state)[i].push_back(ev.value(id));
       ExprPtr e = ev.value(m.fast_exact);

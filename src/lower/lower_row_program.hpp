@@ -35,7 +35,9 @@ struct KernelSignature;
 
 // What one kernel parameter carries, for the targets that fill in the arguments.
 struct ParamSource {
-  enum class Kind : uint8_t { rows, cols, stride, scalar, slots };
+  // inv_cols: 1 / max(cols, 1) in the kernel's float type, so that divisions by the row length
+  // are multiplications (an IEEE division is about eight instructions and a slow-path call).
+  enum class Kind : uint8_t { rows, cols, stride, scalar, slots, inv_cols };
   Kind kind;
   int operand = -1;  // stride, scalar
 };

@@ -1,5 +1,7 @@
 #include "target/target.hpp"
 
+#include <algorithm>
+
 namespace tile {
 
 const Target& target_for(Backend backend) { return backend == Backend::cpu ? cpu_target() : cuda_target(); }
@@ -39,6 +41,10 @@ ArgumentValues argument_values(const LoweredKernel& kernel, const BoundCall& cal
       case ParamSource::Kind::cols: v.i = call.cols; break;
       case ParamSource::Kind::stride: v.i = call.operands[p.operand].stride; break;
       case ParamSource::Kind::slots: v.i = slots; break;
+      case ParamSource::Kind::inv_cols:
+        v.d = 1.0 / double(std::max<int64_t>(call.cols, 1));
+        v.f = float(v.d);
+        break;
       case ParamSource::Kind::scalar:
         v.f = float(call.operands[p.operand].value);
         v.d = call.operands[p.operand].value;

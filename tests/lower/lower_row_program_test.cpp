@@ -549,6 +549,67 @@ TEST(LowerRowProgram, NormsFastBranchTakesOneReciprocalSquareRoot) {
   }
 }
 
+// Float operations `op` (integer ones, such as a re-read loop's trip count, are not counted).
+int count_binary(const ir::ExprPtr& e, ir::BinOp op) {
+  if (!e) return 0;
+  int n = e->kind == ir::Expr::Kind::binary && e->binop == op && (e->type == ir::Type::f32 || e->type == ir::Type::f64);
+  for (const ir::ExprPtr& a : e->args) n += count_binary(a, op);
+  return n;
+}
+int count_binary(const std::vector<ir::Stmt>& body, ir::BinOp op) {
+  int n = 0;
+  for (const ir::Stmt& s : body) {
+    for (const ir::ExprPtr& e : {s.value, s.index, s.valid, s.aligned, s.cond, s.begin, s.end})
+      n += count_binary(e, op);
+    n += count_binary(s.body, op) + count_binary(s.else_body, op);
+  }
+  return n;
+}
+
+// The norms' program fast path divides by nothing: its mean (LayerNorm's S1 / n) and the mean
+// square or variance (a row value over cols) multiply by the launch's 1 / max(cols, 1), a
+// parameter only kernels that need it declare; rows of 300 (not a power of two: the product
+// rounds differently from the quotient) and rows past the end (guard programs, n = 0) still
+// match the float64 oracle on every plan.
+TEST(LowerRowProgram, NormsFastPathMultipliesByTheReciprocalOfTheRowLength) {
+  std::mt19937_64 rng(31);
+  testing::HostMatrix x(DType::bf16, 5, 300, 300), y(DType::bf16, 5, 300, 300);
+  testing::HostVector w(DType::bf16, 300), b(DType::bf16, 300);
+  x.fill_random(rng, 3.0), w.fill_random(rng, 1.0, 0.5), b.fill_random(rng, 0.0, 1.0);
+  for (Op op : {Op::rms_norm, Op::layer_norm}) {
+    const RowProgram& p = builtin_program(op);
+    Args args;
+    args.set("x", x.view()).set("y", y.view()).set("weight", w.view());
+    if (op == Op::layer_norm) args.set("bias", b.view());
+    const Reference want = reference(p, args);
+    int fast_paths = 0;
+    for_each_small_plan(p, args, &want, y, [&](const MappingPlan&, const ir::Kernel& k) {
+      EXPECT_GE(k.param_index("tile_inv_cols"), 0);
+      for (size_t i = 0; i < k.body.size(); ++i) {
+        const ir::Stmt& s = k.body[i];
+        if (s.kind != ir::Stmt::Kind::if_ || s.body.empty() || s.body[0].kind != ir::Stmt::Kind::comment ||
+            s.body[0].text.rfind("every program read passed", 0) != 0)
+          continue;
+        ++fast_paths;
+        // The fast branch and the statistics before it (the exact branch divides by chunk counts).
+        EXPECT_EQ(count_binary(s.body, ir::BinOp::div), 0);
+        EXPECT_EQ(count_binary(std::vector<ir::Stmt>(k.body.begin(), k.body.begin() + i), ir::BinOp::div), 0);
+      }
+    });
+    EXPECT_GT(fast_paths, 0) << p.name();
+  }
+  // Softmax divides by its sum of exponentials, never by the row length: no such parameter.
+  testing::HostMatrix sx(DType::f32, 2, 300, 300), sy(DType::f32, 2, 300, 300);
+  sx.fill_random(rng);
+  Args args;
+  args.set("x", sx.view()).set("y", sy.view());
+  const BoundCall call = bind(builtin_program(Op::softmax), args);
+  const MappingPlan plan = choose_plan(call.plan_inputs(), {});
+  EXPECT_EQ(
+      lower_row_program(builtin_program(Op::softmax), call.signature(), plan).main.kernel.param_index("tile_inv_cols"),
+      -1);
+}
+
 // max(a, min(a, c)) is a only where c is not NaN: with c = NaN both min and max are NaN. A row
 // scalar of each form, against the float64 evaluation, on every plan.
 TEST(LowerRowProgram, MaxOfMinFoldsOnlyForAConstantThatIsNotNaN) {
