@@ -423,8 +423,14 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     p.workers_per_program = rows_cache_width;
     p.width_mode = WidthMode::automatic;
   } else if (long_row) {
+    // LayerNorm's loop keeps the width of unrolling 4 where it unrolls 2: at bf16 x 32768 the
+    // 1024 workers of unrolling 2 fit one group an SM (H200, 1024 x 32768, kernels timed alone,
+    // evidence/cubin-time-h200-ln-reread-widths-1de82a0.log: 57.3 us against 46.8-47.1 on 512
+    // workers, two groups an SM; the fixed-shape kernel 48.8). Longer rows reach 1024 either way.
+    const int width_unroll =
+        !req.stripe_unroll && one_16bit_input && in.merge_parts >= 5 ? kRereadUnroll : reread_unroll;
     const int64_t iteration = std::min(kRereadIterationBytes, cols * xes / 2);
-    int64_t w = round_up(ceil_div(iteration, int64_t(p.vector_elems) * xes * reread_unroll), 32);
+    int64_t w = round_up(ceil_div(iteration, int64_t(p.vector_elems) * xes * width_unroll), 32);
     p.workers_per_program = int(std::clamp<int64_t>(w, 32, limits.max_threads_per_group));
     p.width_mode = WidthMode::automatic;
   } else {

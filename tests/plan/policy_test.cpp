@@ -409,6 +409,16 @@ TEST(Policy, RereadingLayerNormsSixteenBitRowsUnrollsTwo) {
   EXPECT_EQ(p.workers_per_program, 1024);
   EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 256, 131072, 3), {}).stripe_unroll, 4);
   EXPECT_EQ(choose_plan(merged_parts(DType::f32, 256, 131072, 5), {}).stripe_unroll, 4);
+  // At x 32768 it keeps the width of unrolling 4: 512 workers of eight stripes, two groups an SM.
+  p = choose_plan(merged_parts(DType::bf16, 1024, 32768, 5), {});
+  EXPECT_EQ(p.caching, InputCaching::reread);
+  EXPECT_EQ(p.workers_per_program, 512);
+  EXPECT_EQ(p.stripes, 8);
+  EXPECT_EQ(p.stripe_unroll, 2);
+  EXPECT_EQ(p.resident_groups, 2);
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 512, 65536, 5), {}).workers_per_program, 1024);
+  // Softmax's and RMSNorm's merges unroll 4 at the same width.
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 1024, 32768, 3), {}).workers_per_program, 512);
 }
 
 TEST(Policy, VectorWidthFollowsRowAlignment) {

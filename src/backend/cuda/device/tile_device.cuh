@@ -54,20 +54,31 @@ TILE_DEVICE float tile_min(float a, float b) {
 #endif
 }
 
-// floor(log2 |a|) for finite nonzero a (exact, subnormals included), else 0. A normal a's
-// exponent is read from its bits; only subnormals take the library's ilogbf.
+// floor(log2 |a|) for finite nonzero a (exact, subnormals included), else 0, read from the bits:
+// a subnormal's from its leading mantissa bit (no library call, whose slow path costs a kernel
+// registers at 64 a thread even where it never runs).
 TILE_DEVICE float tile_exponent(float a) {
   const int bits = __float_as_int(a) & 0x7fffffff, biased = bits >> 23;
   if (bits == 0 || biased == 0xff) return 0.0f;
-  return biased != 0 ? (float)(biased - 127) : (float)ilogbf(a);
+  return (float)(biased != 0 ? biased - 127 : (31 - __clz(bits)) - 149);
 }
 // a * 2^b for an integer-valued b, exact; b clamped to [-1000, 1000], NaN if b is NaN. Where
 // 2^b is a normal float, one multiplication by it rounds exactly as ldexpf does (the only
-// rounding is of a subnormal result, once, to nearest even); elsewhere ldexpf.
+// rounding is of a subnormal result, once, to nearest even). Elsewhere up to two steps of 2^127
+// up, or of 2^-102 down (24 bits above the subnormals, so a step rounds only where the result
+// rounds to 0 anyway), before that last multiplication: no library call, whose slow path costs
+// a kernel registers even where it never runs.
 TILE_DEVICE float tile_ldexp(float a, float b) {
   if (b != b) return b;
-  const int e = (int)fminf(fmaxf(b, -1000.0f), 1000.0f);
-  return (e >= -126 && e <= 127) ? a * __int_as_float((e + 127) << 23) : ldexpf(a, e);
+  int e = (int)fminf(fmaxf(b, -1000.0f), 1000.0f);
+  if (e > 127) {
+    a *= 0x1p127f, e -= 127;
+    if (e > 127) a *= 0x1p127f, e = e - 127 > 127 ? 127 : e - 127;
+  } else if (e < -126) {
+    a *= 0x1p-102f, e += 102;
+    if (e < -126) a *= 0x1p-102f, e = e + 102 < -126 ? -126 : e + 102;
+  }
+  return a * __int_as_float((e + 127) << 23);
 }
 
 // The f64 counterparts, for kernels whose float type is f64 (float64 calls): the same
