@@ -65,9 +65,11 @@ RowProgram layer_norm_backward_program() {
   Operand db = p.col_out("dbias", DTypeSet::floats(), /*optional=*/true, "gradient of bias, summed over the rows");
   RowExpr r = p.load(rstd), g0 = p.load(dy);
   RowExpr xhat = (p.load(x) - p.load(mean)) * r, g = g0 * p.load_or(w, 1.0);
-  RowExpr sum_g = p.reduce1(Axis::cols, monoid::sum(), g);
-  RowExpr sum_gx = p.reduce1(Axis::cols, monoid::sum(), g * xhat);
-  p.store(dx, r * (g - (sum_g + xhat * sum_gx) / p.cols()));
+  // The means are per-row values, so the division by n happens once a row (as a product with
+  // 1 / n), not once an element.
+  RowExpr mean_g = p.reduce1(Axis::cols, monoid::sum(), g) / p.cols();
+  RowExpr mean_gx = p.reduce1(Axis::cols, monoid::sum(), g * xhat) / p.cols();
+  p.store(dx, r * (g - (mean_g + xhat * mean_gx)));
   p.store(dw, p.reduce1(Axis::rows, monoid::sum(), g0 * xhat));
   p.store(db, p.reduce1(Axis::rows, monoid::sum(), g0));
   return p;
