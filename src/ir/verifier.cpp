@@ -73,6 +73,11 @@ class RangeOf : public IRVisitor<RangeOf, std::optional<Interval>> {
     }
   }
   Range visit_cast(const Expr& e) { return visit(*e.args[0]); }
+  Range visit_select(const Expr& e) {
+    auto a = visit(*e.args[1]), b = visit(*e.args[2]);
+    if (!a || !b) return std::nullopt;
+    return Interval{std::min(a->lo, b->lo), std::max(a->hi, b->hi)};
+  }
 
   const Kernel& k_;
 };
@@ -322,9 +327,38 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     const Stmt* prev = prev_;
     unsigned u = visit(*s.value);
     expect_reg(s.dst, s.value->type, "assignment of '" + print(*s.value) + "'");
-    const unsigned lanes = butterfly_lanes(s, prev);
+    // Lanes agree only where every lane of the warp takes the assignment.
+    const unsigned lanes = (control & kWarp) ? butterfly_lanes(s, prev) | lanes_of(*s.value) : 0u;
     // A value the same in every lane of the warp (a complete butterfly) is warp-uniform.
     define(s.dst, (lanes == 31u ? u | warp_ : u) & control, lanes);
+  }
+  // The xor-masks of lanes (bits, as butterfly_lanes) across which an expression's value agrees:
+  // every one where it is warp-uniform, none for the lane; lane mod 2^k agrees across the bits
+  // from k up, and an operation agrees wherever all of its operands do.
+  unsigned lanes_of(const Expr& e) const {
+    switch (e.kind) {
+      case Expr::Kind::constant:
+      case Expr::Kind::param: return 31u;
+      case Expr::Kind::reg:
+        if (e.id < 0 || e.id >= int(lanes_.size())) return 0u;
+        return (uni_[e.id] & kWarp) ? 31u : lanes_[e.id];
+      case Expr::Kind::special: return (special_uniformity(Special(e.id)) & kWarp) ? 31u : 0u;
+      case Expr::Kind::binary: {
+        const Expr &a = *e.args[0], &b = *e.args[1];
+        if (e.binop == BinOp::rem && a.kind == Expr::Kind::special && Special(a.id) == Special::lane &&
+            b.kind == Expr::Kind::constant && b.i > 0 && b.i <= 32 && (b.i & (b.i - 1)) == 0)
+          return 31u & ~unsigned(b.i - 1);
+        return lanes_of(a) & lanes_of(b);
+      }
+      case Expr::Kind::unary:
+      case Expr::Kind::select:
+      case Expr::Kind::cast: {
+        unsigned lanes = 31u;
+        for (const ExprPtr& a : e.args) lanes &= lanes_of(*a);
+        return lanes;
+      }
+      default: return 0u;
+    }
   }
   // A butterfly step: `t = shfl_xor(v, o)` (width 32) and right after it `m = v op t` with op
   // commutative (add, mul, max, min) give lanes i and i ^ o the same bits of m, and every pair
@@ -406,10 +440,17 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     // A group's shared memory: a value read at a uniform index is the same across the group,
     // or across the program where each program has its own slice.
     unsigned u = visit(*s.index) & control;
-    if (s.region >= 0 && s.region < int(k_.shared.size())) u &= k_.shared[s.region].program_stride ? program_ : group_;
+    // Lanes reading one slot read one value; a program's own slice is one slot only within the
+    // program (sub-warp programs share a warp).
+    unsigned lanes = (control & kWarp) ? lanes_of(*s.index) : 0u;
+    if (s.region >= 0 && s.region < int(k_.shared.size())) {
+      u &= k_.shared[s.region].program_stride ? program_ : group_;
+      const int W = k_.workers_per_program;
+      if (k_.shared[s.region].program_stride && W < 32) lanes &= (W & (W - 1)) == 0 ? unsigned(W - 1) : 0u;
+    }
     expect_reg(s.dst, k_.real, "shared load destination");
     shared_index(s);
-    define(s.dst, u);
+    define(s.dst, u, lanes);
   }
   void visit_remote_shared_load(const Stmt& s, unsigned control) {
     unsigned u = visit(*s.index) & visit(*s.cta) & control;

@@ -558,8 +558,13 @@ class RowLowering {
                                                 bool all_programs);
   std::vector<std::vector<int>> merge_across_workers(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
                                                      std::vector<std::vector<int>> states);
+  // This row's copy of a merge region slot (odd_row_).
+  int region_copies() const { return odd_row_ >= 0 ? 2 : 1; }
+  ExprPtr row_copy(ExprPtr index, int elems) const {
+    return odd_row_ < 0 ? index : binary(BinOp::add, index, select(r(odd_row_), i32_const(elems), i32_const(0)));
+  }
   void butterfly(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids, std::vector<std::vector<int>>& states,
-                 int width, const std::string& name);
+                 int width, const std::string& name, int shuffle_width = 0);
   std::vector<std::vector<int>> merge_through_exchange(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
                                                      std::vector<std::vector<int>> states);
   std::vector<std::vector<int>> staged_states(std::vector<Stmt>& out, const std::vector<int>& reductions);
@@ -614,6 +619,10 @@ class RowLowering {
   std::map<int, int> staged_of_;  // caching "shared": row input -> staged region
   int staged_landed_ = 0;         // stripes whose copies an emitted async wait saw land
   int next_shared_ = 0;
+  // A group looping over row blocks keeps two copies of each merge region, the odd rows' after
+  // the even ones': a row's stores never meet the previous row's loads, so no barrier need end
+  // the row (b1 register, flipped after each row; -1 where the group takes one row block).
+  int odd_row_ = -1;
   bool cluster_resident_ = false;  // the cluster wait before the first push is emitted
   int loop_it_ = -1;        // the iteration register of the re-read loop being built
   int head_ = -1;           // row_head "peel": elements before the row's first aligned column
@@ -696,6 +705,7 @@ LoweredProgram RowLowering::run() {
     if (plan_.column_loads == ColumnLoads::once) hold_columns(body);
     int it = em_.temp("block_it", Type::i64);
     first_row_ = assign_new(body, "first", b1_const(true));
+    odd_row_ = assign_new(body, "odd_row", b1_const(false));
     std::vector<Stmt> loop;
     ExprPtr block = binary(BinOp::add, owner, binary(BinOp::mul, r(it), owners));
     if (prefetch_) {
@@ -704,16 +714,22 @@ LoweredProgram RowLowering::run() {
     }
     begin_row(loop, block);
     for (Stmt& s : row_body()) loop.push_back(std::move(s));
-    // The next row block reuses the merges' shared slots: every warp must have read the
-    // previous block's partials before any warp overwrites them. On a cluster, the exchange
-    // regions take one phase a row: each group arrives once it has consumed an exchange's reads
-    // and waits before the next exchange's pushes (merge_through_exchange), so the arrive's
-    // latency overlaps the row's output pass and the next row's loads; the first wait pairs with
-    // an arrive before the loop, and a wait after it ends the last arrive.
+    // The next row block stores into the other copy of the merges' shared slots (odd_row_), and
+    // the row after it into this copy again: every warp has read this row's partials before any
+    // warp overwrites them where a barrier stands unconditionally in every row (the next row's
+    // merge), else one ends the row. On a cluster, the exchange regions take one phase a row:
+    // each group arrives once it has consumed an exchange's reads and waits before the next
+    // exchange's pushes (merge_through_exchange), so the arrive's latency overlaps the row's
+    // output pass and the next row's loads; the first wait pairs with an arrive before the
+    // loop, and a wait after it ends the last arrive.
     const bool other_shared =
         std::any_of(k_.shared.begin(), k_.shared.end(), [](const SharedRegion& r) { return r.pushes == 0; });
-    if (other_shared) loop.push_back(barrier(merge_scope()));
+    const bool row_barrier = std::any_of(loop.begin(), loop.end(), [&](const Stmt& s) {
+      return s.kind == Stmt::Kind::barrier && (s.scope == merge_scope() || s.scope == Scope::group);
+    });
+    if (other_shared && !row_barrier) loop.push_back(barrier(merge_scope()));
     loop.push_back(assign(first_row_, b1_const(false)));
+    loop.push_back(assign(odd_row_, unary(UnOp::not_, r(odd_row_))));
     if (cluster_resident_) body.push_back(cluster_arrive());
     body.push_back(for_(it, i64(0), count, std::move(loop)));
     if (cluster_resident_) body.push_back(cluster_wait());
@@ -1542,9 +1558,9 @@ std::vector<std::vector<ExprPtr>> RowLowering::fold_leaves(std::vector<Stmt>& ou
       continue;
     }
     regions.push_back(int(k_.shared.size()));
-    k_.shared.push_back({"sums" + std::to_string(k_.shared.size()), next_shared_, P * warps, 0});
-    next_shared_ += P * warps;
-    stores.push_back(shared_store(regions.back(), slot, r(reg)));
+    k_.shared.push_back({"sums" + std::to_string(k_.shared.size()), next_shared_, P * warps * region_copies(), 0});
+    next_shared_ += P * warps * region_copies();
+    stores.push_back(shared_store(regions.back(), row_copy(slot, P * warps), r(reg)));
   }
   out.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)), std::move(stores)));
   out.push_back(barrier(merge_scope()));
@@ -1562,8 +1578,9 @@ std::vector<std::vector<ExprPtr>> RowLowering::fold_leaves(std::vector<Stmt>& ou
       std::vector<ExprPtr> parts;
       for (int w = 0; w < (kind == LeafKind::uniform ? 1 : warps); ++w) {
         int v = em_.temp("part", real());
-        out.push_back(shared_load(v, regions[l], all_programs ? i32_const(q * warps + w)
-                                                              : binary(BinOp::add, base, i32_const(w))));
+        out.push_back(shared_load(v, regions[l], row_copy(all_programs ? i32_const(q * warps + w)
+                                                                       : binary(BinOp::add, base, i32_const(w)),
+                                                          P * warps)));
         parts.push_back(r(v));
       }
       row.push_back(em_.pairwise(out, parts, kind == LeafKind::max ? BinOp::max : BinOp::add));
@@ -1684,9 +1701,10 @@ void RowLowering::share_chunk_elements(int reduction, ChunkEvaluator& ev) {
 // Merges per-worker states up the scope stack and returns the registers holding the program's
 // result: lanes of a warp by a shuffle butterfly, then (multi-warp programs) warps through one
 // shared slot per warp and part, one barrier, and a butterfly that every warp runs over the
-// warps' partials, so no broadcast barrier is needed. A lane past the last warp contributes
-// the identity. Each part has its own region, so no later merge overwrites slots another warp
-// may still read.
+// warps' partials, so no broadcast barrier is needed. That butterfly spans the fewest lanes that
+// hold every warp's slot (lane l reads slot l mod the warps' power of two; a lane past the last
+// warp contributes the identity), so a program of 4 warps folds in 2 steps, not 5. Each part
+// has its own region, so no later merge overwrites slots another warp may still read.
 std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt>& out,
                                                                 const std::vector<const Monoid*>& monoids,
                                                                 std::vector<std::vector<int>> states) {
@@ -1695,43 +1713,50 @@ std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt
   if (plan_.ctas_per_program > 1) return merge_through_exchange(out, monoids, std::move(states));
   if (W <= 32) return states;
   const int warps = W / 32;
+  int span = 1;  // lanes of the second butterfly: the power of two at or above the warps
+  while (span < warps) span *= 2;
   std::vector<Stmt> stores;
   std::vector<std::vector<int>> regions(states.size());
   for (size_t i = 0; i < states.size(); ++i)
     for (int reg_id : states[i]) {
-      SharedRegion region{"partials" + std::to_string(k_.shared.size()), next_shared_, warps, warps};
-      next_shared_ += warps * plan_.programs_per_group;
+      const int elems = warps * region_copies();
+      SharedRegion region{"partials" + std::to_string(k_.shared.size()), next_shared_, elems, elems};
+      next_shared_ += elems * plan_.programs_per_group;
       regions[i].push_back(int(k_.shared.size()));
       k_.shared.push_back(region);
-      stores.push_back(shared_store(regions[i].back(), special(Special::warp_in_program), r(reg_id)));
+      stores.push_back(shared_store(regions[i].back(), row_copy(special(Special::warp_in_program), warps), r(reg_id)));
     }
   out.push_back(if_(binary(BinOp::eq, special(Special::lane), i32_const(0)), std::move(stores)));
   out.push_back(barrier(merge_scope()));
-  ExprPtr slot = binary(BinOp::min, special(Special::lane), i32_const(warps - 1));
-  ExprPtr mine = binary(BinOp::lt, special(Special::lane), i32_const(warps));
+  // lane mod span: the same in every lane of an xor-mask of span and above (the verifier sees it).
+  ExprPtr lane_in_span = binary(BinOp::rem, special(Special::lane), i32_const(span));
+  ExprPtr slot = span == warps ? lane_in_span : binary(BinOp::min, lane_in_span, i32_const(warps - 1));
+  ExprPtr mine = span == warps ? nullptr : binary(BinOp::lt, lane_in_span, i32_const(warps));
   std::vector<std::vector<int>> totals(states.size());
   for (size_t i = 0; i < states.size(); ++i) {
     const Monoid& m = *monoids[i];
     for (size_t q = 0; q < states[i].size(); ++q) {
       int partial = em_.temp("partial", real());
-      out.push_back(shared_load(partial, regions[i][q], slot));
-      totals[i].push_back(assign_new(out, "total", select(mine, r(partial), fc(m.identity[q]))));
+      out.push_back(shared_load(partial, regions[i][q], row_copy(slot, warps)));
+      totals[i].push_back(mine ? assign_new(out, "total", select(mine, r(partial), fc(m.identity[q]))) : partial);
     }
   }
-  butterfly(out, monoids, totals, 32, "m");
+  butterfly(out, monoids, totals, span, "m", 32);
   return totals;
 }
 
 // Folds each monoid's states across the lanes of segments of `width` (a power of two) by a
-// shuffle butterfly; every lane of a segment ends with the same bits.
+// shuffle butterfly; every lane of a segment ends with the same bits. The shuffles name
+// `shuffle_width` (0: `width`), the same exchange for offsets below `width`.
 void RowLowering::butterfly(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
-                            std::vector<std::vector<int>>& states, int width, const std::string& name) {
+                            std::vector<std::vector<int>>& states, int width, const std::string& name,
+                            int shuffle_width) {
   for (int offset = width / 2; offset >= 1; offset /= 2)
     for (size_t i = 0; i < monoids.size(); ++i) {
       std::vector<ExprPtr> self, other;
       for (int reg_id : states[i]) {
         int t = em_.temp("t", real());
-        out.push_back(shfl_xor(t, reg_id, offset, width));
+        out.push_back(shfl_xor(t, reg_id, offset, shuffle_width ? shuffle_width : width));
         self.push_back(r(reg_id));
         other.push_back(r(t));
       }

@@ -232,6 +232,41 @@ TEST(VerifierProof, RejectsAShuffleUnderAnIncompleteButterfly) {
   EXPECT_TRUE(mentions(verify(butterfly_guard({16, 8, 4, 2, 1}, false, BinOp::sub)), "not uniform across the warp"));
 }
 
+// Lanes reading the warps' partials at lane mod 2 (two warps a program) agree across every
+// xor-mask from 2 up, so a butterfly over offset 1 alone completes them: a shuffle may run under
+// a test of the result. Without it, with the wrong offset, or with the slot read only by some
+// lanes, it may not.
+enum class SlotFold { butterfly, none, wrong_offset, divergent_read };
+Kernel lane_slot_guard(SlotFold fold) {
+  Kernel k = row_sum(Scope::group, false, false, 2);
+  const int t = 2;
+  if (k.regs[t].name != "t") throw std::logic_error("row_sum's registers moved");
+  const int part = k.add_reg("part", Type::f32), m = k.add_reg("m", Type::f32);
+  Stmt read = shared_load(part, 0, binary(BinOp::rem, special(Special::lane), i32_const(2)));
+  if (fold == SlotFold::divergent_read)
+    k.body.push_back(if_(binary(BinOp::lt, special(Special::lane), i32_const(16)), {read}));
+  else
+    k.body.push_back(read);
+  if (fold != SlotFold::none) {
+    k.body.push_back(shfl_xor(t, part, fold == SlotFold::wrong_offset ? 2 : 1, 32));
+    k.body.push_back(assign(m, binary(BinOp::add, reg(part, Type::f32), reg(t, Type::f32))));
+  } else {
+    k.body.push_back(assign(m, reg(part, Type::f32)));
+  }
+  k.body.push_back(if_(binary(BinOp::lt, f32_const(0), reg(m, Type::f32)), {shfl_xor(t, m, 1, 32)}));
+  return k;
+}
+
+TEST(VerifierProof, AcceptsAShuffleUnderAButterflyOverSlotsReadAtLaneModulo) {
+  Kernel k = lane_slot_guard(SlotFold::butterfly);
+  EXPECT_TRUE(verify(k).empty()) << verify(k)[0];
+}
+
+TEST(VerifierProof, RejectsAShuffleUnderSlotsReadAtLaneModuloAndNotFolded) {
+  for (SlotFold fold : {SlotFold::none, SlotFold::wrong_offset, SlotFold::divergent_read})
+    EXPECT_TRUE(mentions(verify(lane_slot_guard(fold)), "not uniform across the warp")) << int(fold);
+}
+
 // A value every lane reads from lane 0 (shfl_idx over the whole warp) is warp-uniform: a shuffle
 // may run under a test of it. Over a segment of 16 lanes it is not, and a shfl_idx under
 // lane-dependent control flow or with its lane outside its width is rejected.

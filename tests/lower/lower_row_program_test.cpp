@@ -180,10 +180,23 @@ TEST(LowerRowProgram, RandomProgramsOnRandomPlansMatchTheFloat64Evaluation) {
   EXPECT_GT(cluster_cases, 20);
 }
 
-// A group that loops over row blocks (grid_limit) merges each block's reductions through the
-// same shared slots: the executor reports a race unless the next block waits for every warp
-// to have read the last one's partials.
-TEST(LowerRowProgram, RowBlockLoopsReuseSharedSlotsAfterABarrier) {
+// Statements of `kind` (of buffer `buffer` where it is a load), nested ones included.
+int count_stmts(const std::vector<ir::Stmt>& body, ir::Stmt::Kind kind, int buffer = -1) {
+  int n = 0;
+  for (const ir::Stmt& s : body) {
+    n += s.kind == kind && (buffer < 0 || s.buffer == buffer);
+    n += count_stmts(s.body, kind, buffer) + count_stmts(s.else_body, kind, buffer);
+  }
+  return n;
+}
+
+// A group that loops over row blocks (grid_limit) merges each block's reductions through two
+// copies of its shared slots, alternating by row: a row's stores never meet the previous row's
+// loads (the executor reports a race where one could overtake the other), so the merge's barrier
+// is the row's only one. After it every warp folds the warps' partials over the fewest lanes that
+// hold them: two shuffle steps for four warps, and for three (a lane past the last warp takes the
+// identity), after the five of the warp's own butterfly.
+TEST(LowerRowProgram, RowBlockLoopsAlternateTwoCopiesOfTheMergeSlots) {
   RowProgram p("centered");
   Operand x = p.row_in("x"), y = p.row_out("y");
   RowExpr v = p.load(x);
@@ -193,15 +206,29 @@ TEST(LowerRowProgram, RowBlockLoopsReuseSharedSlotsAfterABarrier) {
   a.fill_random(rng);
   Args args;
   args.set("x", a.view()).set("y", out.view());
-  for (BarrierScope scope : {BarrierScope::group, BarrierScope::program}) {
-    PlanRequest req;
-    req.grid_limit = 2, req.programs_per_group = 2, req.workers_per_program = 128, req.barrier_scope = scope;
-    out.poison();
-    const LaunchRecord rec = run(p, args, {req, nullptr, Backend::cpu});
-    EXPECT_EQ(rec.groups, 2);
-    EXPECT_TRUE(check_against_reference(p, args).ok);
-    EXPECT_TRUE(out.outside_untouched());
-  }
+  const BoundCall call = bind(p, args);
+  for (BarrierScope scope : {BarrierScope::group, BarrierScope::program})
+    for (int workers : {128, 96}) {
+      PlanRequest req;
+      req.grid_limit = 2, req.programs_per_group = 2, req.workers_per_program = workers, req.barrier_scope = scope;
+      req.merge = MergeStrategy::combine;
+      const MappingPlan plan = choose_plan(call.plan_inputs(), req);
+      SCOPED_TRACE(plan.to_json());
+      const ir::Kernel k = lower_row_program(p, call.signature(), plan).main.kernel;
+      int loops = 0;
+      for (const ir::Stmt& s : k.body) {
+        if (s.kind != ir::Stmt::Kind::for_) continue;
+        ++loops;
+        EXPECT_EQ(count_stmts(s.body, ir::Stmt::Kind::barrier, -1), 1);
+        EXPECT_EQ(count_stmts(s.body, ir::Stmt::Kind::shfl_xor, -1), 5 + 2);
+      }
+      EXPECT_EQ(loops, 1);
+      out.poison();
+      const LaunchRecord rec = run(p, args, {req, nullptr, Backend::cpu});
+      EXPECT_EQ(rec.groups, 2);
+      EXPECT_TRUE(check_against_reference(p, args).ok);
+      EXPECT_TRUE(out.outside_untouched());
+    }
 }
 
 // A row split over the C groups of a cluster: each group caches its slice, and the partial
@@ -321,16 +348,6 @@ TEST(LowerRowProgram, OptionalRowInputsPresentOrAbsent) {
         EXPECT_EQ(rec.bytes_loaded, (caching == InputCaching::registers ? 1 : 2) * 5 * 300 * 4);
       }
     }
-}
-
-// Statements of `kind` (of buffer `buffer` where it is a load), nested ones included.
-int count_stmts(const std::vector<ir::Stmt>& body, ir::Stmt::Kind kind, int buffer = -1) {
-  int n = 0;
-  for (const ir::Stmt& s : body) {
-    n += s.kind == kind && (buffer < 0 || s.buffer == buffer);
-    n += count_stmts(s.body, kind, buffer) + count_stmts(s.else_body, kind, buffer);
-  }
-  return n;
 }
 
 // Four plans of a call (programs of one warp or two, register-cached or re-read): each plan
