@@ -2195,9 +2195,12 @@ void RowLowering::rest_of_row(std::vector<Stmt>& body) {
   }
 }
 
-// The second phase of reductions over the rows: one worker per column folds the slots'
-// partials in slot order (so the result is the same on every run), then evaluates and stores
-// each per-column output; the first worker of the grid does the scalar outputs.
+// The second phase of reductions over the rows. A group takes 32 columns, one a lane, and its
+// S warps split the slots: warp w folds slots w, w + S, ... in order; the warps' states meet
+// in shared memory after one barrier and every warp folds them in warp order, so the result is
+// the same on every run. Warp 0 then evaluates and stores each per-column output; group 0 does
+// the scalar outputs the same way (every lane of a warp folding the same slots). One worker a
+// column folding every slot in turn left a chain of dependent loads a column and most SMs idle.
 LoweredKernel RowLowering::lower_finish() {
   LoweredKernel fk;
   Kernel& k = fk.kernel;
@@ -2207,6 +2210,7 @@ LoweredKernel RowLowering::lower_finish() {
   k.workers_per_program = plan_.finish_workers;
   k.private_budget = 1;
   k.real = k_.real;
+  const int S = plan_.finish_workers / 32;  // warps splitting the slots
   std::map<int, int> buffers, scalars;
   k.buffers.push_back({"tile_workspace", workspace_dtype(k.real), false});
   fk.buffers.push_back(-1);
@@ -2230,12 +2234,65 @@ LoweredKernel RowLowering::lower_finish() {
   ExprPtr cols = param(0, Type::i64), slots = param(1, Type::i64);
   ExprPtr slot_stride = binary(BinOp::add, binary(BinOp::mul, i64_const(lowered_.col_parts), cols), i64_const(lowered_.fixed_parts));
   std::vector<Stmt>& body = k.body;
-  int c = em.assign_new(body, "c", binary(BinOp::add, binary(BinOp::mul, special(Special::group_index), i64_const(plan_.finish_workers)),
-                                          cast(Type::i64, special(Special::worker_in_program))));
+  const ExprPtr warp = special(Special::warp_in_program), lane = special(Special::lane);
+  int c = em.assign_new(body, "c", binary(BinOp::add, binary(BinOp::mul, special(Special::group_index), i64_const(32)),
+                                          cast(Type::i64, lane)));
+  // Elements a lane's loads keep: 1 for a column inside the row, else 0 (the fill).
+  int live = em.assign_new(body, "live", select(binary(BinOp::lt, em.r(c), cols), i64_const(1), i64_const(0)));
+  int next_shared = 0;
 
-  // Evaluates a stored value for column `col` (per-column outputs) or once (scalar outputs).
-  auto emit_outputs = [&](std::vector<Stmt>& out, bool per_column) {
+  // The monoid's fold over every slot of the workspace at `at(part)` in each slot, in slot order
+  // by warp, then across the warps in warp order; the same bits in every warp.
+  auto fold_slots = [&](std::vector<Stmt>& out, const Monoid& m, const std::function<ExprPtr(int)>& at, ExprPtr valid) {
+    std::vector<int> state;
+    for (double idv : m.identity) state.push_back(em.assign_new(out, "st", em.fc(idv)));
+    int it = em.temp("it", Type::i64);
+    std::vector<Stmt> loop;
+    ExprPtr slot = binary(BinOp::add, cast(Type::i64, warp), binary(BinOp::mul, em.r(it), i64_const(S)));
+    std::vector<ExprPtr> other, mine;
+    for (size_t q = 0; q < m.parts.size(); ++q) {
+      int w = em.temp("w", k.real);
+      loop.push_back(load({w}, 0, binary(BinOp::add, binary(BinOp::mul, slot, slot_stride), at(int(q))), valid,
+                          b1_const(false), false, 0.0f));
+      other.push_back(em.r(w));
+      mine.push_back(em.r(state[q]));
+    }
+    em.assign_all(loop, state, em.combine(loop, m, mine, other));
+    // Slots w, w + S, ... below `slots`: (slots - w + S - 1) / S of them (w < S, slots >= 0).
+    ExprPtr count = binary(BinOp::div, binary(BinOp::add, binary(BinOp::sub, slots, cast(Type::i64, warp)), i64_const(S - 1)),
+                           i64_const(S));
+    out.push_back(for_(it, i64_const(0), count, std::move(loop)));
+    std::vector<ExprPtr> total;
+    for (int reg : state) total.push_back(em.r(reg));
+    if (S == 1) return total;
+    std::vector<int> regions;
+    for (size_t q = 0; q < m.parts.size(); ++q) {
+      regions.push_back(int(k.shared.size()));
+      k.shared.push_back({"fold" + std::to_string(k.shared.size()), next_shared, S * 32, 0});
+      next_shared += S * 32;
+      out.push_back(shared_store(regions.back(), binary(BinOp::add, binary(BinOp::mul, warp, i32_const(32)), lane),
+                                 em.r(state[q])));
+    }
+    out.push_back(barrier(Scope::group));
+    for (int w = 0; w < S; ++w) {
+      std::vector<ExprPtr> part;
+      for (size_t q = 0; q < m.parts.size(); ++q) {
+        int v = em.temp("f", k.real);
+        out.push_back(shared_load(v, regions[q], binary(BinOp::add, i32_const(32 * w), lane)));
+        part.push_back(em.r(v));
+      }
+      std::vector<ExprPtr> next = w == 0 ? part : em.combine(out, m, total, part);
+      total.clear();
+      for (const ExprPtr& v : next) total.push_back(em.r(em.materialize(out, v, "f")));
+    }
+    return total;
+  };
+
+  // Evaluates the stored values of the per-column outputs (for column c) or of the scalar
+  // outputs, and stores them under `store_if`.
+  auto emit_outputs = [&](std::vector<Stmt>& out, bool per_column, ExprPtr store_if) {
     std::map<int, ExprPtr> memo;
+    const ExprPtr valid = per_column ? em.r(live) : i64_const(1);
     std::function<ExprPtr(int)> eval = [&](int id) -> ExprPtr {
       if (auto it = memo.find(id); it != memo.end()) return it->second;
       const RowNode& n = prog_.nodes()[id];
@@ -2251,7 +2308,8 @@ LoweredKernel RowLowering::lower_finish() {
             v = em.constant(n);
           } else {
             int reg_id = em.temp(decl(n.operand).name, value_type(dtype(n.operand), k.real));
-            out.push_back(load({reg_id}, buffers.at(n.operand), em.r(c), i64_const(1), b1_const(false), false, 0.0f));
+            out.push_back(load({reg_id}, buffers.at(n.operand), per_column ? em.r(c) : i64_const(0), valid,
+                               b1_const(false), false, 0.0f));
             v = em.r(reg_id);
           }
           break;
@@ -2260,43 +2318,33 @@ LoweredKernel RowLowering::lower_finish() {
         case RowNode::Kind::select: v = em.keep(out, select(eval(n.a), eval(n.b), eval(n.c))); break;
         case RowNode::Kind::result: {
           const RowReduction& rr = prog_.reductions()[n.reduction];
-          const Monoid& m = rr.monoid;
-          std::vector<int> state;
-          for (double idv : m.identity) state.push_back(em.assign_new(out, "st", em.fc(idv)));
-          int s = em.temp("slot", Type::i64);
-          std::vector<Stmt> loop;
-          std::vector<ExprPtr> other, mine;
-          for (size_t q = 0; q < m.parts.size(); ++q) {
-            ExprPtr at = per_column ? binary(BinOp::add, binary(BinOp::mul, i64_const(ws_offset_[n.reduction] + int(q)), cols), em.r(c))
-                                    : binary(BinOp::add, binary(BinOp::mul, i64_const(lowered_.col_parts), cols),
-                                             i64_const(ws_offset_[n.reduction] + int(q)));
-            int w = em.temp("w", k.real);
-            loop.push_back(load({w}, 0, binary(BinOp::add, binary(BinOp::mul, em.r(s), slot_stride), at), i64_const(1),
-                                b1_const(false), false, 0.0f));
-            other.push_back(em.r(w));
-            mine.push_back(em.r(state[q]));
-          }
-          em.assign_all(loop, state, em.combine(loop, m, mine, other));
-          out.push_back(for_(s, i64_const(0), slots, std::move(loop)));
-          for (size_t q = 0; q < rr.results.size(); ++q) memo[rr.results[q]] = em.r(state[q]);
+          auto at = [&](int q) {
+            return per_column ? binary(BinOp::add, binary(BinOp::mul, i64_const(ws_offset_[n.reduction] + q), cols), em.r(c))
+                              : binary(BinOp::add, binary(BinOp::mul, i64_const(lowered_.col_parts), cols),
+                                       i64_const(ws_offset_[n.reduction] + q));
+          };
+          std::vector<ExprPtr> state = fold_slots(out, rr.monoid, at, valid);
+          for (size_t q = 0; q < rr.results.size(); ++q) memo[rr.results[q]] = state[q];
           return memo.at(id);
         }
       }
       return memo[id] = v;
     };
+    std::vector<Stmt> stores;
     for (int i : live_stores_) {
       const RowStore& st = prog_.stores()[i];
       const Role role = decl(st.operand).role;
       if (role != (per_column ? Role::col_out : Role::scalar_out)) continue;
       int v = em.materialize(out, eval(st.value), "out");
-      out.push_back(store({v}, buffers.at(st.operand), per_column ? em.r(c) : i64_const(0), i64_const(1), b1_const(false)));
+      stores.push_back(store({v}, buffers.at(st.operand), per_column ? em.r(c) : i64_const(0), i64_const(1), b1_const(false)));
     }
+    if (!stores.empty()) out.push_back(if_(store_if, std::move(stores)));
   };
-  std::vector<Stmt> per_col, once;
-  emit_outputs(per_col, true);
-  emit_outputs(once, false);
-  if (!per_col.empty()) body.push_back(if_(binary(BinOp::lt, em.r(c), cols), std::move(per_col)));
-  if (!once.empty()) body.push_back(if_(binary(BinOp::eq, em.r(c), i64_const(0)), std::move(once)));
+  const ExprPtr warp0 = binary(BinOp::eq, warp, i32_const(0));
+  emit_outputs(body, true, binary(BinOp::and_, warp0, binary(BinOp::lt, em.r(c), cols)));
+  std::vector<Stmt> once;
+  emit_outputs(once, false, binary(BinOp::and_, warp0, binary(BinOp::eq, lane, i32_const(0))));
+  if (!once.empty()) body.push_back(if_(binary(BinOp::eq, special(Special::group_index), i64_const(0)), std::move(once)));
   return fk;
 }
 

@@ -798,6 +798,50 @@ TEST(LowerRowProgram, ReductionsOverRowsAreBitwiseRepeatable) {
   }
 }
 
+// The second phase splits the slots over its group's warps (warp w folds slots w, w + S, ...)
+// and folds their states in warp order after one barrier a reduction: finish groups of one to 32
+// warps, slots that are no multiple of the warps, columns that are no multiple of 32, a
+// per-column sum and a scalar of a two-part monoid, against the float64 reference and bitwise
+// from run to run.
+TEST(LowerRowProgram, SecondPhaseSplitsTheSlotsOverItsWarps) {
+  RowProgram p("two_phase");
+  Operand x = p.row_in("x"), dy = p.row_in("dy");
+  Operand grad = p.col_out("grad"), lse = p.scalar_out("lse");
+  RowExpr vx = p.load(x);
+  p.store(grad, p.reduce1(Axis::rows, monoid::sum(), vx * p.load(dy)));
+  auto [m, s] = p.reduce2(Axis::rows, monoid::online_softmax(), p.reduce1(Axis::cols, monoid::max(), vx));
+  p.store(lse, m + log(s));
+  std::mt19937_64 rng(41);
+  testing::HostMatrix a(DType::f32, 300, 257, 257), b(DType::f32, 300, 257, 257);
+  testing::HostVector g(DType::f32, 257), l(DType::f32, 1);
+  a.fill_random(rng), b.fill_random(rng);
+  Args args;
+  args.set("x", a.view()).set("dy", b.view()).set("grad", g.view()).set("lse", l.view());
+  const BoundCall call = bind(p, args);
+  for (int finish : {32, 96, 256, 1024}) {
+    PlanRequest req;
+    req.grid_limit = 7, req.finish_workers = finish;
+    const MappingPlan plan = choose_plan(call.plan_inputs(), req);
+    SCOPED_TRACE(plan.to_json());
+    const LoweredProgram lowered = lower_row_program(p, call.signature(), plan);
+    ASSERT_TRUE(lowered.finish.has_value());
+    EXPECT_EQ(count_stmts(lowered.finish->kernel.body, ir::Stmt::Kind::barrier), finish == 32 ? 0 : 2);
+    auto poison = [&] {
+      std::fill(g.bytes.begin(), g.bytes.end(), 0xff);
+      std::fill(l.bytes.begin(), l.bytes.end(), 0xff);
+    };
+    poison();
+    run(p, args, {req, nullptr, Backend::cpu});
+    const OracleCheck check = check_against_reference(p, args);
+    EXPECT_TRUE(check.ok) << check.first_mismatch;
+    const std::vector<uint8_t> first_g = g.bytes, first_l = l.bytes;
+    poison();
+    run(p, args, {req, nullptr, Backend::cpu});
+    EXPECT_EQ(g.bytes, first_g);
+    EXPECT_EQ(l.bytes, first_l);
+  }
+}
+
 // Re-read plans read and write their partials of reductions over the rows in vector accesses
 // where the workspace row is aligned, and sum them as register-cached plans of the same grid do.
 TEST(LowerRowProgram, ReReadPartialsOfReductionsOverRowsMoveInVectorAccesses) {
