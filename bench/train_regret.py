@@ -30,7 +30,7 @@ limit, the groups that loop over the rows (where it changes the grid), and for a
 row the other row_prefetch, prefetching with a budget of 128 scalars (so at half and twice the
 grid limit, and at the widths giving 1, 2 or 4 stripes), and for 16-bit row inputs the packed
 register cache, prefetching or not; and where the call has a second phase (a workspace of
-partials), 128, 512 or 1024 workers folding the partials. --family clusters keeps the policy's
+partials), 128, 256, 512 or 1024 workers folding the partials. --family clusters keeps the policy's
 plan and the cluster candidates only (a quick run). Rows of an odd stride that the policy reads in
 scalar accesses also get the head peeled (row_head "peel"), at the policy's mapping and re-read on
 512 or 1024 workers with an unroll of 2 or 4.
@@ -257,7 +257,7 @@ def candidates(n, rows, policy, row_bytes, second_phase, all_16bit=False, family
             # The slice kept as loaded (two 16-bit elements a register), prefetching or not.
             out += [{"cache_format": "packed"}, {"cache_format": "packed", "row_prefetch": "next", "private_budget": 128}]
     if second_phase:
-        out += [{"finish_workers": f} for f in (128, 512, 1024) if f != policy["finish_workers"]]
+        out += [{"finish_workers": f} for f in (128, 256, 512, 1024) if f != policy["finish_workers"]]
     return out
 
 

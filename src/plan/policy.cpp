@@ -607,16 +607,13 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // us, without / with: rms_norm_backward bf16 x 1024 349.0 / 280.5, x 4096 307.2 / 226.9, x 8192
   // 343.5 / 224.0, f32 x 1024 260.6 / 230.5; layer_norm_backward bf16 x 4096 397.5 / 373.4,
   // x 8192 446.0 / 356.4, f32 x 1024 315.9 / 299.9. Not with two stripes: 1024 workers of
-  // two vectors prefetching lost 21-98 % (f32 x 8192 rms_norm_backward 207.1 / 251.7). Nor
-  // where programs share a group (short rows, four groups of 256 an SM) and merge two sums or
-  // more a row: bf16 x 1024, without / with, us, three runs (-5d4b5b2-prefetch.json,
-  // -cba3683-subset.json, -e20b301-packed.json): layer_norm_backward (two sums) 490-492 /
-  // 542-576, where rms_norm_backward (one) took 337-349 / 281-287 and
-  // fused_add_rms_norm_backward (one) 440-442 / 434-439.
+  // two vectors prefetching lost 21-98 % (f32 x 8192 rms_norm_backward 207.1 / 251.7). Packed
+  // programs merging two sums a row (layer_norm_backward bf16 x 1024) lost with prefetching
+  // while each row ended with a barrier (490-492 / 542-576); with one barrier a row (the
+  // merge slots' two copies) they gain: 306.1 / 259.2 (train-regret-h200-616c54f-subset.json).
   const bool prefetch_fits = p.caching == InputCaching::registers && p.grid_limit > 0 && p.stripes == 1 &&
                              p.ctas_per_program == 1 && p.row_head == RowHead::as_is &&
-                             one_stripe_prefetching <= p.private_budget &&
-                             (p.programs_per_group == 1 || in.merge_parts < 2);
+                             one_stripe_prefetching <= p.private_budget;
   // A cluster of the rule above prefetches 16-bit rows within a budget of 128 scalars (H200,
   // bf16 x 16384, layer_norm_backward: 376 us without, 279-287 with, in the relaxed-a9012d3
   // run; f32 rows of four stripes were not measured prefetching).
@@ -626,9 +623,12 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   if (cluster_prefetch && !req.private_budget)
     p.private_budget = std::max<int>(p.private_budget, int(cluster_prefetched));
   p.row_prefetch = req.row_prefetch.value_or(prefetch_fits || cluster_prefetch ? RowPrefetch::next : RowPrefetch::none);
-  // The second phase reads slots x columns partials, one column per worker: 256 workers keep
-  // a group's reads coalesced across a whole row of slots and leave 8 groups an SM.
-  p.finish_workers = req.finish_workers.value_or(256);
+  // The second phase takes 32 columns a group, its warps splitting the slots: 32 warps fold
+  // the 132-1056 slots of the norms' backward passes fastest. H200, us, whole calls with 256 /
+  // 1024 (train-regret-h200-616c54f-subset.json): rms_norm_backward bf16 x 1024 233.7 / 214.8,
+  // x 4096 210.1 / 204.4, f32 x 1024 213.2 / 199.0, x 4096 225.5 / 224.7; layer_norm_backward
+  // bf16 x 4096 274.7 / 273.2, f32 x 1024 215.7 / 206.1, x 4096 230.7 / 230.9.
+  p.finish_workers = req.finish_workers.value_or(std::min(1024, limits.max_threads_per_group));
   return p;
 }
 
