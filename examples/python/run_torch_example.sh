@@ -7,6 +7,12 @@
 # override the interpreter and the folder, as for the Python tests.
 python=${TILE_PYTHON:-$1}
 export PYTHONPATH="${TILE_PYTHONPATH:-$2}"
+# CTest runs each test in a folder of its own, so a relative folder would name another place.
+case ${TILE_PYTHONPATH:-/} in
+  /*) ;;
+  *) echo "$(basename "$4" .py): TILE_PYTHONPATH must be an absolute path (CTest runs each test in its own folder), got '$TILE_PYTHONPATH'" >&2
+     exit 1 ;;
+esac
 need=$3
 script=$4
 shift 4

@@ -18,6 +18,10 @@ def skip(why):
 def main():
     mode, package_dir = sys.argv[1], os.path.abspath(sys.argv[2])
     tests_dir = os.path.dirname(os.path.abspath(__file__))
+    if not os.path.isfile(os.path.join(package_dir, "tile", "__init__.py")):
+        print(f"python.{mode}: no tile package in {package_dir} (the build's python folder, or TILE_PYTHONPATH)",
+              file=sys.stderr)
+        sys.exit(1)
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     built = glob.glob(os.path.join(package_dir, "tile", "_tile*.so"))
     if mode == "gpu":

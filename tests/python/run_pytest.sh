@@ -5,6 +5,12 @@
 python=${TILE_PYTHON:-$1}
 mode=$2
 package_dir=${TILE_PYTHONPATH:-$3}
+# CTest runs each test in a folder of its own, so a relative folder would name another place.
+case ${TILE_PYTHONPATH:-/} in
+  /*) ;;
+  *) echo "python.$mode: TILE_PYTHONPATH must be an absolute path (CTest runs each test in its own folder), got '$TILE_PYTHONPATH'" >&2
+     exit 1 ;;
+esac
 if [ ! -x "$python" ]; then
   if [ "$mode" = gpu ]; then
     echo "[  SKIPPED ] python.gpu: no Python interpreter at '$python' (set TILE_PYTHON and TILE_PYTHONPATH)"
