@@ -563,8 +563,8 @@ class RowLowering {
   ExprPtr row_copy(ExprPtr index, int elems) const {
     return odd_row_ < 0 ? index : binary(BinOp::add, index, select(r(odd_row_), i32_const(elems), i32_const(0)));
   }
-  void butterfly(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids, std::vector<std::vector<int>>& states,
-                 int width, const std::string& name, int shuffle_width = 0);
+  void butterfly(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
+                 std::vector<std::vector<int>>& states, int width, const std::string& name, int shuffle_width = 0);
   std::vector<std::vector<int>> merge_through_exchange(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
                                                      std::vector<std::vector<int>> states);
   std::vector<std::vector<int>> staged_states(std::vector<Stmt>& out, const std::vector<int>& reductions);
@@ -1578,9 +1578,9 @@ std::vector<std::vector<ExprPtr>> RowLowering::fold_leaves(std::vector<Stmt>& ou
       std::vector<ExprPtr> parts;
       for (int w = 0; w < (kind == LeafKind::uniform ? 1 : warps); ++w) {
         int v = em_.temp("part", real());
-        out.push_back(shared_load(v, regions[l], row_copy(all_programs ? i32_const(q * warps + w)
-                                                                       : binary(BinOp::add, base, i32_const(w)),
-                                                          P * warps)));
+        out.push_back(shared_load(
+            v, regions[l],
+            row_copy(all_programs ? i32_const(q * warps + w) : binary(BinOp::add, base, i32_const(w)), P * warps)));
         parts.push_back(r(v));
       }
       row.push_back(em_.pairwise(out, parts, kind == LeafKind::max ? BinOp::max : BinOp::add));
@@ -2235,8 +2235,8 @@ LoweredKernel RowLowering::lower_finish() {
   ExprPtr slot_stride = binary(BinOp::add, binary(BinOp::mul, i64_const(lowered_.col_parts), cols), i64_const(lowered_.fixed_parts));
   std::vector<Stmt>& body = k.body;
   const ExprPtr warp = special(Special::warp_in_program), lane = special(Special::lane);
-  int c = em.assign_new(body, "c", binary(BinOp::add, binary(BinOp::mul, special(Special::group_index), i64_const(32)),
-                                          cast(Type::i64, lane)));
+  ExprPtr first_col = binary(BinOp::mul, special(Special::group_index), i64_const(kFinishColumns));
+  int c = em.assign_new(body, "c", binary(BinOp::add, first_col, cast(Type::i64, lane)));
   // Elements a lane's loads keep: 1 for a column inside the row, else 0 (the fill).
   int live = em.assign_new(body, "live", select(binary(BinOp::lt, em.r(c), cols), i64_const(1), i64_const(0)));
   int next_shared = 0;
@@ -2259,8 +2259,9 @@ LoweredKernel RowLowering::lower_finish() {
     }
     em.assign_all(loop, state, em.combine(loop, m, mine, other));
     // Slots w, w + S, ... below `slots`: (slots - w + S - 1) / S of them (w < S, slots >= 0).
-    ExprPtr count = binary(BinOp::div, binary(BinOp::add, binary(BinOp::sub, slots, cast(Type::i64, warp)), i64_const(S - 1)),
-                           i64_const(S));
+    ExprPtr count =
+        binary(BinOp::div, binary(BinOp::add, binary(BinOp::sub, slots, cast(Type::i64, warp)), i64_const(S - 1)),
+               i64_const(S));
     out.push_back(for_(it, i64_const(0), count, std::move(loop)));
     std::vector<ExprPtr> total;
     for (int reg : state) total.push_back(em.r(reg));
@@ -2319,9 +2320,10 @@ LoweredKernel RowLowering::lower_finish() {
         case RowNode::Kind::result: {
           const RowReduction& rr = prog_.reductions()[n.reduction];
           auto at = [&](int q) {
-            return per_column ? binary(BinOp::add, binary(BinOp::mul, i64_const(ws_offset_[n.reduction] + q), cols), em.r(c))
-                              : binary(BinOp::add, binary(BinOp::mul, i64_const(lowered_.col_parts), cols),
-                                       i64_const(ws_offset_[n.reduction] + q));
+            return per_column
+                       ? binary(BinOp::add, binary(BinOp::mul, i64_const(ws_offset_[n.reduction] + q), cols), em.r(c))
+                       : binary(BinOp::add, binary(BinOp::mul, i64_const(lowered_.col_parts), cols),
+                                i64_const(ws_offset_[n.reduction] + q));
           };
           std::vector<ExprPtr> state = fold_slots(out, rr.monoid, at, valid);
           for (size_t q = 0; q < rr.results.size(); ++q) memo[rr.results[q]] = state[q];
@@ -2336,7 +2338,8 @@ LoweredKernel RowLowering::lower_finish() {
       const Role role = decl(st.operand).role;
       if (role != (per_column ? Role::col_out : Role::scalar_out)) continue;
       int v = em.materialize(out, eval(st.value), "out");
-      stores.push_back(store({v}, buffers.at(st.operand), per_column ? em.r(c) : i64_const(0), i64_const(1), b1_const(false)));
+      stores.push_back(
+          store({v}, buffers.at(st.operand), per_column ? em.r(c) : i64_const(0), i64_const(1), b1_const(false)));
     }
     if (!stores.empty()) out.push_back(if_(store_if, std::move(stores)));
   };
@@ -2344,7 +2347,8 @@ LoweredKernel RowLowering::lower_finish() {
   emit_outputs(body, true, binary(BinOp::and_, warp0, binary(BinOp::lt, em.r(c), cols)));
   std::vector<Stmt> once;
   emit_outputs(once, false, binary(BinOp::and_, warp0, binary(BinOp::eq, lane, i32_const(0))));
-  if (!once.empty()) body.push_back(if_(binary(BinOp::eq, special(Special::group_index), i64_const(0)), std::move(once)));
+  if (!once.empty())
+    body.push_back(if_(binary(BinOp::eq, special(Special::group_index), i64_const(0)), std::move(once)));
   return fk;
 }
 

@@ -60,9 +60,12 @@ struct LoweredProgram {
 // The workspace holds partial states in the kernel's float type.
 inline DType workspace_dtype(ir::Type real) { return real == ir::Type::f64 ? DType::f64 : DType::f32; }
 
+// Columns a group of the finish kernel takes, one a lane of each warp (lower_finish).
+constexpr int64_t kFinishColumns = 32;
+
 // Groups of the finish kernel for `cols` columns.
 inline int64_t finish_groups(const LoweredKernel&, int64_t cols) {
-  return std::max<int64_t>(1, (cols + 31) / 32);  // 32 columns a group (lower_finish)
+  return std::max<int64_t>(1, (cols + kFinishColumns - 1) / kFinishColumns);
 }
 
 LoweredProgram lower_row_program(const RowProgram& program, const KernelSignature& signature,
