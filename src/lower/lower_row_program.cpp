@@ -550,6 +550,8 @@ class RowLowering {
   FastSplit program_fast_split(std::vector<Stmt>& out, const std::vector<int>& reductions, const std::set<int>& inputs);
   std::vector<std::vector<int>> program_fast_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
                                                     const std::set<int>& inputs);
+  std::vector<std::vector<int>> cluster_fast_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
+                                                    const std::set<int>& inputs);
   void split_pass(std::vector<Stmt>& out, const std::vector<int>& reductions);
   std::set<int> level_inputs(std::vector<Stmt>& out, const std::vector<int>& reductions);
   void bind_results(const std::vector<int>& reductions, const std::vector<std::vector<ExprPtr>>& states);
@@ -565,8 +567,10 @@ class RowLowering {
   }
   void butterfly(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
                  std::vector<std::vector<int>>& states, int width, const std::string& name, int shuffle_width = 0);
+  // `group_uniform`: the states are already the group's (the same in every warp), so warp 0
+  // alone pushes them.
   std::vector<std::vector<int>> merge_through_exchange(std::vector<Stmt>& out, const std::vector<const Monoid*>& monoids,
-                                                     std::vector<std::vector<int>> states);
+                                                     std::vector<std::vector<int>> states, bool group_uniform = false);
   std::vector<std::vector<int>> staged_states(std::vector<Stmt>& out, const std::vector<int>& reductions);
   void share_chunk_elements(int reduction, ChunkEvaluator& ev);
   ExprPtr absorbed(std::vector<Stmt>& out, const RowNode& n);
@@ -624,6 +628,8 @@ class RowLowering {
   // the row (b1 register, flipped after each row; -1 where the group takes one row block).
   int odd_row_ = -1;
   bool cluster_resident_ = false;  // the cluster wait before the first push is emitted
+  // Merges stop at the group (a cluster's fast path's exact fallback, under a group-uniform test).
+  bool group_merges_only_ = false;
   int loop_it_ = -1;        // the iteration register of the re-read loop being built
   int head_ = -1;           // row_head "peel": elements before the row's first aligned column
   // column_loads "once": per stripe, the output pass's per-column inputs loaded before the loop
@@ -1204,8 +1210,9 @@ std::vector<ChunkGroup> RowLowering::slot_groups(std::vector<Stmt>& out, std::ve
 // applies, else per-worker chunk states and one merge of every part across the program.
 void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& reductions) {
   std::set<int> inputs = level_inputs(out, reductions);
-  std::vector<std::vector<int>> states = program_fast(reductions) ? program_fast_states(out, reductions, inputs)
-                                                                  : exact_states(out, reductions, inputs, true);
+  std::vector<std::vector<int>> states = !program_fast(reductions)       ? exact_states(out, reductions, inputs, true)
+                                         : plan_.ctas_per_program > 1 ? cluster_fast_states(out, reductions, inputs)
+                                                                      : program_fast_states(out, reductions, inputs);
   std::vector<std::vector<ExprPtr>> values(states.size());
   for (size_t i = 0; i < states.size(); ++i)
     for (int reg : states[i]) values[i].push_back(r(reg));
@@ -1268,9 +1275,9 @@ void RowLowering::bind_results(const std::vector<int>& reductions, const std::ve
 }
 
 // The program fast path serves a level whose monoids all have a fast graph, in programs of
-// whole warps (one or more) of one group: there the sums and maxima its fast graphs read are
-// merged across the program as plain sums and maxima, and the program's (or the group's)
-// exactness test is uniform, so the exact path can run under it, barriers and all.
+// whole warps (one or more): there the sums and maxima its fast graphs read are merged across
+// the program (on a cluster, across each group) as plain sums and maxima, and the program's (or
+// the group's) exactness test is uniform, so the exact path can run under it, barriers and all.
 bool RowLowering::program_fast(const std::vector<int>& reductions) const {
   return program_fast_path(prog_, reductions, plan_);
 }
@@ -1287,7 +1294,7 @@ std::vector<std::vector<int>> RowLowering::exact_states(std::vector<Stmt>& out, 
   bool fast = false;
   if (worker_fast && plan_.caching == InputCaching::reread)
     for (int red : reductions) fast |= !prog_.reductions()[red].monoid.fast.empty();
-  const bool staged = plan_.merge == MergeStrategy::staged && !fast;
+  const bool staged = plan_.merge == MergeStrategy::staged && !fast && !group_merges_only_;
   std::vector<std::vector<int>> states;
   if (staged) {
     states = staged_states(out, reductions);
@@ -1385,7 +1392,18 @@ RowLowering::FastSplit RowLowering::program_fast_split(std::vector<Stmt>& out, c
     head.scalar = peel_;  // column 0 of a peeled row is not aligned
     load_slot(out, head, inputs, /*cache=*/false);
   }
-  const int row_count = assign_new(out, "k", cast(real(), r(load_cols_)));
+  // The elements the sums cover: the row's, or on a cluster the group's slice of it (stripe s of
+  // group g holds columns [(s C + g) W V, (s C + g + 1) W V), and the stripes cover the row).
+  ExprPtr covered = r(load_cols_);
+  if (const int C = plan_.ctas_per_program; C > 1) {
+    const int64_t slice = int64_t(plan_.workers_per_program) * plan_.vector_elems;
+    ExprPtr full = binary(BinOp::div, r(load_cols_), i64(C * slice));
+    ExprPtr rest = binary(BinOp::sub, binary(BinOp::sub, r(load_cols_), binary(BinOp::mul, full, i64(C * slice))),
+                          binary(BinOp::mul, cast(Type::i64, special(Special::cta_in_cluster)), i64(slice)));
+    covered = binary(BinOp::add, binary(BinOp::mul, full, i64(slice)),
+                     binary(BinOp::min, binary(BinOp::max, rest, i64(0)), i64(slice)));
+  }
+  const int row_count = assign_new(out, "k", cast(real(), covered));
   for (size_t i = 0; i < reductions.size(); ++i) {
     const RowReduction& rr = prog_.reductions()[reductions[i]];
     const Monoid& m = rr.monoid;
@@ -1453,7 +1471,9 @@ RowLowering::FastSplit RowLowering::program_fast_split(std::vector<Stmt>& out, c
   ExprPtr inv_count;
   auto row_count_reciprocal = [&]() {
     if (!inv_count)
-      inv_count = r(assign_new(out, "inv", select(binary(BinOp::eq, r(load_cols_), i64(0)), fc(1.0), inv_cols())));
+      inv_count = r(assign_new(out, "inv", plan_.ctas_per_program > 1
+                                               ? binary(BinOp::div, fc(1.0), binary(BinOp::max, r(row_count), fc(1.0)))
+                                               : select(binary(BinOp::eq, r(load_cols_), i64(0)), fc(1.0), inv_cols())));
     return inv_count;
   };
   auto evaluate = [&](const std::vector<ExprPtr>& sums, std::vector<std::vector<ExprPtr>>* state) {
@@ -1517,6 +1537,41 @@ std::vector<std::vector<int>> RowLowering::program_fast_states(std::vector<Stmt>
                                                             : select(split.own_exact, r(regs[i][k]), r(exact[i][k]))));
   out.push_back(if_(unary(UnOp::not_, split.all_exact), std::move(slow)));
   return regs;
+}
+
+// The program fast path on a cluster: each group folds its slice's sums and maxima (the count
+// its own elements), takes its fast states or, where its test fails, its exact states merged
+// within the group (the test is group-uniform, so the group's barriers may run under it), and
+// the groups' states merge through the exchange, one push a group and part. The combine of
+// the cluster rung costs a few scalings a row, where the exact chunk graph cost several
+// operations an element (RMSNorm's three sums of squares, LayerNorm's two maxima and sums).
+std::vector<std::vector<int>> RowLowering::cluster_fast_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
+                                                               const std::set<int>& inputs) {
+  FastSplit split = program_fast_split(out, reductions, inputs);
+  land_all_staged(out);  // both paths below read staged slots
+  std::vector<std::vector<int>> regs(reductions.size());
+  for (size_t i = 0; i < reductions.size(); ++i)
+    for (const ExprPtr& v : split.fast[i]) regs[i].push_back(assign_new(out, "acc", v));
+  // What the exact path memoises exists only under its condition: the later passes must not
+  // read it.
+  const std::map<int, ExprPtr> row_values = row_values_;
+  const std::map<std::string, ExprPtr> row_exprs = row_exprs_;
+  const std::vector<Slot> cached = cached_;
+  std::vector<Stmt> slow{comment("the fast path is not exact enough here: the exact path, merged within the group")};
+  if (staged())
+    for (Slot& slot : cached_) forget_staged(slot);
+  group_merges_only_ = true;
+  std::vector<std::vector<int>> exact = exact_states(slow, reductions, inputs, false);
+  group_merges_only_ = false;
+  row_values_ = row_values;
+  row_exprs_ = row_exprs;
+  cached_ = cached;
+  for (size_t i = 0; i < reductions.size(); ++i)
+    for (size_t k = 0; k < regs[i].size(); ++k) slow.push_back(assign(regs[i][k], r(exact[i][k])));
+  out.push_back(if_(unary(UnOp::not_, split.all_exact), std::move(slow)));
+  std::vector<const Monoid*> monoids;
+  for (int red : reductions) monoids.push_back(&prog_.reductions()[red].monoid);
+  return merge_through_exchange(out, monoids, std::move(regs), /*group_uniform=*/true);
 }
 
 // Merges the program fast path's partials (a sum or max per worker, or a value the same in
@@ -1710,7 +1765,7 @@ std::vector<std::vector<int>> RowLowering::merge_across_workers(std::vector<Stmt
                                                                 std::vector<std::vector<int>> states) {
   const int W = plan_.workers_per_program;
   butterfly(out, monoids, states, std::min(W, 32), "m");
-  if (plan_.ctas_per_program > 1) return merge_through_exchange(out, monoids, std::move(states));
+  if (plan_.ctas_per_program > 1 && !group_merges_only_) return merge_through_exchange(out, monoids, std::move(states));
   if (W <= 32) return states;
   const int warps = W / 32;
   int span = 1;  // lanes of the second butterfly: the power of two at or above the warps
@@ -1776,8 +1831,9 @@ void RowLowering::butterfly(std::vector<Stmt>& out, const std::vector<const Mono
 // barriers armed), and no group exits before its own waits, which need every push into it.
 std::vector<std::vector<int>> RowLowering::merge_through_exchange(std::vector<Stmt>& out,
                                                                   const std::vector<const Monoid*>& monoids,
-                                                                  std::vector<std::vector<int>> states) {
-  const int C = plan_.ctas_per_program, warps = std::max(1, plan_.workers_per_program / 32);
+                                                                  std::vector<std::vector<int>> states,
+                                                                  bool group_uniform) {
+  const int C = plan_.ctas_per_program, warps = group_uniform ? 1 : std::max(1, plan_.workers_per_program / 32);
   const int n = C * warps;  // partials of each part
   int parts = 0;
   for (const std::vector<int>& st : states) parts += int(st.size());
@@ -1794,15 +1850,19 @@ std::vector<std::vector<int>> RowLowering::merge_through_exchange(std::vector<St
     out.push_back(cluster_wait());
     cluster_resident_ = true;
   }
-  const ExprPtr source = binary(BinOp::add, binary(BinOp::mul, special(Special::cta_in_cluster), i32_const(warps)),
-                                special(Special::warp_in_program));
+  const ExprPtr source = group_uniform ? special(Special::cta_in_cluster)
+                                       : binary(BinOp::add, binary(BinOp::mul, special(Special::cta_in_cluster), i32_const(warps)),
+                                                special(Special::warp_in_program));
   std::vector<Stmt> pushes;  // lane r < C pushes to rank r (min: the verifier bounds the rank)
   int q = 0;
   for (const std::vector<int>& st : states)
     for (int reg_id : st)
       pushes.push_back(remote_shared_push(region, binary(BinOp::add, i32_const(q++ * n), source),
                                           binary(BinOp::min, special(Special::lane), i32_const(C - 1)), reg_id));
-  out.push_back(if_(binary(BinOp::lt, special(Special::lane), i32_const(C)), std::move(pushes)));
+  ExprPtr pushing = binary(BinOp::lt, special(Special::lane), i32_const(C));
+  if (group_uniform && plan_.workers_per_program > 32)
+    pushing = binary(BinOp::and_, binary(BinOp::eq, special(Special::warp_in_program), i32_const(0)), pushing);
+  out.push_back(if_(pushing, std::move(pushes)));
   out.push_back(exchange_wait(region));
   // Lane l folds slots l, l + 32, ... of each part (segments of B lanes where n < 32).
   int B = 1;
@@ -2121,7 +2181,7 @@ std::vector<Stmt> RowLowering::row_body() {
     if (plan_.column_loads == ColumnLoads::with_row) load_columns_with_row(body);
   }
   for (size_t l = 0; l < levels_.size(); ++l) {
-    if (l + 1 == levels_.size() && program_fast(levels_[l])) {
+    if (l + 1 == levels_.size() && program_fast(levels_[l]) && plan_.ctas_per_program == 1) {
       split_pass(body, levels_[l]);
       return body;
     }
@@ -2356,7 +2416,7 @@ LoweredKernel RowLowering::lower_finish() {
 
 bool program_fast_path(const RowProgram& program, const std::vector<int>& level, const MappingPlan& plan) {
   const int W = plan.workers_per_program;
-  if (plan.ctas_per_program != 1 || W < 32 || W % 32 != 0) return false;
+  if (W < 32 || W % 32 != 0) return false;
   for (int red : level)
     if (program.reductions()[red].monoid.fast.empty()) return false;
   return true;
