@@ -550,8 +550,6 @@ class RowLowering {
   FastSplit program_fast_split(std::vector<Stmt>& out, const std::vector<int>& reductions, const std::set<int>& inputs);
   std::vector<std::vector<int>> program_fast_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
                                                     const std::set<int>& inputs);
-  std::vector<std::vector<int>> cluster_fast_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
-                                                    const std::set<int>& inputs);
   void split_pass(std::vector<Stmt>& out, const std::vector<int>& reductions);
   std::set<int> level_inputs(std::vector<Stmt>& out, const std::vector<int>& reductions);
   void bind_results(const std::vector<int>& reductions, const std::vector<std::vector<ExprPtr>>& states);
@@ -1210,9 +1208,8 @@ std::vector<ChunkGroup> RowLowering::slot_groups(std::vector<Stmt>& out, std::ve
 // applies, else per-worker chunk states and one merge of every part across the program.
 void RowLowering::level_pass(std::vector<Stmt>& out, const std::vector<int>& reductions) {
   std::set<int> inputs = level_inputs(out, reductions);
-  std::vector<std::vector<int>> states = !program_fast(reductions)       ? exact_states(out, reductions, inputs, true)
-                                         : plan_.ctas_per_program > 1 ? cluster_fast_states(out, reductions, inputs)
-                                                                      : program_fast_states(out, reductions, inputs);
+  std::vector<std::vector<int>> states = program_fast(reductions) ? program_fast_states(out, reductions, inputs)
+                                                                  : exact_states(out, reductions, inputs, true);
   std::vector<std::vector<ExprPtr>> values(states.size());
   for (size_t i = 0; i < states.size(); ++i)
     for (int reg : states[i]) values[i].push_back(r(reg));
@@ -1520,55 +1517,42 @@ RowLowering::FastSplit RowLowering::program_fast_split(std::vector<Stmt>& out, c
   return split;
 }
 
-// The program fast path of a level before the last: the fast states in registers, replaced by
-// the exact path's where a program read failed its test.
+// The program fast path of a level before the last, or of any level on a cluster: the fast
+// states in registers, replaced by the exact path's where a program read failed its test. On a
+// cluster each group folds its slice's sums and maxima (the count its own elements) and its
+// test is the group's, so its exact path merges within the group only (its barriers may run
+// under that test), and then the groups' states, fast or exact, merge through the exchange, one
+// push a group and part: a few scalings a row where the chunk graphs cost several operations
+// an element (RMSNorm's three sums of squares, LayerNorm's two maxima and sums).
 std::vector<std::vector<int>> RowLowering::program_fast_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
                                                                const std::set<int>& inputs) {
+  const bool cluster = plan_.ctas_per_program > 1;
   FastSplit split = program_fast_split(out, reductions, inputs);
   land_all_staged(out);  // both paths below read staged slots
   std::vector<std::vector<int>> regs(reductions.size());
   for (size_t i = 0; i < reductions.size(); ++i)
     for (const ExprPtr& v : split.fast[i]) regs[i].push_back(assign_new(out, "acc", v));
-  std::vector<Stmt> slow{comment("the fast path is not exact enough here: the exact path")};
-  std::vector<std::vector<int>> exact = exact_states(slow, reductions, inputs, false);
-  for (size_t i = 0; i < reductions.size(); ++i)
-    for (size_t k = 0; k < regs[i].size(); ++k)
-      slow.push_back(assign(regs[i][k], split.programs == 1 ? r(exact[i][k])
-                                                            : select(split.own_exact, r(regs[i][k]), r(exact[i][k]))));
-  out.push_back(if_(unary(UnOp::not_, split.all_exact), std::move(slow)));
-  return regs;
-}
-
-// The program fast path on a cluster: each group folds its slice's sums and maxima (the count
-// its own elements), takes its fast states or, where its test fails, its exact states merged
-// within the group (the test is group-uniform, so the group's barriers may run under it), and
-// the groups' states merge through the exchange, one push a group and part. The combine of
-// the cluster rung costs a few scalings a row, where the exact chunk graph cost several
-// operations an element (RMSNorm's three sums of squares, LayerNorm's two maxima and sums).
-std::vector<std::vector<int>> RowLowering::cluster_fast_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
-                                                               const std::set<int>& inputs) {
-  FastSplit split = program_fast_split(out, reductions, inputs);
-  land_all_staged(out);  // both paths below read staged slots
-  std::vector<std::vector<int>> regs(reductions.size());
-  for (size_t i = 0; i < reductions.size(); ++i)
-    for (const ExprPtr& v : split.fast[i]) regs[i].push_back(assign_new(out, "acc", v));
-  // What the exact path memoises exists only under its condition: the later passes must not
-  // read it.
+  // What the exact path memoises (row values, the element values a staged merge shares with
+  // the program) is computed only under its condition: later passes must not read it.
   const std::map<int, ExprPtr> row_values = row_values_;
   const std::map<std::string, ExprPtr> row_exprs = row_exprs_;
   const std::vector<Slot> cached = cached_;
-  std::vector<Stmt> slow{comment("the fast path is not exact enough here: the exact path, merged within the group")};
+  std::vector<Stmt> slow{comment(cluster ? "the fast path is not exact enough here: the exact path, merged within the group"
+                                         : "the fast path is not exact enough here: the exact path")};
   if (staged())
     for (Slot& slot : cached_) forget_staged(slot);
-  group_merges_only_ = true;
+  group_merges_only_ = cluster;
   std::vector<std::vector<int>> exact = exact_states(slow, reductions, inputs, false);
   group_merges_only_ = false;
   row_values_ = row_values;
   row_exprs_ = row_exprs;
   cached_ = cached;
   for (size_t i = 0; i < reductions.size(); ++i)
-    for (size_t k = 0; k < regs[i].size(); ++k) slow.push_back(assign(regs[i][k], r(exact[i][k])));
+    for (size_t k = 0; k < regs[i].size(); ++k)
+      slow.push_back(assign(regs[i][k], split.programs == 1 ? r(exact[i][k])
+                                                            : select(split.own_exact, r(regs[i][k]), r(exact[i][k]))));
   out.push_back(if_(unary(UnOp::not_, split.all_exact), std::move(slow)));
+  if (!cluster) return regs;
   std::vector<const Monoid*> monoids;
   for (int red : reductions) monoids.push_back(&prog_.reductions()[red].monoid);
   return merge_through_exchange(out, monoids, std::move(regs), /*group_uniform=*/true);

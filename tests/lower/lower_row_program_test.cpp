@@ -1,7 +1,8 @@
 // Property test of the lowering: random row programs x random valid plans, run by the CPU
 // executor, against the float64 evaluation of the same program (tile::reference). Programs mix
 // several row inputs, per-column and per-row inputs, reductions of every monoid over the
-// columns (at one or two levels), reductions over the rows, per-row and per-column outputs; the
+// columns (at one or two levels, the second sometimes over values the first level's chunk graph
+// computes too), reductions over the rows, per-row and per-column outputs; the
 // plans come from the whole mapping family (caching, widths, vectors, packing, barrier scopes,
 // tails, alignment, cache formats).
 #include "lower/lower_row_program.hpp"
@@ -69,6 +70,7 @@ Generated generate(uint64_t seed) {
 
   // Reductions over the columns: one level, sometimes a second that uses the first.
   std::vector<RowExpr> row_values;
+  std::vector<RowExpr> squares;  // x * x of a sum of squares' input x: a node its chunk graph shares
   const int reductions = 1 + pick(2);
   for (int k = 0; k < reductions; ++k) {
     RowExpr in = random_element(rng, p, leaves, 2);
@@ -88,6 +90,7 @@ Generated generate(uint64_t seed) {
       default: {
         auto [m, q] = p.reduce2(Axis::cols, monoid::scaled_sum_squares(), in);
         row_values.push_back(ldexp(sqrt(q / p.cols()), m));  // the rms, whichever exponent holds it
+        squares.push_back(in * in);
         break;
       }
     }
@@ -95,6 +98,8 @@ Generated generate(uint64_t seed) {
   if (pick(2)) {  // a second level
     RowExpr centered = leaves[0] - row_values[0];
     row_values.push_back(p.reduce1(Axis::cols, monoid::sum(), centered * centered) / p.cols());
+  } else if (!squares.empty() && pick(2)) {  // a second level over the squares the first one took
+    row_values.push_back(p.reduce1(Axis::cols, monoid::sum(), squares[0] * tanh(row_values[0])) / p.cols());
   }
   RowExpr row_value = row_values[pick(int(row_values.size()))];
   for (size_t k = 0; k < row_values.size(); ++k) row_value = row_value + row_values[k] * 0.25;
@@ -314,6 +319,44 @@ TEST(LowerRowProgram, ClusterProgramsSplitEachRowOverTheGroupsOfACluster) {
   ir = ir::to_string(lower_row_program(p, call.signature(), choose_plan(call.plan_inputs(), req)).main.kernel);
   EXPECT_EQ(count(ir, "] at cta min(lane, 2)"), count(ir, "] at cta ")) << ir;
   EXPECT_NE(ir.find("((lane % 8) < 6) ?"), std::string::npos) << ir;
+}
+
+// A level before the last on the program fast path (its exact path under a uniform test) must
+// not leave the exact path's element values for later passes: the staged merge there shares
+// its chunk graph's x * x with the program, and a later level and the output pass that read
+// it would read a register the fast path never wrote. Rows where every group or program takes
+// the fast path, and rows where the exact path runs, against the float64 evaluation.
+TEST(LowerRowProgram, ExactPathValuesOfAnEarlierLevelStayInItsBranch) {
+  RowProgram p("squares_after_rms");
+  Operand x = p.row_in("x"), y = p.row_out("y");
+  RowExpr v = p.load(x);
+  auto [e, q] = p.reduce2(Axis::cols, monoid::scaled_sum_squares(), v);
+  RowExpr rms = ldexp(sqrt(q / p.cols()), e);
+  RowExpr later = p.reduce1(Axis::cols, monoid::sum(), v * v / (rms * rms + 1.0));
+  p.store(y, v * v + later);
+  std::mt19937_64 rng(46);
+  testing::HostMatrix a(DType::f32, 4, 1000, 1000), out(DType::f32, 4, 1000, 1000);
+  a.fill_random(rng);
+  store_from_double(a.data(), 1 * 1000 + 7, DType::f32, 2e15);  // row 1 takes the exact path (S > 2^100)
+  for (int64_t c = 0; c < 1000; ++c) store_from_double(a.data(), 2 * 1000 + c, DType::f32, 1e-17);
+  Args args;
+  args.set("x", a.view()).set("y", out.view());
+  const Reference want = reference(p, args);
+  int launched = 0;
+  for (int C : {1, 2})
+    for (int workers : {32, 64})
+      for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine}) {
+        PlanRequest req;
+        req.ctas_per_program = C, req.workers_per_program = workers, req.caching = InputCaching::registers;
+        req.merge = merge, req.private_budget = 255;
+        SCOPED_TRACE(req.to_json());
+        out.poison();
+        run(p, args, {req, nullptr, Backend::cpu});
+        ++launched;
+        const OracleCheck check = check_against_reference(p, args, want);
+        EXPECT_TRUE(check.ok) << check.first_mismatch;
+      }
+  EXPECT_EQ(launched, 8);
 }
 
 // The norms on a cluster take each group's program fast path: plain sums over the group's
