@@ -1,8 +1,9 @@
 // Property test of the lowering: random row programs x random valid plans, run by the CPU
 // executor, against the float64 evaluation of the same program (tile::reference). Programs mix
 // several row inputs, per-column and per-row inputs, reductions of every monoid over the
-// columns (at one or two levels, the second sometimes over values the first level's chunk graph
-// computes too), reductions over the rows, per-row and per-column outputs; the
+// columns (at one or two levels, the second sometimes with a fast path of its own or over values
+// the first level's chunk graph computes too), reductions over the rows, per-row and per-column
+// outputs; the
 // plans come from the whole mapping family (caching, widths, vectors, packing, barrier scopes,
 // tails, alignment, cache formats).
 #include "lower/lower_row_program.hpp"
@@ -74,7 +75,7 @@ Generated generate(uint64_t seed) {
   const int reductions = 1 + pick(2);
   for (int k = 0; k < reductions; ++k) {
     RowExpr in = random_element(rng, p, leaves, 2);
-    switch (pick(5)) {
+    switch (pick(6)) {
       case 0: row_values.push_back(p.reduce1(Axis::cols, monoid::sum(), in) / p.cols()); break;
       case 1: row_values.push_back(p.reduce1(Axis::cols, monoid::max(), in)); break;
       case 2: {
@@ -87,6 +88,11 @@ Generated generate(uint64_t seed) {
         row_values.push_back(st[1] + sqrt(st[2] / p.cols()));
         break;
       }
+      case 4: {  // LayerNorm's: mean 2^e and m2 4^e
+        std::vector<RowExpr> st = p.reduce(Axis::cols, monoid::scaled_mean_m2(), {in});
+        row_values.push_back(ldexp(st[2], st[1]) + sqrt(ldexp(st[3], st[1] * 2.0) / p.cols()));
+        break;
+      }
       default: {
         auto [m, q] = p.reduce2(Axis::cols, monoid::scaled_sum_squares(), in);
         row_values.push_back(ldexp(sqrt(q / p.cols()), m));  // the rms, whichever exponent holds it
@@ -97,7 +103,12 @@ Generated generate(uint64_t seed) {
   }
   if (pick(2)) {  // a second level
     RowExpr centered = leaves[0] - row_values[0];
-    row_values.push_back(p.reduce1(Axis::cols, monoid::sum(), centered * centered) / p.cols());
+    if (pick(2)) {
+      row_values.push_back(p.reduce1(Axis::cols, monoid::sum(), centered * centered) / p.cols());
+    } else {  // a second level with a fast path of its own
+      auto [m, q] = p.reduce2(Axis::cols, monoid::scaled_sum_squares(), centered);
+      row_values.push_back(ldexp(sqrt(q / p.cols()), m));
+    }
   } else if (!squares.empty() && pick(2)) {  // a second level over the squares the first one took
     row_values.push_back(p.reduce1(Axis::cols, monoid::sum(), squares[0] * tanh(row_values[0])) / p.cols());
   }
