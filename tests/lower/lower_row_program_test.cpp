@@ -376,59 +376,65 @@ TEST(LowerRowProgram, ExactPathValuesOfAnEarlierLevelStayInItsBranch) {
 // cluster operation in it), and one exchange of the groups' states: warp 0 pushes each part
 // once, C x parts slots. Rows with a huge element in one group's slice only, a tiny row, a
 // zero row, a NaN and a huge first element take the exact path in some groups and not in
-// others, and every plan matches the float64 oracle.
+// others, and every plan matches the float64 oracle, in f32, bf16 and f64.
 TEST(LowerRowProgram, ClusterNormsMergeEachGroupsFastStatesThroughOneExchange) {
   std::mt19937_64 rng(44);
   const int64_t cols = 4099;
-  testing::HostMatrix x(DType::f32, 7, cols, cols), y(DType::f32, 7, cols, cols);
-  testing::HostVector w(DType::f32, cols), b(DType::f32, cols);
-  x.fill_random(rng, 2.0), w.fill_random(rng, 1.0, 0.5), b.fill_random(rng, 0.0, 1.0);
-  for (int64_t c = 0; c < cols; ++c)  // row 6: a mean far from zero (LayerNorm's shifted sums)
-    store_from_double(x.data(), 6 * cols + c, DType::f32, 1000.0 + x.at(6, c));
-  store_from_double(x.data(), 1 * cols + cols - 3, DType::f32, 1e30);  // the last group's slice
-  for (int64_t c = 0; c < cols; ++c) {
-    store_from_double(x.data(), 2 * cols + c, DType::f32, 1e-30 * (1 + c % 7));
-    store_from_double(x.data(), 3 * cols + c, DType::f32, 0.0);
-  }
-  store_from_double(x.data(), 4 * cols + 2000, DType::f32, std::nan(""));
-  store_from_double(x.data(), 5 * cols, DType::f32, 3e20);
-  for (Op op : {Op::rms_norm, Op::layer_norm}) {
-    const RowProgram& p = builtin_program(op);
-    // The operator's own oracle: its tolerance holds LayerNorm's mean rounded through the merges
-    // (row 6 is ill-conditioned: mean 1000, deviation 2).
-    const Call norm{op, x.view(), y.view(), w.view(), op == Op::layer_norm ? b.view() : VectorView{}, {}};
-    const BoundCall call = bind(p, to_args(norm));
-    const int parts = op == Op::layer_norm ? 4 : 2;
-    int launched = 0;
-    for (int C : {2, 3, 4})
-      for (int workers : {32, 128})
-        for (InputCaching caching : {InputCaching::registers, InputCaching::shared}) {
-          PlanRequest req;
-          req.ctas_per_program = C, req.workers_per_program = workers, req.caching = caching, req.private_budget = 255;
-          const MappingPlan plan = choose_plan(call.plan_inputs(), req);
-          SCOPED_TRACE(p.name() + " " + plan.to_json());
-          const ir::Kernel k = lower_row_program(p, call.signature(), plan).main.kernel;
-          EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::remote_shared_push), parts);
-          EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::exchange_wait), 1);
-          int exact_paths = 0;
-          for (const ir::Stmt& s : k.body)
-            if (s.kind == ir::Stmt::Kind::if_ && !s.body.empty() && s.body[0].kind == ir::Stmt::Kind::comment &&
-                s.body[0].text.find("the exact path, merged within the group") != std::string::npos) {
-              ++exact_paths;
-              EXPECT_EQ(count_stmts(s.body, ir::Stmt::Kind::remote_shared_push), 0);
-              EXPECT_EQ(count_stmts(s.body, ir::Stmt::Kind::exchange_wait), 0);
-              EXPECT_EQ(count_stmts(s.body, ir::Stmt::Kind::barrier) > 0, workers > 32);
-            }
-          EXPECT_EQ(exact_paths, 1);
-          y.poison();
-          const LaunchRecord rec = run(norm, {req, nullptr, Backend::cpu});
-          EXPECT_EQ(rec.plan.to_json(), plan.to_json());
-          ++launched;
-          const OracleCheck check = check_against_oracle(norm, rec.plan);
-          EXPECT_TRUE(check.ok) << check.first_mismatch;
-          EXPECT_TRUE(y.outside_untouched());
-        }
-    EXPECT_EQ(launched, 12);
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    // Huge and tiny for the dtype's fast-path bounds (f32 and bf16: 2^-60 <= sum < 2^100; f64:
+    // 2^-956 <= sum < 2^900).
+    const double huge = dt == DType::f64 ? 1e200 : 1e30, tiny = dt == DType::f64 ? 1e-150 : 1e-30;
+    testing::HostMatrix x(dt, 7, cols, cols), y(dt, 7, cols, cols);
+    testing::HostVector w(dt, cols), b(dt, cols);
+    x.fill_random(rng, 2.0), w.fill_random(rng, 1.0, 0.5), b.fill_random(rng, 0.0, 1.0);
+    for (int64_t c = 0; c < cols; ++c)  // row 6: a mean far from zero (LayerNorm's shifted sums)
+      store_from_double(x.data(), 6 * cols + c, dt, 1000.0 + x.at(6, c));
+    store_from_double(x.data(), 1 * cols + cols - 3, dt, huge);  // the last group's slice
+    for (int64_t c = 0; c < cols; ++c) {
+      store_from_double(x.data(), 2 * cols + c, dt, tiny * (1 + c % 7));
+      store_from_double(x.data(), 3 * cols + c, dt, 0.0);
+    }
+    store_from_double(x.data(), 4 * cols + 2000, dt, std::nan(""));
+    store_from_double(x.data(), 5 * cols, dt, huge * 3e-10);
+    for (Op op : {Op::rms_norm, Op::layer_norm}) {
+      const RowProgram& p = builtin_program(op);
+      // The operator's own oracle: its tolerance holds LayerNorm's mean rounded through the merges
+      // (row 6 is ill-conditioned: mean 1000, deviation 2).
+      const Call norm{op, x.view(), y.view(), w.view(), op == Op::layer_norm ? b.view() : VectorView{}, {}};
+      const BoundCall call = bind(p, to_args(norm));
+      const int parts = op == Op::layer_norm ? 4 : 2;
+      int launched = 0;
+      for (int C : {2, 3, 4})
+        for (int workers : {32, 128})
+          for (InputCaching caching : {InputCaching::registers, InputCaching::shared}) {
+            PlanRequest req;
+            req.ctas_per_program = C, req.workers_per_program = workers, req.caching = caching, req.private_budget = 255;
+            const MappingPlan plan = choose_plan(call.plan_inputs(), req);
+            SCOPED_TRACE(p.name() + " " + plan.to_json());
+            const ir::Kernel k = lower_row_program(p, call.signature(), plan).main.kernel;
+            EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::remote_shared_push), parts);
+            EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::exchange_wait), 1);
+            int exact_paths = 0;
+            for (const ir::Stmt& s : k.body)
+              if (s.kind == ir::Stmt::Kind::if_ && !s.body.empty() && s.body[0].kind == ir::Stmt::Kind::comment &&
+                  s.body[0].text.find("the exact path, merged within the group") != std::string::npos) {
+                ++exact_paths;
+                EXPECT_EQ(count_stmts(s.body, ir::Stmt::Kind::remote_shared_push), 0);
+                EXPECT_EQ(count_stmts(s.body, ir::Stmt::Kind::exchange_wait), 0);
+                EXPECT_EQ(count_stmts(s.body, ir::Stmt::Kind::barrier) > 0, workers > 32);
+              }
+            EXPECT_EQ(exact_paths, 1);
+            y.poison();
+            const LaunchRecord rec = run(norm, {req, nullptr, Backend::cpu});
+            EXPECT_EQ(rec.plan.to_json(), plan.to_json());
+            ++launched;
+            const OracleCheck check = check_against_oracle(norm, rec.plan);
+            EXPECT_TRUE(check.ok) << check.first_mismatch;
+            EXPECT_TRUE(y.outside_untouched());
+          }
+      EXPECT_EQ(launched, 12);
+    }
   }
 }
 
