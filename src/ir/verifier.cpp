@@ -106,6 +106,7 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
     visit_block(k_.body, kUniform);
     check_cluster_order();
     check_staged_order();
+    check_definite_assignment();
     return errors_;
   }
 
@@ -596,6 +597,7 @@ class Verifier : public IRVisitor<Verifier, unsigned> {
 
   void check_cluster_order();
   void check_staged_order();
+  void check_definite_assignment();
 
   std::string print(const Expr& e) const { return to_string(k_, e); }
   std::string reg_name(int r) const { return r >= 0 && r < int(k_.regs.size()) ? k_.regs[r].name : "?"; }
@@ -884,6 +886,87 @@ class StagedOrder : public PathOrder<StagedOrder> {
 
 void Verifier::check_staged_order() {
   for (std::string& e : StagedOrder(k_).run()) error(e);
+}
+
+// Every register read is assigned on every path before it: an if keeps what both arms assign,
+// a loop what its head does (the body may run zero times, and its first iteration sees only
+// what came before the loop). A register read before that holds whatever the hardware left in
+// it, a value no test of the kernel's results need ever see (a lowering that memoises a value
+// computed under a condition and reads it after the branch, where the condition was false).
+class DefiniteAssignment : public PathOrder<DefiniteAssignment> {
+ public:
+  using State = std::vector<bool>;
+  explicit DefiniteAssignment(const Kernel& k) : k_(k) {}
+
+  std::vector<std::string> run() {
+    State s(k_.regs.size(), false);
+    visit_block(k_.body, s);
+    return errors_;
+  }
+
+ private:
+  friend class IRVisitor<DefiniteAssignment>;
+  friend class PathOrder<DefiniteAssignment>;
+  static State join(State a, const State& b) {
+    for (size_t i = 0; i < a.size(); ++i) a[i] = a[i] && b[i];
+    return a;
+  }
+  void read(const ExprPtr& e, const State& st, const Stmt& s) {
+    if (!e) return;
+    if (e->kind == Expr::Kind::reg) read_reg(e->id, st, s);
+    for (const ExprPtr& a : e->args) read(a, st, s);
+  }
+  void read_reg(int r, const State& st, const Stmt& s) {
+    if (r < 0 || r >= int(st.size()) || st[size_t(r)] || !reported_.insert(r).second) return;
+    std::string where = s.dst >= 0 && s.dst < int(k_.regs.size()) ? " (by the statement that writes '" +
+                                                                        k_.regs[size_t(s.dst)].name + "')"
+                                                                  : std::string();
+    errors_.push_back("register '" + k_.regs[size_t(r)].name + "' is read before it is assigned on some path" + where);
+  }
+  static void def(int r, State& st) {
+    if (r >= 0 && r < int(st.size())) st[size_t(r)] = true;
+  }
+  void reads(const Stmt& s, const State& st) {
+    for (const ExprPtr* e : {&s.value, &s.index, &s.valid, &s.aligned, &s.cta, &s.at}) read(*e, st, s);
+  }
+  void visit_assign(const Stmt& s, State& st) { reads(s, st), def(s.dst, st); }
+  void visit_load(const Stmt& s, State& st) {
+    reads(s, st);
+    for (int r : s.dsts) def(r, st);
+  }
+  void visit_store(const Stmt& s, State& st) {
+    reads(s, st);
+    for (int r : s.dsts) read_reg(r, st, s);
+  }
+  void visit_shfl_xor(const Stmt& s, State& st) { read_reg(s.src, st, s), def(s.dst, st); }
+  void visit_shfl_idx(const Stmt& s, State& st) { read_reg(s.src, st, s), def(s.dst, st); }
+  void visit_shared_store(const Stmt& s, State& st) { reads(s, st); }
+  void visit_shared_load(const Stmt& s, State& st) { reads(s, st), def(s.dst, st); }
+  void visit_remote_shared_load(const Stmt& s, State& st) { reads(s, st), def(s.dst, st); }
+  void visit_remote_shared_push(const Stmt& s, State& st) { reads(s, st), read_reg(s.src, st, s); }
+  void visit_async_copy(const Stmt& s, State& st) { reads(s, st); }
+  void visit_staged_load(const Stmt& s, State& st) {
+    reads(s, st);
+    for (int r : s.dsts) def(r, st);
+  }
+  void visit_if(const Stmt& s, State& st) {
+    read(s.cond, st, s);
+    PathOrder<DefiniteAssignment>::visit_if(s, st);
+  }
+  void visit_for(const Stmt& s, State& st) {
+    read(s.begin, st, s);
+    read(s.end, st, s);
+    def(s.dst, st);
+    PathOrder<DefiniteAssignment>::visit_for(s, st);
+  }
+
+  const Kernel& k_;
+  std::vector<std::string> errors_;
+  std::set<int> reported_;
+};
+
+void Verifier::check_definite_assignment() {
+  for (std::string& e : DefiniteAssignment(k_).run()) error(e);
 }
 
 }  // namespace

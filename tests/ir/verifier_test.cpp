@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <stdexcept>
 
 #include "backend/cpu/executor.hpp"
@@ -140,6 +141,81 @@ TEST(VerifierProof, RejectsTypeMismatches) {
   std::vector<std::string> errors = verify(k);
   EXPECT_TRUE(mentions(errors, "add of i64 and f32"));
   EXPECT_TRUE(mentions(errors, "if condition"));
+}
+
+// One program of one warp storing register v at y[lane] after `body`: the cases of definite
+// assignment. The executor starts every float register as NaN, so a lane that reaches the store
+// with v never assigned stores NaN.
+Kernel store_after(std::vector<Stmt> (*body)(Kernel&, int v)) {
+  Kernel k;
+  k.name = "store_after";
+  k.programs_per_group = 1;
+  k.workers_per_program = 32;
+  k.buffers = {{"y", DType::f32, true}};
+  const int v = k.add_reg("v", Type::f32);
+  k.body = body(k, v);
+  k.body.push_back(store({v}, 0, cast(Type::i64, special(Special::lane)), i64_const(1), b1_const(false)));
+  return k;
+}
+
+std::vector<float> run_store_after(const Kernel& k) {
+  std::vector<float> y(32, -1.0f);
+  cpu::LaunchArgs args;
+  args.groups = 1;
+  args.buffers = {{y.data(), 0, int64_t(y.size())}};
+  cpu::execute(k, args);
+  return y;
+}
+
+TEST(VerifierProof, AcceptsRegistersAssignedOnEveryPathBeforeTheirReads) {
+  // Both arms of an if; before a loop that reads and writes it; a loop's own variable.
+  for (auto body : {+[](Kernel&, int v) {
+                      return std::vector<Stmt>{if_(binary(BinOp::eq, special(Special::lane), i32_const(0)),
+                                                   {assign(v, f32_const(1))}, {assign(v, f32_const(2))})};
+                    },
+                    +[](Kernel& k, int v) {
+                      const int i = k.add_reg("i", Type::i64);
+                      return std::vector<Stmt>{
+                          assign(v, f32_const(0)),
+                          for_(i, i64_const(0), i64_const(3),
+                               {assign(v, binary(BinOp::add, reg(v, Type::f32), cast(Type::f32, reg(i, Type::i64))))})};
+                    }}) {
+    const Kernel k = store_after(body);
+    const std::vector<std::string> errors = verify(k);
+    EXPECT_TRUE(errors.empty()) << errors[0];
+    for (float y : run_store_after(k)) EXPECT_FALSE(std::isnan(y));
+  }
+}
+
+TEST(VerifierProof, RejectsARegisterReadWhereSomePathLeftItUnassigned) {
+  // One arm of an if; only inside a loop (it may run zero times: here it does); read in a loop's first
+  // iteration before the body assigns it; the source of a shuffle.
+  for (auto body : {+[](Kernel&, int v) {
+                      return std::vector<Stmt>{
+                          if_(binary(BinOp::eq, special(Special::lane), i32_const(0)), {assign(v, f32_const(1))})};
+                    },
+                    +[](Kernel& k, int v) {
+                      const int i = k.add_reg("i", Type::i64);
+                      return std::vector<Stmt>{for_(i, i64_const(0), i64_const(0), {assign(v, f32_const(1))})};
+                    },
+                    +[](Kernel& k, int v) {
+                      const int i = k.add_reg("i", Type::i64), t = k.add_reg("t", Type::f32);
+                      return std::vector<Stmt>{for_(i, i64_const(0), i64_const(3),
+                                                    {assign(t, binary(BinOp::add, reg(v, Type::f32), f32_const(1))),
+                                                     assign(v, reg(t, Type::f32))})};
+                    },
+                    +[](Kernel& k, int v) {
+                      const int t = k.add_reg("t", Type::f32);
+                      return std::vector<Stmt>{shfl_xor(v, t, 1, 32)};
+                    }}) {
+    const Kernel k = store_after(body);
+    const std::vector<std::string> errors = verify(k);
+    EXPECT_TRUE(mentions(errors, "is read before it is assigned on some path")) << to_string(k);
+    // Executed, some lane stores the register's initial NaN.
+    bool nan = false;
+    for (float y : run_store_after(k)) nan |= std::isnan(y);
+    EXPECT_TRUE(nan) << to_string(k);
+  }
 }
 
 TEST(VerifierProof, AcceptsAFloat64KernelThatTheExecutorRunsInDouble) {
