@@ -1381,11 +1381,17 @@ RowLowering::FastSplit RowLowering::program_fast_split(std::vector<Stmt>& out, c
   std::vector<Leaf> leaves;
   // The row's first element, for the fast graphs' `first` nodes: every worker loads the vector
   // at column 0 (one address for the whole warp), where reads_row_head (the cost model's count)
-  // says; a register-cached program of one warp broadcasts it from lane 0's cache instead.
+  // says; a register-cached program of one warp broadcasts it from lane 0's cache instead. On a
+  // cluster, the group's first element (its worker 0's first column; 0 where the group's slice
+  // lies past the row): one of the elements its sums cover, as LayerNorm's test of the shifted
+  // sums assumes, and in the group's own slice, not another group's.
   Slot head;
   const bool broadcast = head_in_cache(plan_);
   if (reads_row_head(prog_, reductions, plan_)) {
-    head.col = i64(0);
+    head.col = plan_.ctas_per_program > 1
+                   ? binary(BinOp::mul, cast(Type::i64, special(Special::cta_in_cluster)),
+                            i64(int64_t(plan_.workers_per_program) * plan_.vector_elems))
+                   : i64(0);
     head.scalar = peel_;  // column 0 of a peeled row is not aligned
     load_slot(out, head, inputs, /*cache=*/false);
   }

@@ -1108,7 +1108,7 @@ TEST(LowerRowProgram, ClustersLoopingOverRowBlocksReduceOverTheRows) {
 // a stripe, and every pass reads them back from there. The results are bitwise those of the same plan caching in
 // registers (the same chunk graphs over the same elements), over packed programs, clusters,
 // both merges, odd and unaligned rows (the copies' scalar path) and every float dtype; the
-// row is read from memory once; x is never loaded but by the copies (and the row's first vector
+// row is read from memory once; x is never loaded but by the copies (and a group's first vector
 // where a cluster's LayerNorm shifts its sums by it).
 TEST(LowerRowProgram, StagedRowsComputeWhatRegisterCachedRowsCompute) {
   std::mt19937_64 rng(31);
@@ -1140,8 +1140,8 @@ TEST(LowerRowProgram, StagedRowsComputeWhatRegisterCachedRowsCompute) {
               const ir::Kernel k = lower_row_program(p, call.signature(), plan).main.kernel;
               if (caching == InputCaching::shared) {
                 EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::async_copy), plan.stripes);
-                // x only through the copies, but for LayerNorm's shift on a cluster (the vector at
-                // column 0, which one group of the cluster holds, loaded by every worker).
+                // x only through the copies, but for LayerNorm's shift on a cluster (the group's
+                // first vector, loaded by every worker).
                 EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::load, 0), C > 1 && op == Op::layer_norm ? 1 : 0);
                 // A group a stripe, and a wait before each stripe's first read at most.
                 EXPECT_EQ(count_stmts(k.body, ir::Stmt::Kind::async_commit), plan.stripes);
