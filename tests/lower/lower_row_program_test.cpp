@@ -119,7 +119,9 @@ Generated generate(uint64_t seed) {
   if (g.has_row_scalar_out) p.store(p.row_scalar_out("stat", {DType::f32}, false), row_value);
   g.has_col_out = pick(3) == 0;
   if (g.has_col_out) p.store(p.col_out("grad"), p.reduce1(Axis::rows, monoid::sum(), leaves[0] * random_element(rng, p, leaves, 1)));
-  g.has_total = pick(4) == 0;
+  // A row value that does not vary along the rows (made of the column index and constants
+  // alone) cannot be reduced over the rows: the spec refuses it, so such a program has no total.
+  g.has_total = pick(4) == 0 && p.nodes()[size_t(row_value.id)].shape.rows;
   if (g.has_total) p.store(p.scalar_out("total"), p.reduce1(Axis::rows, monoid::max(), row_value));
   return g;
 }
