@@ -551,6 +551,9 @@ class RowLowering {
   std::vector<std::vector<int>> program_fast_states(std::vector<Stmt>& out, const std::vector<int>& reductions,
                                                     const std::set<int>& inputs);
   void split_pass(std::vector<Stmt>& out, const std::vector<int>& reductions);
+  // Runs `emit`, which lowers a branch, then forgets what it memoised (row values, the slots'
+  // element values): code after the branch runs whether or not the branch did.
+  void branch_local(const std::function<void()>& emit);
   std::set<int> level_inputs(std::vector<Stmt>& out, const std::vector<int>& reductions);
   void bind_results(const std::vector<int>& reductions, const std::vector<std::vector<ExprPtr>>& states);
   void rest_of_row(std::vector<Stmt>& body);
@@ -1223,18 +1226,14 @@ void RowLowering::split_pass(std::vector<Stmt>& out, const std::vector<int>& red
   std::set<int> inputs = level_inputs(out, reductions);
   FastSplit split = program_fast_split(out, reductions, inputs);
   land_all_staged(out);  // both paths below read staged slots
-  const std::map<int, ExprPtr> row_values = row_values_;
-  const std::map<std::string, ExprPtr> row_exprs = row_exprs_;
-  const std::vector<Slot> cached = cached_;
   std::vector<Stmt> fast{comment("every program read passed its test: the rest of the row from the fast states")};
   std::vector<std::vector<ExprPtr>> values(split.fast.size());
-  for (size_t i = 0; i < split.fast.size(); ++i)
-    for (const ExprPtr& v : split.fast[i]) values[i].push_back(em_.keep(fast, v, "acc"));
-  bind_results(reductions, values);
-  rest_of_row(fast);
-  row_values_ = row_values;
-  row_exprs_ = row_exprs;
-  cached_ = cached;
+  branch_local([&] {
+    for (size_t i = 0; i < split.fast.size(); ++i)
+      for (const ExprPtr& v : split.fast[i]) values[i].push_back(em_.keep(fast, v, "acc"));
+    bind_results(reductions, values);
+    rest_of_row(fast);
+  });
   std::vector<Stmt> slow{comment("the fast path is not exact enough here: the exact path")};
   // Staged slots are read again here, so the fast path's values die before its merges.
   if (staged())
@@ -1249,6 +1248,16 @@ void RowLowering::split_pass(std::vector<Stmt>& out, const std::vector<int>& red
   bind_results(reductions, values);
   rest_of_row(slow);
   out.push_back(if_(split.all_exact, std::move(fast), std::move(slow)));
+}
+
+void RowLowering::branch_local(const std::function<void()>& emit) {
+  const std::map<int, ExprPtr> row_values = row_values_;
+  const std::map<std::string, ExprPtr> row_exprs = row_exprs_;
+  const std::vector<Slot> cached = cached_;
+  emit();
+  row_values_ = row_values;
+  row_exprs_ = row_exprs;
+  cached_ = cached;
 }
 
 std::set<int> RowLowering::level_inputs(std::vector<Stmt>& out, const std::vector<int>& reductions) {
@@ -1540,19 +1549,16 @@ std::vector<std::vector<int>> RowLowering::program_fast_states(std::vector<Stmt>
     for (const ExprPtr& v : split.fast[i]) regs[i].push_back(assign_new(out, "acc", v));
   // What the exact path memoises (row values, the element values a staged merge shares with
   // the program) is computed only under its condition: later passes must not read it.
-  const std::map<int, ExprPtr> row_values = row_values_;
-  const std::map<std::string, ExprPtr> row_exprs = row_exprs_;
-  const std::vector<Slot> cached = cached_;
   std::vector<Stmt> slow{comment(cluster ? "the fast path is not exact enough here: the exact path, merged within the group"
                                          : "the fast path is not exact enough here: the exact path")};
-  if (staged())
-    for (Slot& slot : cached_) forget_staged(slot);
-  group_merges_only_ = cluster;
-  std::vector<std::vector<int>> exact = exact_states(slow, reductions, inputs, false);
-  group_merges_only_ = false;
-  row_values_ = row_values;
-  row_exprs_ = row_exprs;
-  cached_ = cached;
+  std::vector<std::vector<int>> exact;
+  branch_local([&] {
+    if (staged())
+      for (Slot& slot : cached_) forget_staged(slot);
+    group_merges_only_ = cluster;
+    exact = exact_states(slow, reductions, inputs, false);
+    group_merges_only_ = false;
+  });
   for (size_t i = 0; i < reductions.size(); ++i)
     for (size_t k = 0; k < regs[i].size(); ++k)
       slow.push_back(assign(regs[i][k], split.programs == 1 ? r(exact[i][k])
