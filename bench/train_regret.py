@@ -26,7 +26,8 @@ program reducing over the rows (whose cluster groups loop over row blocks) where
 is 16 KiB or more, those of at most four stripes, also at two and four resident groups an SM
 (up to 1024 threads); where the program reduces over the rows (dweight, dbias;
 cross-entropy's summed losses, absent here), half, twice and four times the policy's grid
-limit, the groups that loop over the rows (where it changes the grid), and for a register-cached
+limit, the groups that loop over the rows (where it changes the grid), else grids of 256 and 512
+groups looping over row blocks (where the rows are more), and for a register-cached
 row the other row_prefetch, prefetching with a budget of 128 scalars (so at half and twice the
 grid limit, and at the widths giving 1, 2 or 4 stripes), and for 16-bit row inputs the packed
 register cache, prefetching or not; and where the call has a second phase (a workspace of
@@ -244,9 +245,13 @@ def candidates(n, rows, policy, row_bytes, second_phase, all_16bit=False, family
         # re-read on wider groups (refused where the program has per-column accumulators).
         out += [{"row_head": "peel"}] + [{"row_head": "peel", "caching": "reread", "workers_per_program": w,
                                           "stripe_unroll": u} for w in (512, 1024) for u in (2, 4)]
+    blocks = -(-rows // policy["programs_per_group"])
     if reduces_rows:
-        g0, blocks = policy["grid_limit"], -(-rows // policy["programs_per_group"])
+        g0 = policy["grid_limit"]
         out += [{"grid_limit": g} for g in (g0 // 2, 2 * g0, 4 * g0) if g >= 1 and min(g, blocks) != min(g0, blocks)]
+    else:
+        # One row block a group: also groups looping over row blocks (where that changes the grid).
+        out += [{"grid_limit": g} for g in (256, 512) if g < blocks]
     if prefetching:
         # Loads of the next row block during this one (row_prefetch), within the policy's budget
         # or twice it, and at half and twice the grid.

@@ -40,8 +40,8 @@ struct PlanInputs {
   std::vector<DType> column_dtypes;
   int64_t base_alignment = 16;
   int merge_parts = 3;               // shared slots per warp the merges of one row take
-  int rows_reduction_parts = 0;      // per-element accumulators of reductions over the rows
-  bool reduces_rows = false;         // some reduction runs over the rows
+  int rows_reduction_parts = 0;      // per-element accumulators of the call's reductions over the rows
+  bool reduces_rows = false;         // some reduction the call computes runs over the rows
   int real_bytes = 4;                // a float register's bytes: 8 in a float64 call
   std::string rows_operand = "x";    // the operand errors about the row count name
 
@@ -50,6 +50,10 @@ struct PlanInputs {
   int row_inputs() const;           // row operands read
   int64_t input_bytes_per_col() const;  // bytes of every row input in one column
   int widest_elem_bytes() const;    // over every row and column operand
+  // Whether the groups loop over row blocks (grid_limit > 0): per-column accumulators over the
+  // rows, whose partials (a row of the workspace a program slot) the grid bounds. Row values
+  // reduced over the rows take a slot a row block instead, so they leave the mapping free.
+  bool loops_over_rows() const { return rows_reduction_parts > 0; }
 };
 
 // Fills every field the request leaves unset (see docs/source/internals/tile/policy.md).

@@ -71,11 +71,7 @@ const ProgramFacts& facts_of(const RowProgram& program) {
     slots += std::max(parts, chunk_reductions);
   }
   f->merge_parts = std::max(1, slots);
-  for (const RowReduction& r : program.reductions()) {
-    if (r.axis != Axis::rows) continue;
-    f->reduces_rows = true;
-    if (program.nodes()[r.inputs[0]].shape.cols) f->rows_reduction_parts += int(r.monoid.parts.size());
-  }
+  for (const RowReduction& r : program.reductions()) f->reduces_rows |= r.axis == Axis::rows;
   for (size_t i = 0; i < program.operands().size() && f->first_row_operand < 0; ++i)
     if (is_row(program.operands()[i].role) && !program.operands()[i].optional) f->first_row_operand = int(i);
   if (f->first_row_operand < 0)
@@ -155,8 +151,17 @@ PlanInputs BoundCall::plan_inputs() const {
   }
   in.base_alignment = base_alignment_of(*this);
   in.merge_parts = facts->merge_parts;
-  in.reduces_rows = facts->reduces_rows;
-  in.rows_reduction_parts = facts->rows_reduction_parts;
+  // The reductions over the rows this call computes: an optional output left absent (a
+  // per-row loss without its sum) leaves the plan free of their partials.
+  std::vector<bool> present;
+  for (const BoundOperand& o : operands) present.push_back(o.present);
+  if (facts->reduces_rows)
+    for (int red : live_reductions(*program, present)) {
+      const RowReduction& r = program->reductions()[red];
+      if (r.axis != Axis::rows) continue;
+      in.reduces_rows = true;
+      if (program->nodes()[r.inputs[0]].shape.cols) in.rows_reduction_parts += int(r.monoid.parts.size());
+    }
   in.real_bytes = f64 ? 8 : 4;
   return in;
 }

@@ -41,8 +41,7 @@ struct KernelSignature {
 struct ProgramFacts {
   std::vector<std::vector<int>> levels;  // reductions over the columns, by level
   int merge_parts = 1;                   // shared slots per warp every merge of a row takes
-  int rows_reduction_parts = 0;          // per-element accumulators of reductions over the rows
-  bool reduces_rows = false;
+  bool reduces_rows = false;             // some reduction of the program runs over the rows
   int first_row_operand = -1;            // defines rows and cols
 };
 const ProgramFacts& facts_of(const RowProgram& program);

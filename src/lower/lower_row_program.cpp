@@ -410,6 +410,27 @@ void reductions_used(const RowProgram& p, int id, std::set<int>& out) {
     if (o >= 0) reductions_used(p, o, out);
 }
 
+}  // namespace
+
+std::set<int> live_reductions(const RowProgram& p, const std::vector<bool>& present) {
+  std::set<int> used;
+  for (const RowStore& s : p.stores())
+    if (present[s.operand]) reductions_used(p, s.value, used);
+  // Reductions needed by other reductions' inputs.
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (int red : std::set<int>(used))
+      for (int in : p.reductions()[red].inputs) {
+        size_t before = used.size();
+        reductions_used(p, in, used);
+        grew |= used.size() != before;
+      }
+  }
+  return used;
+}
+
+namespace {
+
 class RowLowering {
  public:
   RowLowering(const RowProgram& program, const KernelSignature& sig, const MappingPlan& plan)
@@ -742,6 +763,12 @@ LoweredProgram RowLowering::run() {
     if (cluster_resident_) body.push_back(cluster_wait());
     flush_rows(body);
   } else {
+    // One row block a group (cluster). Reductions over the rows here take row values only
+    // (validation keeps per-column accumulators to looping groups): each program's value goes
+    // to a workspace slot of its own, one a program of every row block, which the second phase
+    // folds in slot order as it folds a looping grid's.
+    for (int red : rows_reductions_)
+      for (double id : prog_.reductions()[red].monoid.identity) row_acc_[red].push_back(assign_new(body, "racc", fc(id)));
     std::vector<Stmt> row;
     begin_row(row, owner);
     for (Stmt& s : row_body()) row.push_back(std::move(s));
@@ -749,6 +776,7 @@ LoweredProgram RowLowering::run() {
     // nothing has none): the row's loads and the groups' own reductions overlap the others' start.
     if (cluster_resident_) body.push_back(cluster_arrive());
     for (Stmt& s : row) body.push_back(std::move(s));
+    flush_rows(body);
   }
   lowered_.main.kernel = std::move(k_);
   if (!rows_reductions_.empty()) lowered_.finish = lower_finish();
@@ -757,23 +785,9 @@ LoweredProgram RowLowering::run() {
 
 // Which stores, reductions and row inputs the call needs, and where partials go.
 void RowLowering::analyse() {
-  std::set<int> used;
-  for (size_t i = 0; i < prog_.stores().size(); ++i) {
-    const RowStore& s = prog_.stores()[i];
-    if (!present(s.operand)) continue;  // an absent optional output: nothing computes it
-    live_stores_.push_back(int(i));
-    reductions_used(prog_, s.value, used);
-  }
-  // Reductions needed by other reductions' inputs.
-  for (bool grew = true; grew;) {
-    grew = false;
-    for (int red : std::set<int>(used))
-      for (int in : prog_.reductions()[red].inputs) {
-        size_t before = used.size();
-        reductions_used(prog_, in, used);
-        grew |= used.size() != before;
-      }
-  }
+  for (size_t i = 0; i < prog_.stores().size(); ++i)
+    if (present(prog_.stores()[i].operand)) live_stores_.push_back(int(i));  // absent outputs: nothing computes them
+  const std::set<int> used = live_reductions(prog_, sig_.present);
   for (const std::vector<int>& level : reduction_levels(prog_)) {
     std::vector<int> kept;
     for (int red : level)
@@ -792,7 +806,7 @@ void RowLowering::analyse() {
   }
   lowered_.col_parts = col_parts;
   lowered_.fixed_parts = fixed;
-  TILE_CHECK(rows_reductions_.empty() || plan_.grid_limit > 0, "reductions over the rows need a grid limit");
+  TILE_CHECK(col_parts == 0 || plan_.grid_limit > 0, "per-column accumulators over the rows need a grid limit");
   // The register cache holds the row inputs some pass reads.
   for (int i : live_stores_) row_inputs_of(prog_.stores()[i].value, cached_inputs_);
   for (int red : used)
@@ -2255,8 +2269,9 @@ void RowLowering::rest_of_row(std::vector<Stmt>& body) {
 // S warps split the slots: warp w folds slots w, w + S, ... in order; the warps' states meet
 // in shared memory after one barrier and every warp folds them in warp order, so the result is
 // the same on every run. Warp 0 then evaluates and stores each per-column output; group 0 does
-// the scalar outputs the same way (every lane of a warp folding the same slots). One worker a
-// column folding every slot in turn left a chain of dependent loads a column and most SMs idle.
+// the scalar outputs, its every worker folding its own slots before a butterfly folds the lanes
+// (a grid of one row block a group writes a slot a row: thousands). One worker a column
+// folding every slot in turn left a chain of dependent loads a column and most SMs idle.
 LoweredKernel RowLowering::lower_finish() {
   LoweredKernel fk;
   Kernel& k = fk.kernel;
@@ -2297,28 +2312,52 @@ LoweredKernel RowLowering::lower_finish() {
   int live = em.assign_new(body, "live", select(binary(BinOp::lt, em.r(c), cols), i64_const(1), i64_const(0)));
   int next_shared = 0;
 
-  // The monoid's fold over every slot of the workspace at `at(part)` in each slot, in slot order
-  // by warp, then across the warps in warp order; the same bits in every warp.
-  auto fold_slots = [&](std::vector<Stmt>& out, const Monoid& m, const std::function<ExprPtr(int)>& at, ExprPtr valid) {
+  // The monoid's fold over every slot of the workspace at `at(part)` in each slot, in a fixed
+  // order: per column (a lane a column), warp w folds slots w, w + S, ... in turn; for the
+  // scalar outputs (every lane on the same parts), worker t of the T = 32 S folds slots t,
+  // t + T, ... and a shuffle butterfly folds each warp's lanes (a grid of one row block a group
+  // leaves a slot a row). The warps' states then fold in warp order: the same bits every run.
+  auto fold_slots = [&](std::vector<Stmt>& out, const Monoid& m, const std::function<ExprPtr(int)>& at, ExprPtr valid,
+                        bool per_column) {
     std::vector<int> state;
     for (double idv : m.identity) state.push_back(em.assign_new(out, "st", em.fc(idv)));
     int it = em.temp("it", Type::i64);
     std::vector<Stmt> loop;
-    ExprPtr slot = binary(BinOp::add, cast(Type::i64, warp), binary(BinOp::mul, em.r(it), i64_const(S)));
+    const int64_t step = per_column ? S : int64_t(S) * 32;
+    ExprPtr first = per_column ? cast(Type::i64, warp)
+                               : binary(BinOp::add, binary(BinOp::mul, cast(Type::i64, warp), i64_const(32)),
+                                        cast(Type::i64, lane));
+    ExprPtr slot = em.keep(loop, binary(BinOp::add, first, binary(BinOp::mul, em.r(it), i64_const(step))), "slot");
+    ExprPtr in_range = per_column ? ExprPtr() : em.keep(loop, binary(BinOp::lt, slot, slots), "in");
     std::vector<ExprPtr> other, mine;
     for (size_t q = 0; q < m.parts.size(); ++q) {
       int w = em.temp("w", k.real);
-      loop.push_back(load({w}, 0, binary(BinOp::add, binary(BinOp::mul, slot, slot_stride), at(int(q))), valid,
-                          b1_const(false), false, 0.0f));
-      other.push_back(em.r(w));
+      loop.push_back(load({w}, 0, binary(BinOp::add, binary(BinOp::mul, slot, slot_stride), at(int(q))),
+                          per_column ? valid : select(in_range, i64_const(1), i64_const(0)), b1_const(false), false,
+                          0.0f));
+      other.push_back(per_column ? em.r(w) : select(in_range, em.r(w), em.fc(m.identity[q])));
       mine.push_back(em.r(state[q]));
     }
     em.assign_all(loop, state, em.combine(loop, m, mine, other));
-    // Slots w, w + S, ... below `slots`: (slots - w + S - 1) / S of them (w < S, slots >= 0).
+    // Per column: slots w, w + S, ... below `slots`, (slots - w + S - 1) / S of them (w < S,
+    // slots >= 0). Scalars: (slots + T - 1) / T in every lane, those past the last identities.
     ExprPtr count =
-        binary(BinOp::div, binary(BinOp::add, binary(BinOp::sub, slots, cast(Type::i64, warp)), i64_const(S - 1)),
-               i64_const(S));
+        per_column ? binary(BinOp::div, binary(BinOp::add, binary(BinOp::sub, slots, cast(Type::i64, warp)), i64_const(S - 1)),
+                            i64_const(S))
+                   : binary(BinOp::div, binary(BinOp::add, slots, i64_const(step - 1)), i64_const(step));
     out.push_back(for_(it, i64_const(0), count, std::move(loop)));
+    if (!per_column)
+      for (int offset = 16; offset >= 1; offset /= 2) {
+        std::vector<ExprPtr> self, theirs;
+        for (int reg_id : state) {
+          int t = em.temp("t", k.real);
+          out.push_back(shfl_xor(t, reg_id, offset, 32));
+          self.push_back(em.r(reg_id));
+          theirs.push_back(em.r(t));
+        }
+        std::vector<ExprPtr> merged = em.combine(out, m, self, theirs);
+        for (size_t q = 0; q < state.size(); ++q) state[q] = em.materialize(out, merged[q], "st");
+      }
     std::vector<ExprPtr> total;
     for (int reg : state) total.push_back(em.r(reg));
     if (S == 1) return total;
@@ -2381,7 +2420,7 @@ LoweredKernel RowLowering::lower_finish() {
                        : binary(BinOp::add, binary(BinOp::mul, i64_const(lowered_.col_parts), cols),
                                 i64_const(ws_offset_[n.reduction] + q));
           };
-          std::vector<ExprPtr> state = fold_slots(out, rr.monoid, at, valid);
+          std::vector<ExprPtr> state = fold_slots(out, rr.monoid, at, valid, per_column);
           for (size_t q = 0; q < rr.results.size(); ++q) memo[rr.results[q]] = state[q];
           return memo.at(id);
         }
@@ -2399,6 +2438,7 @@ LoweredKernel RowLowering::lower_finish() {
     }
     if (!stores.empty()) out.push_back(if_(store_if, std::move(stores)));
   };
+  for (int i : live_stores_) fk.column_outputs |= decl(prog_.stores()[i].operand).role == Role::col_out;
   const ExprPtr warp0 = binary(BinOp::eq, warp, i32_const(0));
   emit_outputs(body, true, binary(BinOp::and_, warp0, binary(BinOp::lt, em.r(c), cols)));
   std::vector<Stmt> once;

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "ir/ir.hpp"
@@ -46,6 +47,7 @@ struct LoweredKernel {
   ir::Kernel kernel;
   std::vector<int> buffers;  // operand bound to each buffer; -1 is the workspace
   std::vector<ParamSource> params;
+  bool column_outputs = false;  // (the finish kernel) it stores per-column outputs
 };
 
 struct LoweredProgram {
@@ -63,13 +65,21 @@ inline DType workspace_dtype(ir::Type real) { return real == ir::Type::f64 ? DTy
 // Columns a group of the finish kernel takes, one a lane of each warp (lower_finish).
 constexpr int64_t kFinishColumns = 32;
 
-// Groups of the finish kernel for `cols` columns.
-inline int64_t finish_groups(const LoweredKernel&, int64_t cols) {
+// Groups of the finish kernel for `cols` columns: one a kFinishColumns of them where it stores
+// per-column outputs, else one (group 0 stores the scalar outputs).
+inline int64_t finish_groups(const LoweredKernel& finish, int64_t cols) {
+  if (!finish.column_outputs) return 1;
   return std::max<int64_t>(1, (cols + kFinishColumns - 1) / kFinishColumns);
 }
 
 LoweredProgram lower_row_program(const RowProgram& program, const KernelSignature& signature,
                                  const MappingPlan& plan);
+
+// The reductions a call computes (program indices): those the values of its present outputs
+// use, directly or through other reductions' inputs. `present` is per operand, in declaration
+// order. The lowering and the plan's inputs (a reduction over the rows that no present output
+// needs puts no loop over row blocks on the plan) both read it.
+std::set<int> live_reductions(const RowProgram& program, const std::vector<bool>& present);
 
 // Reductions over the columns by level: a reduction whose inputs use the result of another
 // comes one level after it. Used by the lowering and the cost model.

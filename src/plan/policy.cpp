@@ -212,7 +212,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
                              req.ctas_per_program.value_or(1) == 1 && req.caching != InputCaching::shared &&
                              req.tail.value_or(TailHandling::predicate) == TailHandling::predicate &&
                              req.cache_format.value_or(CacheFormat::f32) == CacheFormat::f32 && in.row_inputs() == 1 &&
-                             in.input_bytes_per_col() == 2 && in.merge_parts < 5 && !in.reduces_rows &&
+                             in.input_bytes_per_col() == 2 && in.merge_parts < 5 && !in.loops_over_rows() &&
                              widest_vector > 1 && !rows_aligned(in, widest_vector) &&
                              bases_aligned(in, widest_vector) && cols >= 2 * int64_t(widest_vector) && !few_short_rows;
   const RowHead row_head = req.row_head.value_or(peel_odd_rows ? RowHead::peel : RowHead::as_is);
@@ -277,7 +277,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   const bool cluster_wanted =
       req.caching == InputCaching::registers || (!req.caching && (in.row_inputs() >= 2 || in.merge_parts <= 2));
   if (req.caching == InputCaching::shared && !req.stripes && !req.workers_per_program &&
-      req.programs_per_group.value_or(1) == 1 && !in.reduces_rows) {
+      req.programs_per_group.value_or(1) == 1 && !in.loops_over_rows()) {
     cluster = req.ctas_per_program.value_or(1);
     if (!req.ctas_per_program)
       while (cluster < std::min(16, limits.max_cluster_size) && ceil_div(cols * xes, cluster) > kStagedGroupBytes)
@@ -286,7 +286,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
                                             std::min<int64_t>(kStagedWidth, limits.max_threads_per_group)));
   } else if (req.ctas_per_program) {
     cluster = *req.ctas_per_program;
-  } else if (limits.max_cluster_size > 1 && cols * xes > kRegisterRowBytes && free_mapping && !in.reduces_rows &&
+  } else if (limits.max_cluster_size > 1 && cols * xes > kRegisterRowBytes && free_mapping && !in.loops_over_rows() &&
              cluster_wanted && kClusterWidth <= limits.max_threads_per_group && row_head == RowHead::as_is &&
              p.vector_elems == widest_vector) {
     // Only rows of whole-width vectors: softmax bf16 512 x 50257 in scalar accesses over a
@@ -451,7 +451,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     // maximum and sum) takes two vectors a worker in half-warp programs: two rows a warp share
     // each butterfly level, one level fewer (H200, bf16 softmax x 256, kernels timed alone:
     // 34.9 us against 36.7 one warp a row). LayerNorm lost 13 % the same way (46.2 against 40.8).
-    const bool half_warp = vectors > 16 && vectors <= 32 && one_16bit_input && in.merge_parts <= 2 && !in.reduces_rows;
+    const bool half_warp = vectors > 16 && vectors <= 32 && one_16bit_input && in.merge_parts <= 2 && !in.loops_over_rows();
     if (vectors <= 16 && !req.stripes && cluster == 1)
       p.workers_per_program = pow2_at_least(vectors);
     else if (half_warp && !req.stripes && cluster == 1)
@@ -534,7 +534,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // keeps 1024 threads' worth (1024 x 4096: 8.7 us against 9.3).
   const int64_t cached_scalars = int64_t(p.stripes) * p.vector_elems * per_elem /
                                  (p.cache_format == CacheFormat::packed ? 2 : 1);
-  if (p.caching == InputCaching::registers && !in.reduces_rows && in.merge_parts >= 5 && cached_scalars >= 32 &&
+  if (p.caching == InputCaching::registers && !in.loops_over_rows() && in.merge_parts >= 5 && cached_scalars >= 32 &&
       p.workers_per_program >= 64 && threads <= 256 && cluster == 1) {
     const int64_t groups = ceil_div(in.rows, std::max(1, p.programs_per_group));
     if (groups >= 2 * limits.sm_count * (1024 / threads)) resident_threads = 768;
@@ -545,7 +545,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // six (H200, bf16 x 512, kernels timed alone: softmax 36.4 us against 35.1, RMSNorm 36.2
   // against 35.7). Not elsewhere: LayerNorm spilled 20 bytes and lost 3 %, fp32 rows of 16
   // scalars (x 2048 and x 4096) spilled and lost 15-50 %, and x 1024 bf16 lost 40 %.
-  const bool cached_16bit = p.caching == InputCaching::registers && !in.reduces_rows && one_16bit_input && cluster == 1;
+  const bool cached_16bit = p.caching == InputCaching::registers && !in.loops_over_rows() && one_16bit_input && cluster == 1;
   if (cached_16bit && in.merge_parts < 5 && cached_scalars <= 16 && threads <= 256) resident_threads = 1536;
   // LayerNorm's (five merged parts or more) asks for 1280 (at most 48 registers): at 1024
   // ptxas took 55-56 and the SM held four groups of 256 (H200, bf16 x 512, kernels timed alone
@@ -592,15 +592,15 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // (-f6a80b8-subset.json) 406 / 384, 731 / 689. Re-read rows keep the rule above: one wave
   // gained 0-5 % at 32768 and lost up to 4 % beyond.
   int64_t grid = 0;  // one group a row block
-  if (in.reduces_rows && p.caching == InputCaching::registers) {
+  if (in.loops_over_rows() && p.caching == InputCaching::registers) {
     // A row block of a cluster takes ctas_per_program groups: a wave holds that many fewer.
     grid = std::min<int64_t>(int64_t(p.resident_groups) * limits.sm_count / p.ctas_per_program,
                              kMaxPartialSlotsPerSm * limits.sm_count / std::max(1, p.programs_per_group));
-  } else if (in.reduces_rows) {
+  } else if (in.loops_over_rows()) {
     const int64_t groups_per_sm = 2 * std::max<int64_t>(1, 512 / std::max<int64_t>(threads, 1));
     grid = ceil_div(groups_per_sm * limits.sm_count, p.programs_per_group);
   }
-  p.grid_limit = req.grid_limit.value_or(int(in.reduces_rows ? std::max<int64_t>(1, grid) : 0));
+  p.grid_limit = req.grid_limit.value_or(int(in.loops_over_rows() ? std::max<int64_t>(1, grid) : 0));
   // A group looping over row blocks with one cached vector of each input a worker loads the
   // next row block while it works on this one: otherwise no load is in flight during the
   // merges, barriers and stores. H200 (bench/results/train-regret-h200-5d4b5b2-prefetch.json),
@@ -794,8 +794,9 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
   if (p.finish_workers % 32 != 0 || p.finish_workers > limits.max_threads_per_group)
     fail("finish_workers", "a multiple of 32 up to " + str(limits.max_threads_per_group) + " (whole warps in one group)",
          str(p.finish_workers));
-  if (in.reduces_rows && p.grid_limit < 1)
-    fail("grid_limit", "at least 1 for a program reducing over the rows (its partials are bounded by the grid)",
+  if (in.loops_over_rows() && p.grid_limit < 1)
+    fail("grid_limit",
+         "at least 1 for a program with per-column accumulators over the rows (their partials are bounded by the grid)",
          str(p.grid_limit));
   const int64_t blocks = ceil_div(in.rows, P);
   const int64_t groups = (p.grid_limit > 0 ? std::min<int64_t>(blocks, p.grid_limit) : blocks) * C;
@@ -855,12 +856,12 @@ std::vector<MappingPlan> mapping_family(const PlanInputs& in, const DeviceLimits
       if (int64_t(c) * w * policy.vector_elems > 2 * int64_t(pow2_at_least(cols))) continue;
       for (InputCaching caching : {InputCaching::registers, InputCaching::shared})
         for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine}) {
-          if (in.reduces_rows && caching != InputCaching::registers) continue;
+          if (in.loops_over_rows() && caching != InputCaching::registers) continue;
           PlanRequest r;
           r.ctas_per_program = c, r.workers_per_program = w, r.vector_elems = policy.vector_elems;
           r.programs_per_group = 1, r.caching = caching, r.merge = merge;
           add(choose_plan(in, r, limits));
-          if (!in.reduces_rows) continue;
+          if (!in.loops_over_rows()) continue;
           for (int groups : {1, 2})
             for (RowPrefetch prefetch : {RowPrefetch::none, RowPrefetch::next}) {
               r.resident_groups = groups, r.row_prefetch = prefetch;

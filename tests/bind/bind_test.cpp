@@ -173,6 +173,39 @@ TEST(Bind, PerRowInputsMayBroadcastOneValue) {
             "scaled: argument 'y': expected memory that does not overlap s, got an overlapping view");
 }
 
+// The plan sees only the reductions over the rows that the call's present outputs need: the
+// per-row loss alone computes no mean (nothing over the rows), the mean is row values over the
+// rows (no per-column accumulator), and a weight gradient is one accumulator a column.
+TEST(Bind, PlanInputsCountTheReductionsOverTheRowsTheCallNeeds) {
+  Program prog;
+  std::vector<float> x(6 * 10), g(6 * 10), loss(6), mean(1), dw(10);
+  std::vector<int64_t> t(6, 3);
+  Args a;
+  a.set("logits", matrix(x.data(), DType::f32, 6, 10)).set("dlogits", matrix(g.data(), DType::f32, 6, 10));
+  a.set("target", VectorView{t.data(), DType::i64, 6}).set("loss", VectorView{loss.data(), DType::f32, 6});
+  PlanInputs in = bind(prog.p, a).plan_inputs();
+  EXPECT_FALSE(in.reduces_rows);
+  EXPECT_FALSE(in.loops_over_rows());
+  in = bind(prog.p, Args(a).set("mean", VectorView{mean.data(), DType::f32, 1})).plan_inputs();
+  EXPECT_TRUE(in.reduces_rows);
+  EXPECT_EQ(in.rows_reduction_parts, 0);
+  EXPECT_FALSE(in.loops_over_rows());
+  RowProgram wg("weight_gradient");
+  Operand xw = wg.row_in("x"), dy = wg.row_in("dy");
+  Operand dweight = wg.col_out("dweight", DTypeSet::floats(), /*optional=*/true);
+  Operand dx = wg.row_out("dx");
+  wg.store(dx, wg.load(dy));
+  wg.store(dweight, wg.reduce1(Axis::rows, monoid::sum(), wg.load(xw) * wg.load(dy)));
+  Args b;
+  b.set("x", matrix(x.data(), DType::f32, 6, 10)).set("dy", matrix(x.data(), DType::f32, 6, 10));
+  b.set("dx", matrix(g.data(), DType::f32, 6, 10));
+  EXPECT_FALSE(bind(wg, b).plan_inputs().reduces_rows);
+  in = bind(wg, Args(b).set("dweight", VectorView{dw.data(), DType::f32, 10})).plan_inputs();
+  EXPECT_TRUE(in.reduces_rows);
+  EXPECT_EQ(in.rows_reduction_parts, 1);
+  EXPECT_TRUE(in.loops_over_rows());
+}
+
 // Rows and columns come from the first row operand that is not optional, whatever the order of
 // the declarations; an optional row operand given must agree with it.
 TEST(Bind, OptionalRowOperandsFollowTheRequiredOne) {

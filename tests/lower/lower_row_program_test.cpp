@@ -128,7 +128,7 @@ Generated generate(uint64_t seed) {
 
 TEST(LowerRowProgram, RandomProgramsOnRandomPlansMatchTheFloat64Evaluation) {
   const int kPrograms = 200, kPlansEach = 8;
-  int cases = 0, cluster_cases = 0;
+  int cases = 0, cluster_cases = 0, unlooped_totals = 0;
   for (int n = 0; n < kPrograms; ++n) {
     const uint64_t seed = 1000 + n;
     Generated g = generate(seed);
@@ -171,11 +171,14 @@ TEST(LowerRowProgram, RandomProgramsOnRandomPlansMatchTheFloat64Evaluation) {
         req.column_loads = plan.grid_limit > 0 && pick(0, 1) ? ColumnLoads::once : ColumnLoads::with_row;
       // The row split over the groups of a cluster (stripes recomputed to cover the row once).
       if (plan.caching == InputCaching::registers && plan.programs_per_group == 1 && plan.workers_per_program % 32 == 0 &&
-          !g.has_col_out && !g.has_total && pick(0, 2) == 0) {
+          !g.has_col_out && pick(0, 2) == 0) {
         req.ctas_per_program = int(pick(2, 5));
         req.stripes.reset();
         ++cluster_cases;
       }
+      // A total alone (a row value reduced over the rows) runs on a looping grid or on one row
+      // block a group, a workspace slot each.
+      if (g.has_total && !g.has_col_out && pick(0, 1)) req.grid_limit = pick(0, 1) ? 0 : int(pick(1, 4));
       y.poison();
       SCOPED_TRACE("program seed " + std::to_string(seed) + ", " + std::to_string(rows) + " x " + std::to_string(cols) +
                    " " + std::string(dtype_name(dt)) + ", plan " + PlanRequest::exactly(plan).to_json() + "\n" +
@@ -191,11 +194,14 @@ TEST(LowerRowProgram, RandomProgramsOnRandomPlansMatchTheFloat64Evaluation) {
       EXPECT_TRUE(check.ok) << check.first_mismatch;
       EXPECT_TRUE(y.outside_untouched());
       ++cases;
+      unlooped_totals += g.has_total && req.grid_limit == 0;
     }
   }
-  std::printf("%d random programs, %d program x plan cases checked (%d on clusters)\n", kPrograms, cases, cluster_cases);
+  std::printf("%d random programs, %d program x plan cases checked (%d on clusters, %d totals on one row block a group)\n",
+              kPrograms, cases, cluster_cases, unlooped_totals);
   EXPECT_GT(cases, kPrograms * kPlansEach / 2);
   EXPECT_GT(cluster_cases, 20);
+  EXPECT_GT(unlooped_totals, 20);
 }
 
 // Statements of `kind` (of buffer `buffer` where it is a load), nested ones included.
@@ -1104,6 +1110,86 @@ TEST(LowerRowProgram, ClustersLoopingOverRowBlocksReduceOverTheRows) {
             }
       }
   EXPECT_EQ(launched, 2 * 3 * 2 * 3 * 2 * 2);
+}
+
+// Row values reduced over the rows (cross-entropy's summed and mean losses) need no loop over
+// row blocks: a grid of one row block a group (or a cluster) writes a workspace slot for each of
+// its programs, and the second phase folds them in slot order, its workers splitting the
+// slots. cross_entropy_fused in f32, bf16 and f64, ignored rows and targets at both ends of the
+// row, on register-cached, re-read and staged rows, packed programs and clusters of 2 and 3,
+// against the float64 oracle; a slot a program of every row block, one finish group, and the
+// same bits from run to run. A per-column accumulator still needs the loop (grid_limit >= 1).
+TEST(LowerRowProgram, RowValuesReducedOverTheRowsTakeASlotARowBlock) {
+  DeviceLimits clusters;
+  clusters.max_cluster_size = 16;
+  const RowProgram& p = training_program("cross_entropy_fused");
+  int launched = 0;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 300}, {5, 1001}, {1, 64}, {1500, 40}}) {
+      std::mt19937_64 rng(uint64_t(rows * cols) + uint64_t(dt));
+      const DType stat = dt == DType::f64 ? DType::f64 : DType::f32;
+      testing::HostMatrix logits(dt, rows, cols, cols), dlogits(dt, rows, cols, cols);
+      logits.fill_random(rng, 2.0);
+      testing::HostVector target(DType::i64, rows), count(stat, 1), loss(stat, rows), sum(stat, 1), mean(stat, 1);
+      int64_t counted = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t t = r % 5 == 3 ? -100 : r % 7 == 1 ? 0 : r % 7 == 2 ? cols - 1 : int64_t(rng() % uint64_t(cols));
+        store_from_int(target.data(), r, DType::i64, t);
+        counted += t != -100;
+      }
+      store_from_double(count.data(), 0, stat, double(counted));
+      Args args;
+      args.set("logits", logits.view()).set("dlogits", dlogits.view()).set("target", target.view());
+      args.set("count", VectorView{count.data(), stat, rows, 0}).set("ignore_index", -100.0);
+      args.set("loss", loss.view()).set("loss_sum", sum.view()).set("loss_mean", mean.view());
+      const BoundCall call = bind(p, args);
+      const Reference want = reference(p, args);
+      struct Mapping {
+        InputCaching caching;
+        int C, P;
+      };
+      for (Mapping m : {Mapping{InputCaching::registers, 1, 1}, Mapping{InputCaching::registers, 1, 4},
+                        Mapping{InputCaching::reread, 1, 1}, Mapping{InputCaching::reread, 1, 2},
+                        Mapping{InputCaching::shared, 1, 1}, Mapping{InputCaching::registers, 2, 1},
+                        Mapping{InputCaching::registers, 3, 1}, Mapping{InputCaching::shared, 2, 1}}) {
+        PlanRequest req;
+        req.caching = m.caching, req.ctas_per_program = m.C, req.programs_per_group = m.P, req.grid_limit = 0;
+        req.workers_per_program = m.C > 1 ? 64 : 32, req.private_budget = 255, req.finish_workers = 64;
+        const MappingPlan plan = choose_plan(call.plan_inputs(), req, clusters);
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" + std::to_string(cols) + " " +
+                     plan.to_json());
+        const LoweredProgram lowered = lower_row_program(p, call.signature(), plan);
+        ASSERT_TRUE(lowered.finish.has_value());
+        EXPECT_EQ(finish_groups(*lowered.finish, cols), 1);  // scalar outputs only
+        std::vector<std::vector<uint8_t>> results;
+        for (int k = 0; k < 2; ++k) {
+          dlogits.poison();
+          for (testing::HostVector* v : {&loss, &sum, &mean}) std::fill(v->bytes.begin(), v->bytes.end(), 0xff);
+          const LaunchRecord rec = run(p, args, {req, nullptr, Backend::cpu});
+          const int64_t blocks = (rows + m.P - 1) / m.P;
+          EXPECT_EQ(rec.groups, blocks * m.C);
+          EXPECT_EQ(workspace_slots(rec.plan, rec.groups), blocks * m.P);
+          EXPECT_EQ(rec.kernels, 2);
+          const OracleCheck check = check_against_reference(p, args, want);
+          EXPECT_TRUE(check.ok) << check.first_mismatch;
+          EXPECT_TRUE(dlogits.outside_untouched());
+          std::vector<uint8_t> out(dlogits.bytes());
+          for (testing::HostVector* v : {&loss, &sum, &mean}) out.insert(out.end(), v->bytes.begin(), v->bytes.end());
+          results.push_back(std::move(out));
+        }
+        EXPECT_EQ(results[0], results[1]);
+        ++launched;
+      }
+    }
+  EXPECT_EQ(launched, 3 * 4 * 8);
+  // A weight gradient: per-column accumulators need a looping grid.
+  WeightGradientCall c(30, 64, 2);
+  PlanRequest req;
+  req.grid_limit = 0;
+  const std::string e = testing::error_of([&] { run(c.p, c.args, {req, nullptr, Backend::cpu}); });
+  EXPECT_NE(e.find("plan.grid_limit': expected at least 1 for a program with per-column accumulators over the rows"),
+            std::string::npos)
+      << e;
 }
 
 // caching "shared": the row slices go to shared memory through async copies, a group of them

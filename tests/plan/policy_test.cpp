@@ -571,6 +571,15 @@ TEST(Policy, ClusterPlansAreValidatedFieldByField) {
   q = p, q.grid_limit = 4;
   EXPECT_EQ(error(q, clusters, rows_in), "");
   EXPECT_EQ(error(q, clusters, in), "");
+  // One row block a cluster (grid_limit 0) may reduce row values over the rows (a workspace slot
+  // a row block), not per-column accumulators (whose slots the grid bounds).
+  q = p, q.grid_limit = 0;
+  EXPECT_EQ(error(q, clusters, rows_in), "");
+  rows_in.rows_reduction_parts = 1;
+  EXPECT_NE(error(q, clusters, rows_in)
+                .find("plan.grid_limit': expected at least 1 for a program with per-column accumulators over the rows"),
+            std::string::npos)
+      << error(q, clusters, rows_in);
 }
 
 // Long rows cached in registers on a target with clusters: the smallest power-of-two cluster
@@ -706,12 +715,19 @@ TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
     EXPECT_EQ(q.ctas_per_program, 1);
     EXPECT_EQ(q.caching, InputCaching::reread);
   }
-  // Rows a cluster of 16 cannot cache, rows that fit one group, and reductions over the rows.
+  // Rows a cluster of 16 cannot cache, rows that fit one group.
   EXPECT_EQ(choose_plan(inputs(64, 1048576, DType::bf16), cached, clusters).ctas_per_program, 1);
   EXPECT_EQ(choose_plan(inputs(64, 4096), cached, clusters).ctas_per_program, 1);
+  // Row values reduced over the rows (cross-entropy's summed losses) leave the mapping as it is,
+  // one row block a cluster, a workspace slot each; per-column accumulators loop over row blocks.
   PlanInputs rows_in = inputs(64, 262144);
   rows_in.reduces_rows = true;
-  EXPECT_EQ(choose_plan(rows_in, cached, clusters).ctas_per_program, 1);
+  const MappingPlan row_values = choose_plan(rows_in, cached, clusters);
+  EXPECT_EQ(row_values.to_json(), choose_plan(inputs(64, 262144), cached, clusters).to_json());
+  EXPECT_EQ(row_values.ctas_per_program, 16);
+  EXPECT_EQ(row_values.grid_limit, 0);
+  rows_in.rows_reduction_parts = 1;
+  EXPECT_GT(choose_plan(rows_in, cached, clusters).grid_limit, 0);
   // A smaller cluster limit: the largest cluster allowed, else re-read.
   DeviceLimits eight = clusters;
   eight.max_cluster_size = 8;
