@@ -5,7 +5,8 @@ For each operator, dtype and N (inputs of about --input-mib MiB, as bench/sweep.
 candidates are the policy's plan and plans that fix some fields and let the policy fill the
 rest: widths giving 1, 2, 4, 8 or 16 stripes, packing 2-16 programs for short rows, sub-warp
 programs for rows of at most 32 vectors, and for rows of 16384 elements or more re-reading
-with 256, 512 or 1024 workers and an unroll of 2 or 4, plus register caching with 1024
+with 256, 512 or 1024 workers and an unroll of 2 or 4, also loading the next iteration ahead
+(row_prefetch "next") where the row takes more than one, plus register caching with 1024
 workers, and rows split over a thread-block cluster of 2, 4, 8 or 16 groups of 256, 512 or
 1024 workers caching the row in registers (where the slice fits the budget; tile.plan()
 refuses the others, which are left out). --family clusters keeps the policy's plan and
@@ -78,6 +79,9 @@ def candidates(n, element_bytes):
         for w in (256, 512, 1024):
             for unroll in (2, 4):
                 out.append({"workers_per_program": w, "caching": "reread", "stripe_unroll": unroll})
+                if w * unroll * 16 < n * element_bytes:  # more than one iteration
+                    out.append({"workers_per_program": w, "caching": "reread", "stripe_unroll": unroll,
+                                "row_prefetch": "next"})
         out.append({"workers_per_program": 1024, "caching": "registers", "private_budget": 128})
         for ctas in (2, 4, 8, 16):
             for w in (256, 512, 1024):

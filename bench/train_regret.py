@@ -17,7 +17,8 @@ every row input): the policy's plan; widths giving 1, 2, 4, 8 or 16 stripes (rou
 whole warps, at most 1024), and for widths of at most 256 workers 2, 4, 8 or 16 programs a
 group; sub-warp programs of 4-32 workers, 8-32 a group, for rows of at most 32 vectors; where
 the row's input is 16 KiB or more, re-reading with 256, 512 or 1024 workers and an unroll of
-2 or 4, and register caching with 1024 workers and a budget of 128 scalars; the other caching
+2 or 4 (also loading the next iteration ahead, row_prefetch "next", where the row takes more
+than one), and register caching with 1024 workers and a budget of 128 scalars; the other caching
 than the policy's (re-reading at its width, or register caching with a budget of 128 scalars,
 the width and a cluster left to the policy); where it is more than 32 KiB (the
 policy re-reads), rows split over a cluster of 2, 4, 8 or 16 groups of 256, 512 or 1024
@@ -235,6 +236,9 @@ def candidates(n, rows, policy, row_bytes, second_phase, all_16bit=False, family
     if n * row_bytes >= REGISTER_ROW_BYTES // 2:  # rows near the register bound get both cachings
         out += [{"workers_per_program": w, "caching": "reread", "stripe_unroll": u} for w in (256, 512, 1024)
                 for u in (2, 4)]
+        # The next iteration loaded ahead, where the row takes more than one.
+        out += [{"workers_per_program": w, "caching": "reread", "stripe_unroll": u, "row_prefetch": "next"}
+                for w in (256, 512, 1024) for u in (2, 4) if w * v * u < n]
         out.append({"workers_per_program": 1024, "caching": "registers", "private_budget": 128})
     # The other caching at the policy's width (a long row asking for registers may get a cluster)
     out.append({"caching": "reread"} if policy["caching"] == "registers" else

@@ -56,10 +56,12 @@ enum class MergeStrategy : uint8_t { combine, staged };
 // `once`, before a group's loop over row blocks (grid_limit > 0), kept in registers for every
 // row it owns: a worker's columns are the same in every row.
 enum class ColumnLoads : uint8_t { ahead, with_row, once };
-// Whether a group looping over row blocks (grid_limit > 0) with its row cached in registers
-// loads the next row block's row inputs and per-row inputs while it works on the current one
-// (`next`, into registers counted against private_budget), or only when it starts it (`none`):
-// one row at a time otherwise leaves no load in flight during the merges and the stores.
+// Whether the next part of the row loads while the current one is worked on (`next`) or only
+// when it starts (`none`). A group looping over row blocks (grid_limit > 0) with its row cached
+// in registers loads the next row block's row inputs and per-row inputs (into registers counted
+// against private_budget): one row at a time otherwise leaves no load in flight during the
+// merges and the stores. A re-read loop (caching `reread`) loads the next iteration's stripes
+// before working on its own, so its loads stay in flight through the arithmetic.
 enum class RowPrefetch : uint8_t { none, next };
 
 // type, name, default, smallest, largest (integers), what it sets
@@ -80,7 +82,7 @@ enum class RowPrefetch : uint8_t { none, next };
   X(RowHead, row_head, RowHead::as_is, 0, 1, "elements before the row's first aligned column")       \
   X(MergeStrategy, merge, MergeStrategy::combine, 0, 1, "how reductions merge across workers")      \
   X(ColumnLoads, column_loads, ColumnLoads::ahead, 0, 2, "when a cached row's output pass loads per-column inputs") \
-  X(RowPrefetch, row_prefetch, RowPrefetch::none, 0, 1, "loads of the next row block while the current one runs") \
+  X(RowPrefetch, row_prefetch, RowPrefetch::none, 0, 1, "loads of the next row block (or re-read iteration) while the current one runs") \
   X(int, resident_groups, 1, 1, 32, "groups per SM the kernel is compiled to fit (launch bounds)")  \
   X(int, grid_limit, 0, 0, 1 << 30, "most row blocks launched (groups, or clusters); each loops over rows (0: one per row block)") \
   X(int, finish_workers, 256, 32, 1024, "workers per group of the second phase of reductions over the rows")

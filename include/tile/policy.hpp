@@ -68,7 +68,8 @@ void validate_plan(const MappingPlan& plan, const PlanInputs& in, const DeviceLi
 
 // The mapping family `tile tune` searches for a call: every valid plan over power-of-two widths
 // (and the policy's), vector widths whose accesses stay aligned, packings up to 32 programs,
-// register caching where the row fits and re-reading with unroll 1, 2 or 4. Pruned to plans
+// register caching where the row fits and re-reading with unroll 1, 2 or 4 (loading the next
+// iteration ahead or not, where the row takes more than one iteration). Pruned to plans
 // whose first stripe is not mostly past the row end. The policy's plan is always included.
 std::vector<MappingPlan> mapping_family(const PlanInputs& in, const DeviceLimits& limits = {});
 

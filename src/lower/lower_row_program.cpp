@@ -662,6 +662,9 @@ class RowLowering {
   // 16-bit pairs where the vector is even, values otherwise); each per-row input's register;
   // the block after the current one.
   bool prefetch_ = false;
+  // row_prefetch "next" on a re-read row: each iteration of a re-read loop loads the next
+  // iteration's stripes before it works on its own (reread_loop).
+  bool reread_ahead_ = false;
   std::vector<std::map<int, std::vector<int>>> prefetched_;
   std::map<int, int> prefetched_scalars_;
   ExprPtr next_block_;
@@ -670,8 +673,10 @@ class RowLowering {
 LoweredProgram RowLowering::run() {
   whole_ = plan_.alignment == Alignment::require;
   peel_ = plan_.row_head == RowHead::peel;
-  prefetch_ = plan_.row_prefetch == RowPrefetch::next;
-  TILE_CHECK(!prefetch_ || (plan_.grid_limit > 0 && plan_.caching == InputCaching::registers && !peel_),
+  prefetch_ = plan_.row_prefetch == RowPrefetch::next && plan_.caching == InputCaching::registers;
+  reread_ahead_ = plan_.row_prefetch == RowPrefetch::next && plan_.caching == InputCaching::reread;
+  TILE_CHECK(!prefetch_ || (plan_.grid_limit > 0 && !peel_), "a prefetching plan that validation should have refused");
+  TILE_CHECK(plan_.row_prefetch == RowPrefetch::none || prefetch_ || reread_ahead_,
              "a prefetching plan that validation should have refused");
   TILE_CHECK(!staged() || (plan_.grid_limit == 0 && !peel_ && plan_.tail == TailHandling::predicate &&
                            plan_.cache_format == CacheFormat::f32),
@@ -1918,11 +1923,34 @@ std::vector<Stmt> RowLowering::reread_loop(const std::set<int>& inputs,
   std::vector<Stmt> loop;
   std::vector<Slot> slots(U);
   std::vector<Slot*> ptrs;
+  // reread_ahead_: the first iteration's stripes load before the loop, and each iteration
+  // takes its stripes from those registers, then loads the next iteration's into them (past
+  // the row end, masked or clamped as any load) before its work: its loads stay in flight
+  // through this iteration's arithmetic instead of starting after it.
+  std::vector<std::map<int, std::vector<int>>> ahead(reread_ahead_ ? U : 0);
+  auto load_ahead = [&](std::vector<Stmt>& into, ExprPtr iteration) {
+    for (int u = 0; u < U; ++u) {
+      Slot next;
+      next.col = stripe_col(binary(BinOp::add, binary(BinOp::mul, iteration, i64(U)), i64(u)));
+      if (ahead[u].empty()) {
+        load_slot(into, next, inputs, /*cache=*/false);
+        ahead[u] = next.values;
+        continue;
+      }
+      place_slot(into, next);
+      for (int operand : inputs)
+        into.push_back(whole(load(ahead[u].at(operand), buffer_of_.at(operand),
+                                  binary(BinOp::add, r(load_off_[operand]), next.col), slot_count(next, load_cols_),
+                                  slot_aligned(next, operand), plan_.tail == TailHandling::clamp, 0.0f)));
+    }
+  };
+  if (reread_ahead_ && !inputs.empty()) load_ahead(out, i64(0));
   for (int u = 0; u < U; ++u) {
     slots[u].col = stripe_col(binary(BinOp::add, binary(BinOp::mul, r(it), i64(U)), i64(u)));
-    load_slot(loop, slots[u], inputs, /*cache=*/false);
+    load_slot(loop, slots[u], inputs, /*cache=*/false, ahead.empty() || inputs.empty() ? nullptr : &ahead[u]);
     ptrs.push_back(&slots[u]);
   }
+  if (reread_ahead_ && !inputs.empty()) load_ahead(loop, binary(BinOp::add, r(it), i64(1)));
   loop_it_ = it;
   body(loop, ptrs);
   out.push_back(for_(it, i64(0), count, std::move(loop)));

@@ -763,11 +763,13 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("column_loads",
          "\"once\" only for groups that loop over row blocks (grid_limit > 0) with row_head \"as_is\"",
          "grid_limit " + str(p.grid_limit) + ", row_head \"" + to_string(p.row_head) + "\"");
-  if (p.row_prefetch == RowPrefetch::next &&
+  // "next": a re-read loop's next iteration, or a looping group's next row block of a row cached
+  // in registers.
+  if (p.row_prefetch == RowPrefetch::next && p.caching != InputCaching::reread &&
       (p.caching != InputCaching::registers || p.grid_limit == 0 || p.row_head != RowHead::as_is))
     fail("row_prefetch",
-         "\"none\" unless groups loop over row blocks (grid_limit > 0) with their rows cached in registers and "
-         "row_head \"as_is\"",
+         "\"none\" unless the rows are re-read (caching \"reread\": the next iteration's loads) or groups loop over "
+         "row blocks (grid_limit > 0) with their rows cached in registers and row_head \"as_is\"",
          "\"next\" with caching \"" + to_string(p.caching) + "\", grid_limit " + str(p.grid_limit) + ", row_head \"" +
              to_string(p.row_head) + "\"");
   if (p.cache_format == CacheFormat::packed && (p.caching != InputCaching::registers || !inputs_16bit || V % 2 != 0))
@@ -836,10 +838,15 @@ std::vector<MappingPlan> mapping_family(const PlanInputs& in, const DeviceLimits
         for (InputCaching caching : {InputCaching::registers, InputCaching::reread, InputCaching::shared})
           for (int unroll : {1, 2, 4}) {
             if (caching != InputCaching::reread && unroll > 1) continue;
-            r.caching = caching, r.stripe_unroll = unroll, r.merge.reset();
+            r.caching = caching, r.stripe_unroll = unroll, r.merge.reset(), r.row_prefetch.reset();
             MappingPlan p = choose_plan(in, r, limits);
             if (p.stripe_unroll > p.stripes && caching == InputCaching::reread) continue;
             add(p);
+            if (caching == InputCaching::reread && p.stripe_unroll < p.stripes) {  // the next iteration's loads ahead
+              r.row_prefetch = RowPrefetch::next;
+              add(choose_plan(in, r, limits));
+              r.row_prefetch.reset();
+            }
             if (caching != InputCaching::reread) {  // the other merge of a cached row
               r.merge = MergeStrategy::combine;
               add(choose_plan(in, r, limits));

@@ -152,7 +152,7 @@ MappingPlan perturb(MappingPlan p, const PlanInputs& in, Rng& rng) {
   if (rng.chance(0.3)) attempt([&](MappingPlan& q) { q.column_loads = ColumnLoads::with_row; });
   if (rng.chance(0.3)) attempt([&](MappingPlan& q) { q.grid_limit = 1 + rng.below(8); });  // groups loop over rows
   if (rng.chance(0.4)) attempt([&](MappingPlan& q) { q.column_loads = ColumnLoads::once; });  // valid where they loop
-  if (rng.chance(0.5))  // valid where they loop over cached rows
+  if (rng.chance(0.5))  // valid where they loop over cached rows, or re-read
     attempt([&](MappingPlan& q) { q.row_prefetch = rng.chance(0.7) ? RowPrefetch::next : RowPrefetch::none; });
   return p;
 }
@@ -851,7 +851,8 @@ int fuzz(const Options& o) {
       if (p.column_loads == ColumnLoads::with_row) ++tally["column loads with the row"];
       if (p.column_loads == ColumnLoads::once) ++tally["column loads once a group"];
       if (p.grid_limit > 0) ++tally["row-block loops"];
-      if (p.row_prefetch == RowPrefetch::next) ++tally["next row block prefetched"];
+      if (p.row_prefetch == RowPrefetch::next)
+        ++tally[p.caching == InputCaching::reread ? "next re-read iteration loaded ahead" : "next row block prefetched"];
       if (p.ctas_per_program > 1) ++tally["cluster programs"];
       if (p.ctas_per_program > 1 && p.grid_limit > 0) ++tally["clusters looping over row blocks"];
       if (f.c.special_values) ++tally["special values"];

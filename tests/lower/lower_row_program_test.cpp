@@ -994,6 +994,18 @@ TEST(LowerRowProgram, ReReadPartialsOfReductionsOverRowsMoveInVectorAccesses) {
   EXPECT_EQ(results[0], results[1]);
 }
 
+// Load statements of `buffer` inside more than `outer` nested loops (`inside`), or inside at
+// most `outer` (a loop over row blocks is one).
+int loads_in_loops(const std::vector<ir::Stmt>& body, int buffer, bool inside, int outer, int depth = 0) {
+  int n = 0;
+  for (const ir::Stmt& s : body) {
+    n += s.kind == ir::Stmt::Kind::load && s.buffer == buffer && (depth > outer) == inside;
+    const int nested = depth + (s.kind == ir::Stmt::Kind::for_);
+    n += loads_in_loops(s.body, buffer, inside, outer, nested) + loads_in_loops(s.else_body, buffer, inside, outer, nested);
+  }
+  return n;
+}
+
 // Load statements of `buffer` in `body` itself, outside its loops and branches.
 int top_level_loads(const std::vector<ir::Stmt>& body, int buffer) {
   int n = 0;
@@ -1110,6 +1122,79 @@ TEST(LowerRowProgram, ClustersLoopingOverRowBlocksReduceOverTheRows) {
             }
       }
   EXPECT_EQ(launched, 2 * 3 * 2 * 3 * 2 * 2);
+}
+
+// row_prefetch "next" on a re-read row: every re-read loop loads its first iteration's stripes
+// before it and each iteration the next one's before its work. The arithmetic is the same, so
+// the results are bitwise those of the loop loading each iteration in turn: the forward
+// operators, softmax_backward and rms_norm_backward (its weight gradient's partials re-read
+// through the workspace) in f32, bf16 and f64, odd and unaligned rows (scalar accesses, a
+// peeled head), unroll 1, 2 and 3, predicated and clamped tails, one or two programs a group;
+// the row input's loads are twice those of the plain loop (a prologue each) on rows as they are.
+TEST(LowerRowProgram, ReReadLoopsLoadingTheNextIterationComputeTheSameBits) {
+  std::mt19937_64 rng(53);
+  int compared = 0;
+  for (const char* name : {"softmax", "log_softmax", "rms_norm", "layer_norm", "softmax_backward", "rms_norm_backward"})
+    for (DType dt : {DType::f32, DType::bf16, DType::f64})
+      for (auto [rows, cols, stride] : {std::tuple{5, 1000, 1000}, std::tuple{3, 3001, 3003}, std::tuple{9, 70, 72}}) {
+        const bool training = std::string(name).find("backward") != std::string::npos;
+        const RowProgram& p = training ? training_program(name) : builtin_program(parse_op(name));
+        const DType stat = dt == DType::f64 ? DType::f64 : DType::f32;
+        testing::HostMatrix x(dt, rows, cols, stride, 1), dy(dt, rows, cols, stride), y(dt, rows, cols, stride);
+        testing::HostVector w(dt, cols), b(dt, cols), dw(dt, cols), rstd(stat, rows);
+        x.fill_random(rng, 2.0), dy.fill_random(rng), w.fill_random(rng, 1.0, 0.5), b.fill_random(rng, 0.0, 0.5);
+        rstd.fill_random(rng, 1.0, 0.2);
+        Args args;
+        const std::string n = name;
+        if (n == "softmax_backward") {
+          args.set("y", x.view()).set("dy", dy.view()).set("dx", y.view());
+        } else if (n == "rms_norm_backward") {
+          args.set("x", x.view()).set("dy", dy.view()).set("dx", y.view()).set("weight", w.view());
+          args.set("rstd", rstd.view()).set("dweight", dw.view());
+        } else {
+          args.set("x", x.view()).set("y", y.view());
+          if (n == "rms_norm" || n == "layer_norm") args.set("weight", w.view());
+          if (n == "layer_norm") args.set("bias", b.view());
+        }
+        const BoundCall call = bind(p, args);
+        const Reference want = reference(p, args);
+        for (int unroll : {1, 2, 3})
+          for (TailHandling tail : {TailHandling::predicate, TailHandling::clamp})
+            for (int programs : {1, 2}) {
+              std::vector<std::vector<uint8_t>> results;
+              std::vector<int> loads;
+              for (RowPrefetch prefetch : {RowPrefetch::none, RowPrefetch::next}) {
+                PlanRequest req;
+                req.caching = InputCaching::reread, req.workers_per_program = 64, req.stripe_unroll = unroll;
+                req.tail = tail, req.programs_per_group = programs, req.row_prefetch = prefetch;
+                if (n == "rms_norm_backward") req.grid_limit = 2;
+                const MappingPlan plan = choose_plan(call.plan_inputs(), req);
+                SCOPED_TRACE(n + " " + std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" +
+                             std::to_string(cols) + " " + plan.to_json());
+                ASSERT_EQ(plan.row_prefetch, prefetch);
+                const ir::Kernel k = lower_row_program(p, call.signature(), plan).main.kernel;
+                const int outer = plan.grid_limit > 0;
+                loads.push_back(loads_in_loops(k.body, 0, false, outer));
+                loads.push_back(loads_in_loops(k.body, 0, true, outer));
+                y.poison();
+                std::fill(dw.bytes.begin(), dw.bytes.end(), 0xff);
+                run(p, args, {req, nullptr, Backend::cpu});
+                const OracleCheck check = check_against_reference(p, args, want);
+                EXPECT_TRUE(check.ok) << check.first_mismatch;
+                EXPECT_TRUE(y.outside_untouched());
+                std::vector<uint8_t> out(y.bytes());
+                out.insert(out.end(), dw.bytes.begin(), dw.bytes.end());
+                results.push_back(std::move(out));
+              }
+              EXPECT_EQ(results[0], results[1]) << n << " " << dtype_name(dt) << " " << cols << " unroll " << unroll;
+              // The loops load as many as before, and their prologues as many more (besides any
+              // load of the row's head, outside the loops either way).
+              EXPECT_EQ(loads[3], loads[1]) << n << " " << cols;
+              EXPECT_EQ(loads[2] - loads[0], loads[1]) << n << " " << cols;
+              ++compared;
+            }
+      }
+  EXPECT_EQ(compared, 6 * 3 * 3 * 3 * 2 * 2);
 }
 
 // Row values reduced over the rows (cross-entropy's summed and mean losses) need no loop over

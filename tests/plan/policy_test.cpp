@@ -274,14 +274,25 @@ TEST(Policy, RowPrefetchIsValidatedAgainstItsLoopAndBudget) {
   const MappingPlan p = choose_plan(in, {});
   ASSERT_EQ(p.row_prefetch, RowPrefetch::next);
   auto refused = [&](MappingPlan q) { return testing::error_of([&] { validate_plan(q, in, DeviceLimits{}, "op"); }); };
+  auto refused_for = [](const PlanInputs& call, MappingPlan q) {
+    return testing::error_of([&] { validate_plan(q, call, DeviceLimits{}, "op"); });
+  };
   MappingPlan q = p;
   q.grid_limit = 0;
-  EXPECT_NE(refused(q).find("'plan.row_prefetch': expected \"none\" unless groups loop over row blocks"),
+  EXPECT_NE(refused(q).find("'plan.row_prefetch': expected \"none\" unless the rows are re-read (caching \"reread\": "
+                            "the next iteration's loads) or groups loop over row blocks"),
             std::string::npos)
       << refused(q);
+  // Re-read rows may load their next iteration ahead, looping over row blocks or not; staged
+  // rows may not.
   q = p;
   q.caching = InputCaching::reread, q.merge = MergeStrategy::combine;
-  EXPECT_NE(refused(q).find("plan.row_prefetch"), std::string::npos) << refused(q);
+  EXPECT_EQ(refused(q), "");
+  q.grid_limit = 0;
+  EXPECT_EQ(refused_for(two_inputs(16384, 8192, 0), q), "");
+  q = choose_plan(two_inputs(16384, 8192, 0), {}), q.caching = InputCaching::shared, q.row_prefetch = RowPrefetch::next;
+  EXPECT_NE(refused_for(two_inputs(16384, 8192, 0), q).find("plan.row_prefetch"), std::string::npos)
+      << refused_for(two_inputs(16384, 8192, 0), q);
   q = p;
   q.stripes = 2, q.private_budget = 64;  // 2 x 8 x 3 + 32 = 80 scalars
   EXPECT_NE(refused(q).find("+ 32 prefetched (the next row block's row inputs) = 80 scalars per worker"),
