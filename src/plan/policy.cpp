@@ -53,6 +53,8 @@ constexpr int64_t kRowsReducingCachedBytes = 64 * 1024;
 // Program slots an SM of the partials of a register-cached program reducing over the rows: its
 // workspace holds at most kMaxPartialSlotsPerSm x SMs x cols x parts floats.
 constexpr int64_t kMaxPartialSlotsPerSm = 8;
+// Most workspace slots of row values reduced over the rows before their row blocks loop.
+constexpr int64_t kMaxRowValueSlots = 65536;
 // Programs reducing over the rows split rows longer than this over a cluster of groups of
 // kRowsClusterWidth workers, or half that (the rule and its measurements are in choose_plan).
 constexpr int64_t kRowsClusterCols = 8192;
@@ -600,7 +602,16 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     const int64_t groups_per_sm = 2 * std::max<int64_t>(1, 512 / std::max<int64_t>(threads, 1));
     grid = ceil_div(groups_per_sm * limits.sm_count, p.programs_per_group);
   }
-  p.grid_limit = req.grid_limit.value_or(int(in.loops_over_rows() ? std::max<int64_t>(1, grid) : 0));
+  // Row values reduced over the rows (no per-column accumulator) take a workspace slot a program
+  // of every row block; past kMaxRowValueSlots slots the row blocks loop instead, so the
+  // workspace and the second phase's fold stay bounded (512 KiB of two-part f32 slots, 64 loads
+  // a worker of a finish group of 1024). Staged rows take one row block a group whatever the
+  // count (the request's).
+  const int64_t row_blocks = ceil_div(in.rows, int64_t(std::max(1, p.programs_per_group)));
+  if (in.reduces_rows && !in.loops_over_rows() && p.caching != InputCaching::shared &&
+      row_blocks * p.programs_per_group > kMaxRowValueSlots)
+    grid = std::max<int64_t>(1, kMaxRowValueSlots / std::max(1, p.programs_per_group));
+  p.grid_limit = req.grid_limit.value_or(int(grid > 0 || in.loops_over_rows() ? std::max<int64_t>(1, grid) : 0));
   // A group looping over row blocks with one cached vector of each input a worker loads the
   // next row block while it works on this one: otherwise no load is in flight during the
   // merges, barriers and stores. H200 (bench/results/train-regret-h200-5d4b5b2-prefetch.json),

@@ -269,6 +269,31 @@ TEST(Policy, SecondPhaseTakesTheWidestGroup) {
   EXPECT_EQ(choose_plan(two_inputs(131072, 1024, 1), req).finish_workers, 128);
 }
 
+// Row values reduced over the rows (cross-entropy's summed loss) take a workspace slot a
+// program of every row block, up to 65536 slots; past that their row blocks loop, 65536 slots'
+// worth of them at once. Staged rows, one row block a group by validation, keep it.
+TEST(Policy, RowValuesReducedOverTheRowsLoopOnlyPastTheirSlotBound) {
+  PlanInputs in = PlanInputs::for_rows(DType::bf16, DType::bf16, 4096, 32000);
+  in.reduces_rows = true;
+  EXPECT_EQ(choose_plan(in, {}).grid_limit, 0);
+  in.rows = 65536;
+  EXPECT_EQ(choose_plan(in, {}).grid_limit, 0);
+  in.rows = 65537;
+  EXPECT_EQ(choose_plan(in, {}).grid_limit, 65536);
+  in.cols = 64, in.rows = 1 << 20;  // short rows, packed programs: slots = blocks x programs
+  const MappingPlan packed = choose_plan(in, {});
+  ASSERT_GT(packed.programs_per_group, 1);
+  EXPECT_EQ(packed.grid_limit, 65536 / packed.programs_per_group);
+  EXPECT_LE(int64_t(packed.grid_limit) * packed.programs_per_group, 65536);  // the workspace's slots
+  PlanRequest staged;
+  staged.caching = InputCaching::shared;
+  in.cols = 32000, in.rows = 100000;
+  EXPECT_EQ(choose_plan(in, staged).grid_limit, 0);
+  // Without the reduction, nothing loops.
+  in.reduces_rows = false;
+  EXPECT_EQ(choose_plan(in, {}).grid_limit, 0);
+}
+
 TEST(Policy, RowPrefetchIsValidatedAgainstItsLoopAndBudget) {
   const PlanInputs in = two_inputs(16384, 8192, 1);
   const MappingPlan p = choose_plan(in, {});
