@@ -572,8 +572,14 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     staged_groups = std::clamp<int64_t>((int64_t(limits.max_staged_bytes) + 1024) / bytes, 1,
                                         std::max<int64_t>(1, limits.max_threads_per_sm / threads));
   }
-  p.resident_groups = req.resident_groups.value_or(staged_groups  ? int(std::min<int64_t>(staged_groups, 32))
-                                                   : rows_cluster ? rows_cluster_groups
+  // One wave: a grid of no more groups than SMs never holds two groups an SM, so asking launch
+  // bounds for more residency only takes registers away (ptxas, bf16 LayerNorm 1 x 4096 on 128
+  // workers at 8 resident groups: 64 registers and 40 bytes of stack; at 1, none). Decode-sized
+  // calls are that case.
+  const bool one_wave = ceil_div(in.rows, int64_t(std::max(1, p.programs_per_group))) * cluster <= limits.sm_count;
+  p.resident_groups = req.resident_groups.value_or(one_wave       ? 1
+                                                   : staged_groups ? int(std::min<int64_t>(staged_groups, 32))
+                                                   : rows_cluster  ? rows_cluster_groups
                                                    : cluster == 1 && threads <= 512
                                                        ? int(std::clamp<int64_t>(resident_threads / threads, 1, 32))
                                                        : 1);

@@ -422,7 +422,28 @@ TEST(Policy, OddSixteenBitRowsPeelTheirHeadOrAskForThreeGroupsOf512) {
   EXPECT_EQ(p.resident_groups, 3);
   EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 512, 3001, 5), {}).resident_groups, 2);
   EXPECT_EQ(choose_plan(merged_parts(DType::f32, 4096, 3001, 5), {}).resident_groups, 2);
-  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 37, 1537, 5), {}).resident_groups, 2);
+  // Fewer rows than SMs: one wave, so launch bounds ask for one group an SM (see below).
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 37, 1537, 5), {}).resident_groups, 1);
+}
+
+// A grid of no more groups than SMs holds one group an SM whatever launch bounds ask, so the
+// policy asks for one (more only takes registers away: decode-sized LayerNorm spilled); a
+// request still sets it, and a cluster's groups count.
+TEST(Policy, OneWaveOfGroupsAsksForOneResidentGroup) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 4096}, {64, 16384}, {132, 4096}}) {
+    const MappingPlan p = choose_plan(merged_parts(DType::bf16, rows, cols, 5), {});
+    EXPECT_EQ(p.ctas_per_program, 1);
+    EXPECT_EQ(p.resident_groups, 1) << rows << " x " << cols;
+  }
+  EXPECT_GT(choose_plan(merged_parts(DType::bf16, 133, 4096, 5), {}).resident_groups, 1);
+  PlanRequest two;
+  two.resident_groups = 2;
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 1, 4096, 5), two).resident_groups, 2);
+  // Staged rows ask for as many groups as shared memory holds, unless one wave holds them all.
+  PlanRequest staged;
+  staged.caching = InputCaching::shared;
+  EXPECT_GT(choose_plan(merged_parts(DType::bf16, 4096, 4096, 2), staged).resident_groups, 1);
+  EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 8, 4096, 2), staged).resident_groups, 1);
 }
 
 TEST(Policy, OddRowsFewerThanTheSmsOfAtMostAGroupOfVectorsAreNotPeeled) {
