@@ -22,7 +22,9 @@ than one), and register caching with 1024 workers and a budget of 128 scalars; t
 than the policy's (re-reading at its width, or register caching with a budget of 128 scalars,
 the width and a cluster left to the policy); where it is more than 32 KiB (the
 policy re-reads), rows split over a cluster of 2, 4, 8 or 16 groups of 256, 512 or 1024
-workers caching the row (where at most half the workers of a stripe have no vector), and for a
+workers caching the row (where at most half the workers of a stripe have no vector) and, for a
+program without a reduction over the rows, the row staged in shared memory (caching "shared") on
+one group or a cluster of 2-16, the rest left to the policy; and for a
 program reducing over the rows (whose cluster groups loop over row blocks) where the row's input
 is 16 KiB or more, those of at most four stripes, also at two and four resident groups an SM
 (up to 1024 threads); where the program reduces over the rows (dweight, dbias;
@@ -194,6 +196,10 @@ def cluster_candidates(n, policy, row_bytes):
     if n * row_bytes <= (REGISTER_ROW_BYTES // 2 if reduces_rows else REGISTER_ROW_BYTES):
         return []
     out = []
+    if not reduces_rows:
+        # The row staged in shared memory over a cluster (width and stripes left to the policy),
+        # as QuACK holds long rows.
+        out += [{"ctas_per_program": c, "caching": "shared"} for c in (1, 2, 4, 8, 16)]
     for c in (2, 4, 8, 16):
         for w in (256, 512, 1024):
             if c * w * v > 2 * n or (reduces_rows and 4 * c * w * v < n):
