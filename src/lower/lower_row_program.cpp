@@ -260,16 +260,28 @@ class ChunkEvaluator {
       if (it == reload_memo_.end()) it = reload_memo_.emplace(key, groups_[size_t(g)].reload(n.index)).first;
       return it->second.at(size_t(e));
     }
+    if (groups_[size_t(g)].reload) {
+      // Staged: a node's values are kept for the chunk node being built (the generation that
+      // asks), not past it, so LayerNorm's shifted x feeds its sum and its sum of squares from
+      // two reads of shared memory instead of holding the slice in registers between them.
+      auto key = std::make_tuple(id, g, generation_);
+      if (auto it = staged_memo_.find(key); it != staged_memo_.end()) return it->second.at(size_t(e));
+      const int outer = generation_;
+      generation_ = ++generations_;
+      std::vector<ExprPtr> vals;
+      for (size_t e2 = 0; e2 < groups_[size_t(g)].elems.size(); ++e2) vals.push_back(eval_at(n, g, int(e2)));
+      generation_ = outer;
+      return staged_memo_.emplace(key, std::move(vals)).first->second.at(size_t(e));
+    }
     if (auto it = elem_memo_.find(id); it != elem_memo_.end() && !it->second[size_t(g)].empty())
       return it->second[g][e];
     std::vector<std::vector<ExprPtr>>& table = elem_memo_[id];
     table.resize(groups_.size());
     const int outer = generation_;
     generation_ = ++generations_;  // this node's values read reloaded inputs once
-    // Staged groups one at a time, as a fold over them asks for them: a node's values of one
-    // group die before the next group's are read. Otherwise the whole table at once.
+    // The whole table at once, staged groups left to the branch above.
     for (size_t g2 = 0; g2 < groups_.size(); ++g2) {
-      if ((groups_[g2].reload && int(g2) != g) || !table[g2].empty()) continue;
+      if (groups_[g2].reload || !table[g2].empty()) continue;
       for (size_t e2 = 0; e2 < groups_[g2].elems.size(); ++e2) table[g2].push_back(eval_at(n, int(g2), int(e2)));
     }
     generation_ = outer;
@@ -348,6 +360,7 @@ class ChunkEvaluator {
   std::map<int, std::vector<std::vector<ExprPtr>>> elem_memo_;
   std::map<int, ExprPtr> chunk_memo_;
   std::map<std::tuple<int, int, int>, std::vector<ExprPtr>> reload_memo_;  // (group, input, generation)
+  std::map<std::tuple<int, int, int>, std::vector<ExprPtr>> staged_memo_;  // (node, group, generation)
   int generation_ = 0, generations_ = 0;
 };
 
