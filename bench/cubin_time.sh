@@ -9,7 +9,8 @@
 #   bench/cubin_time.sh prepare-list DIR LIST BUILD   (every line of LIST: TAG OP SHAPE DTYPE [PLAN_JSON], tab-separated)
 #   bench/cubin_time.sh run DIR                                            (the GPU machine)
 #
-# CHECK_ROWS=R checks the variant on R rows instead (faster on the CPU; see below); LAUNCHES=N
+# CHECK_ROWS=R checks the variant on R rows instead (faster on the CPU; see below), its plan
+# resolved at the timed shape by bench/plan_at.py (PYTHON: an interpreter with numpy); LAUNCHES=N
 # launches a batch in run (300); GRAPH=1 in run replays each batch as one CUDA graph, so kernels
 # of a few microseconds are timed without the host's launch path (cubin_time.cu).
 # prepare adds one variant to DIR (TAG.cu, TAG.cubin, a line of DIR/list.txt); run builds the
@@ -27,6 +28,11 @@ if [[ $mode == prepare ]]; then
   rows=${shape%x*}
   check_rows=${CHECK_ROWS:-$rows}
   ((check_rows < rows)) || check_rows=$rows
+  # The plan depends on the row count (one wave of groups asks for one resident group): resolve
+  # it whole at the timed shape, then check that plan on the fewer rows.
+  if ((check_rows < rows)); then
+    plan=$(PYTHONPATH=$build/python "${PYTHON:-python3}" "$here/plan_at.py" "$op" "$shape" "$dtype" "$plan")
+  fi
   args=(run --op "$op" --shape "${check_rows}x${shape#*x}" --dtype "$dtype" --backend cpu --show source)
   [[ -n $plan ]] && args+=(--plan "$plan")
   LD_LIBRARY_PATH=$build "$build/tile" "${args[@]}" > "$dir/$tag.txt"

@@ -39,6 +39,9 @@ constexpr int kClusterWidth = 256;
 // power-of-two cluster that holds the row that way.
 constexpr int kStagedWidth = 256;
 constexpr int64_t kStagedGroupBytes = 64 * 1024;
+// Shortest row of the norms that the policy stages unasked (the rule and its measurements are in
+// choose_plan).
+constexpr int64_t kStagedNormCols = 65536;
 // Elements a worker of a staged plan holds at most (its unrolled stripes x vector_elems): a bf16
 // row of 1,048,576 on 16 groups of 256 takes 256.
 constexpr int64_t kMaxStagedElems = 256;
@@ -228,6 +231,28 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   if (peeled_mapping_free && row_vectors <= 512 && in.rows >= 16 * int64_t(limits.sm_count)) {
     PlanRequest r = req;
     r.row_head = RowHead::peel, r.workers_per_program = 32, r.programs_per_group = 8;
+    return choose_plan(in, r, limits);
+  }
+
+  // Rows of kStagedNormCols elements or more of one row input whose merges take more than two
+  // slots (RMSNorm, LayerNorm) are staged in shared memory over the smallest cluster that holds
+  // them (the caching "shared" request below): read once, and, unlike a register cache, no
+  // register holds the slice. H200, ~256 MiB of input, kernels timed alone in one run
+  // (evidence/cubin-time-h200-cluster-norms-9973167.log), us, re-read / staged: RMSNorm f32 x
+  // 65536 188.2 / 155.7, x 131072 206.4 / 168.9, x 262144 206.6 / 194.8; bf16 x 65536 154.1 /
+  // 141.8, x 131072 211.4 / 155.6, x 262144 227.6 / 167.5; LayerNorm f32 187.7 / 168.6, 207.5 /
+  // 183.5, 208.5 / 205.6. At 32768 re-reading or the register cache was as fast or faster
+  // (RMSNorm f32 149.2 / 159.7, bf16 138.6 / 182.7). Register-cached clusters lost to both.
+  const bool mapping_unasked = !req.caching && !req.stripes && !req.workers_per_program && !req.programs_per_group &&
+                               !req.ctas_per_program && !req.vector_elems && !req.row_head && !req.tail &&
+                               !req.cache_format && !req.grid_limit && !req.row_prefetch && !req.alignment;
+  const int max_cluster = std::min(16, limits.max_cluster_size);
+  if (mapping_unasked && in.row_inputs() == 1 && in.merge_parts > 2 && !in.loops_over_rows() &&
+      in.cols >= kStagedNormCols && max_cluster > 1 && limits.max_staged_bytes >= kStagedGroupBytes &&
+      in.cols * in.input_bytes_per_col() <= int64_t(max_cluster) * kStagedGroupBytes &&
+      rows_aligned(in, widest_vector)) {
+    PlanRequest r = req;
+    r.caching = InputCaching::shared;
     return choose_plan(in, r, limits);
   }
 

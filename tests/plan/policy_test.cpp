@@ -668,6 +668,67 @@ TEST(Policy, StagedRowsSplitOverClustersOfAtMost64KiBAGroup) {
   EXPECT_EQ(choose_plan(inputs(512, 32768), r).ctas_per_program, 1);
 }
 
+// The norms' long rows (one row input, more than two merged parts, 65536 elements or more) are
+// staged unasked over the smallest cluster of groups staging at most 64 KiB; shorter rows,
+// softmax's two parts, rows 16 such groups cannot hold, unaligned rows, targets without
+// clusters and requests for any of the mapping keep the rules they had.
+TEST(Policy, NormRowsOf65536ElementsOrMoreAreStagedOverACluster) {
+  DeviceLimits clusters;
+  clusters.max_cluster_size = 16;
+  struct Want {
+    int64_t cols;
+    DType dt;
+    int ctas;
+  };
+  for (int parts : {3, 5})
+    for (Want w : {Want{65536, DType::f32, 4}, {131072, DType::f32, 8}, {262144, DType::f32, 16},
+                   {65536, DType::bf16, 2}, {131072, DType::bf16, 4}, {262144, DType::bf16, 8},
+                   {524288, DType::bf16, 16}})
+      for (int64_t rows : {1, 37, 4096}) {
+        const PlanInputs in = merged_parts(w.dt, rows, w.cols, parts);
+        const MappingPlan p = choose_plan(in, {}, clusters);
+        SCOPED_TRACE(std::to_string(parts) + " parts, " + std::to_string(rows) + " x " + std::to_string(w.cols) +
+                     " " + std::string(dtype_name(w.dt)) + ": " + p.to_json());
+        EXPECT_EQ(p.caching, InputCaching::shared);
+        EXPECT_EQ(p.ctas_per_program, w.ctas);
+        EXPECT_EQ(p.workers_per_program, 256);
+        EXPECT_EQ(p.grid_limit, 0);
+        EXPECT_NO_THROW(validate_plan(p, in, clusters, parts == 5 ? "layer_norm" : "rms_norm"));
+      }
+  auto caching = [&](const PlanInputs& in, const PlanRequest& r, const DeviceLimits& limits) {
+    return choose_plan(in, r, limits).caching;
+  };
+  for (DType dt : {DType::f32, DType::bf16}) {
+    // One element short of the bound, and softmax's two parts (a register-cached cluster).
+    EXPECT_NE(caching(merged_parts(dt, 4096, 65535, 3), {}, clusters), InputCaching::shared);
+    EXPECT_EQ(caching(merged_parts(dt, 4096, 32768, 3), {}, clusters), InputCaching::reread);
+    EXPECT_EQ(caching(merged_parts(dt, 4096, 131072, 2), {}, clusters), InputCaching::registers);
+    // Without clusters: re-read.
+    EXPECT_EQ(caching(merged_parts(dt, 4096, 131072, 3), {}, {}), InputCaching::reread);
+    // A row of 2 MiB or more: more than 16 groups of 64 KiB.
+    EXPECT_NE(caching(merged_parts(dt, 64, dt == DType::f32 ? 524288 : 1048576, 3), {}, clusters),
+              InputCaching::shared);
+  }
+  // Rows whose stride breaks 16-byte alignment, and a program reducing over the rows.
+  PlanInputs odd = merged_parts(DType::bf16, 4096, 131072, 3);
+  for (RowOperandInfo& r : odd.row_operands) r.stride = 131073;
+  EXPECT_NE(caching(odd, {}, clusters), InputCaching::shared);
+  PlanInputs rows_in = merged_parts(DType::bf16, 4096, 131072, 3);
+  rows_in.reduces_rows = true, rows_in.rows_reduction_parts = 1;
+  EXPECT_NE(caching(rows_in, {}, clusters), InputCaching::shared);
+  // Any request for the mapping keeps the rule off; other fields keep it on.
+  const PlanInputs in = merged_parts(DType::bf16, 4096, 131072, 3);
+  PlanRequest reread;
+  reread.caching = InputCaching::reread;
+  EXPECT_EQ(caching(in, reread, clusters), InputCaching::reread);
+  PlanRequest workers;
+  workers.workers_per_program = 1024;
+  EXPECT_NE(caching(in, workers, clusters), InputCaching::shared);
+  PlanRequest budget;
+  budget.private_budget = 32;
+  EXPECT_EQ(caching(in, budget, clusters), InputCaching::shared);
+}
+
 TEST(Policy, StagedPlansAreValidatedFieldByField) {
   const PlanInputs in = inputs(8, 65536);
   DeviceLimits clusters;
@@ -731,7 +792,11 @@ TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
                  {262144, DType::bf16, 16, 256, 1, 0, 1},
                  {524288, DType::bf16, 16, 1024, 1, 0, 1}}) {
     const PlanInputs in = inputs(4096, w.cols, w.dt);
-    EXPECT_EQ(choose_plan(in, {}, clusters).ctas_per_program, 1);  // unasked, three merged parts: re-read
+    // Unasked, three merged parts (RMSNorm's): re-read below 65536 elements and past 1 MiB a
+    // row, staged between.
+    const MappingPlan unasked = choose_plan(in, {}, clusters);
+    const bool staged_rows = w.cols >= 65536 && w.cols * int64_t(dtype_size(w.dt)) <= 1024 * 1024;
+    EXPECT_EQ(unasked.caching, staged_rows ? InputCaching::shared : InputCaching::reread) << unasked.to_json();
     PlanInputs two = in;
     two.merge_parts = 2;
     EXPECT_EQ(choose_plan(two, {}, clusters).ctas_per_program, w.workers == 256 ? w.ctas : 1);
