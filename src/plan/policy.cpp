@@ -235,20 +235,24 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   }
 
   // Rows of kStagedNormCols elements or more of one row input whose merges take more than two
-  // slots (RMSNorm, LayerNorm) are staged in shared memory over the smallest cluster that holds
-  // them (the caching "shared" request below): read once, and, unlike a register cache, no
-  // register holds the slice. H200, ~256 MiB of input, kernels timed alone in one run
-  // (evidence/cubin-time-h200-cluster-norms-9973167.log), us, re-read / staged: RMSNorm f32 x
-  // 65536 188.2 / 155.7, x 131072 206.4 / 168.9, x 262144 206.6 / 194.8; bf16 x 65536 154.1 /
-  // 141.8, x 131072 211.4 / 155.6, x 262144 227.6 / 167.5; LayerNorm f32 187.7 / 168.6, 207.5 /
-  // 183.5, 208.5 / 205.6. At 32768 re-reading or the register cache was as fast or faster
-  // (RMSNorm f32 149.2 / 159.7, bf16 138.6 / 182.7). Register-cached clusters lost to both.
+  // slots (RMSNorm, LayerNorm; 16-bit LayerNorm from twice that) are staged in shared memory over
+  // the smallest cluster that holds them (the caching "shared" request below): read once, and,
+  // unlike a register cache, no register holds the slice. H200, ~256 MiB of input, kernels timed
+  // alone in one run (evidence/cubin-time-h200-staged-norms-6dc12ef.log), us, re-read / staged:
+  // RMSNorm f32 x 65536 188.4 / 155.5, x 131072 206.2 / 168.7, x 262144 206.3 / 194.5; bf16
+  // 154.2 / 141.7, 211.2 / 155.7, 227.5 / 167.7; LayerNorm f32 187.7 / 174.0, 207.5 / 187.8,
+  // 208.6 / 208.4; bf16 x 65536 191.8 / 197.4 (the one loss), x 131072 227.9 / 200.9, x 262144
+  // 243.4 / 222.1. At 32768 re-reading or the register cache was as fast or faster (RMSNorm f32
+  // 149.1 / 159.6, bf16 138.7 / 182.2). Register-cached clusters lost to staging
+  // (evidence/cubin-time-h200-cluster-norms-9973167.log), and so did staged groups of 32 KiB
+  // (evidence/cubin-time-h200-staged-rows-2-6dc12ef.log).
   const bool mapping_unasked = !req.caching && !req.stripes && !req.workers_per_program && !req.programs_per_group &&
                                !req.ctas_per_program && !req.vector_elems && !req.row_head && !req.tail &&
                                !req.cache_format && !req.grid_limit && !req.row_prefetch && !req.alignment;
   const int max_cluster = std::min(16, limits.max_cluster_size);
   if (mapping_unasked && in.row_inputs() == 1 && in.merge_parts > 2 && !in.loops_over_rows() &&
-      in.cols >= kStagedNormCols && max_cluster > 1 && limits.max_staged_bytes >= kStagedGroupBytes &&
+      in.cols >= (in.merge_parts >= 5 && in.input_bytes_per_col() == 2 ? 2 * kStagedNormCols : kStagedNormCols) &&
+      max_cluster > 1 && limits.max_staged_bytes >= kStagedGroupBytes &&
       in.cols * in.input_bytes_per_col() <= int64_t(max_cluster) * kStagedGroupBytes &&
       rows_aligned(in, widest_vector)) {
     PlanRequest r = req;

@@ -668,8 +668,8 @@ TEST(Policy, StagedRowsSplitOverClustersOfAtMost64KiBAGroup) {
   EXPECT_EQ(choose_plan(inputs(512, 32768), r).ctas_per_program, 1);
 }
 
-// The norms' long rows (one row input, more than two merged parts, 65536 elements or more) are
-// staged unasked over the smallest cluster of groups staging at most 64 KiB; shorter rows,
+// The norms' long rows (one row input, more than two merged parts, 65536 elements or more; 16-bit
+// LayerNorm's five parts from 131072) are staged unasked over the smallest cluster of groups staging at most 64 KiB; shorter rows,
 // softmax's two parts, rows 16 such groups cannot hold, unaligned rows, targets without
 // clusters and requests for any of the mapping keep the rules they had.
 TEST(Policy, NormRowsOf65536ElementsOrMoreAreStagedOverACluster) {
@@ -685,6 +685,7 @@ TEST(Policy, NormRowsOf65536ElementsOrMoreAreStagedOverACluster) {
                    {65536, DType::bf16, 2}, {131072, DType::bf16, 4}, {262144, DType::bf16, 8},
                    {524288, DType::bf16, 16}})
       for (int64_t rows : {1, 37, 4096}) {
+        if (parts == 5 && w.dt == DType::bf16 && w.cols < 131072) continue;
         const PlanInputs in = merged_parts(w.dt, rows, w.cols, parts);
         const MappingPlan p = choose_plan(in, {}, clusters);
         SCOPED_TRACE(std::to_string(parts) + " parts, " + std::to_string(rows) + " x " + std::to_string(w.cols) +
@@ -709,6 +710,10 @@ TEST(Policy, NormRowsOf65536ElementsOrMoreAreStagedOverACluster) {
     EXPECT_NE(caching(merged_parts(dt, 64, dt == DType::f32 ? 524288 : 1048576, 3), {}, clusters),
               InputCaching::shared);
   }
+  // 16-bit LayerNorm below 131072 elements: its re-read beat staging at 65536.
+  EXPECT_EQ(caching(merged_parts(DType::bf16, 2048, 65536, 5), {}, clusters), InputCaching::reread);
+  EXPECT_EQ(caching(merged_parts(DType::bf16, 2048, 131064, 5), {}, clusters), InputCaching::reread);
+  EXPECT_EQ(caching(merged_parts(DType::f32, 2048, 65536, 5), {}, clusters), InputCaching::shared);
   // Rows whose stride breaks 16-byte alignment, and a program reducing over the rows.
   PlanInputs odd = merged_parts(DType::bf16, 4096, 131072, 3);
   for (RowOperandInfo& r : odd.row_operands) r.stride = 131073;
