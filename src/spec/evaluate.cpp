@@ -238,7 +238,13 @@ class Evaluator {
           for (int64_t c = 0; c < width; ++c) result[c] = rows_results_[n.reduction][size_t(c)][n.part];
         } else {
           std::vector<std::vector<double>> inputs;
-          for (int in : rr.inputs) inputs.push_back(eval(in));
+          for (int in : rr.inputs) {
+            inputs.push_back(eval(in));
+            // A sum's rounding error scales with the sum of |terms|, which a cancelling sum
+            // (a mean near 0 of terms near 1) hides from its result.
+            if (magnitudes_ && rr.monoid.name == "sum")
+              for (double& x : inputs.back()) x = std::abs(x);
+          }
           result[0] = chunk(rr.monoid, inputs, call_.f64)[n.part];
         }
         break;
@@ -260,8 +266,9 @@ class Evaluator {
 Reference reference(const RowProgram& program, const Args& args) {
   const BoundCall call = bind(program, args);
   Reference ref = Evaluator(program, call, false).run();
-  // The magnitude fp32 rounding errors scale with: per row, the largest finite |value|; for
-  // outputs over the rows, the same program with every sum over the rows taken of |terms|.
+  // The magnitude fp32 rounding errors scale with: per row, the largest finite |value| of the
+  // output and of the same program with every sum (over the rows or along a row) taken of
+  // |terms|.
   const Reference mag = Evaluator(program, call, true).run();
   for (auto& [name, out] : ref) {
     const Role role = program.operands()[program.find_operand(name)].role;

@@ -33,5 +33,33 @@ TEST(Evaluate, BuiltInProgramsAgreeWithTheIndependentOracle) {
       }
 }
 
+// A row's mean of terms near 1 that cancel to near 0: an fp32 sum of them is off by rounding
+// errors of the size of its terms, not of its result, so the tolerance of outputs built on it
+// scales with the sum of |terms| (1 here) and still catches an error 10x that.
+TEST(Evaluate, ToleranceScalesWithTheTermsOfACancellingSum) {
+  RowProgram p("row_mean");
+  Operand x = p.row_in("x", DTypeSet::floats(), "input rows");
+  Operand y = p.row_out("y", DTypeSet::floats(), x, "the row's mean in every column");
+  RowExpr v = p.load(x);
+  RowExpr s = p.reduce1(Axis::cols, monoid::sum(), v);
+  p.store(y, v * 0.0 + s / p.cols());
+  const int64_t cols = 1000;
+  testing::HostMatrix xm(DType::f32, 1, cols, cols), ym(DType::f32, 1, cols, cols);
+  float* xs = static_cast<float*>(xm.data());
+  for (int64_t c = 0; c < cols; ++c) xs[c] = c % 2 ? -1.0f : 1.0f + 1e-4f;  // mean 5e-5
+  Args args;
+  args.set("x", xm.view());
+  args.set("y", ym.view());
+  const Reference want = reference(p, args);
+  const double mean = want.at("y").values[0];
+  ASSERT_NEAR(mean, 5e-5, 1e-7);  // 1 + 1e-4 rounded to f32
+  float* ys = static_cast<float*>(ym.data());
+  for (double off : {5e-7, 1e-5}) {
+    for (int64_t c = 0; c < cols; ++c) ys[c] = float(mean + off);
+    const OracleCheck check = check_against_reference(p, args, want);
+    EXPECT_EQ(check.ok, off < 1e-6) << off << ": " << check.first_mismatch;
+  }
+}
+
 }  // namespace
 }  // namespace tile
