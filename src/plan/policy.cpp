@@ -245,12 +245,15 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // 243.4 / 222.1. At 32768 re-reading or the register cache was as fast or faster (RMSNorm f32
   // 149.1 / 159.6, bf16 138.7 / 182.2). Register-cached clusters lost to staging
   // (evidence/cubin-time-h200-cluster-norms-9973167.log), and so did staged groups of 32 KiB
-  // (evidence/cubin-time-h200-staged-rows-2-6dc12ef.log).
+  // (evidence/cubin-time-h200-staged-rows-2-6dc12ef.log). Only programs with a per-column
+  // input (the norms' weight), as measured: cross-entropy (three merged parts, no per-column
+  // input) and RMSNorm without a weight keep re-reading until their staged plans are timed.
   const bool mapping_unasked = !req.caching && !req.stripes && !req.workers_per_program && !req.programs_per_group &&
                                !req.ctas_per_program && !req.vector_elems && !req.row_head && !req.tail &&
                                !req.cache_format && !req.grid_limit && !req.row_prefetch && !req.alignment;
   const int max_cluster = std::min(16, limits.max_cluster_size);
-  if (mapping_unasked && in.row_inputs() == 1 && in.merge_parts > 2 && !in.loops_over_rows() &&
+  if (mapping_unasked && in.row_inputs() == 1 && in.merge_parts > 2 && !in.column_dtypes.empty() &&
+      !in.loops_over_rows() &&
       in.cols >= (in.merge_parts >= 5 && in.input_bytes_per_col() == 2 ? 2 * kStagedNormCols : kStagedNormCols) &&
       max_cluster > 1 && limits.max_staged_bytes >= kStagedGroupBytes &&
       in.cols * in.input_bytes_per_col() <= int64_t(max_cluster) * kStagedGroupBytes &&

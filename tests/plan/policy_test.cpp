@@ -668,13 +668,20 @@ TEST(Policy, StagedRowsSplitOverClustersOfAtMost64KiBAGroup) {
   EXPECT_EQ(choose_plan(inputs(512, 32768), r).ctas_per_program, 1);
 }
 
-// The norms' long rows (one row input, more than two merged parts, 65536 elements or more; 16-bit
-// LayerNorm's five parts from 131072) are staged unasked over the smallest cluster of groups staging at most 64 KiB; shorter rows,
-// softmax's two parts, rows 16 such groups cannot hold, unaligned rows, targets without
-// clusters and requests for any of the mapping keep the rules they had.
+// The norms' long rows (one row input, a per-column weight, more than two merged parts, 65536
+// elements or more; 16-bit LayerNorm's five parts from 131072) are staged unasked over the
+// smallest cluster of groups staging at most 64 KiB; shorter rows, softmax's two parts, programs
+// without a per-column input (cross-entropy), rows 16 such groups cannot hold, unaligned rows,
+// targets without clusters and requests for any of the mapping keep the rules they had.
 TEST(Policy, NormRowsOf65536ElementsOrMoreAreStagedOverACluster) {
   DeviceLimits clusters;
   clusters.max_cluster_size = 16;
+  // A norm's inputs: one row input, a per-column weight, `parts` merged parts.
+  auto norm = [](DType dt, int64_t rows, int64_t cols, int parts) {
+    PlanInputs in = merged_parts(dt, rows, cols, parts);
+    in.column_dtypes = {dt};
+    return in;
+  };
   struct Want {
     int64_t cols;
     DType dt;
@@ -686,7 +693,7 @@ TEST(Policy, NormRowsOf65536ElementsOrMoreAreStagedOverACluster) {
                    {524288, DType::bf16, 16}})
       for (int64_t rows : {1, 37, 4096}) {
         if (parts == 5 && w.dt == DType::bf16 && w.cols < 131072) continue;
-        const PlanInputs in = merged_parts(w.dt, rows, w.cols, parts);
+        const PlanInputs in = norm(w.dt, rows, w.cols, parts);
         const MappingPlan p = choose_plan(in, {}, clusters);
         SCOPED_TRACE(std::to_string(parts) + " parts, " + std::to_string(rows) + " x " + std::to_string(w.cols) +
                      " " + std::string(dtype_name(w.dt)) + ": " + p.to_json());
@@ -701,28 +708,30 @@ TEST(Policy, NormRowsOf65536ElementsOrMoreAreStagedOverACluster) {
   };
   for (DType dt : {DType::f32, DType::bf16}) {
     // One element short of the bound, and softmax's two parts (a register-cached cluster).
-    EXPECT_NE(caching(merged_parts(dt, 4096, 65535, 3), {}, clusters), InputCaching::shared);
-    EXPECT_EQ(caching(merged_parts(dt, 4096, 32768, 3), {}, clusters), InputCaching::reread);
-    EXPECT_EQ(caching(merged_parts(dt, 4096, 131072, 2), {}, clusters), InputCaching::registers);
+    EXPECT_NE(caching(norm(dt, 4096, 65535, 3), {}, clusters), InputCaching::shared);
+    EXPECT_EQ(caching(norm(dt, 4096, 32768, 3), {}, clusters), InputCaching::reread);
+    EXPECT_EQ(caching(norm(dt, 4096, 131072, 2), {}, clusters), InputCaching::registers);
+    // No per-column input (RMSNorm without a weight; cross-entropy's three parts): re-read.
+    EXPECT_EQ(caching(merged_parts(dt, 4096, 131072, 3), {}, clusters), InputCaching::reread);
     // Without clusters: re-read.
-    EXPECT_EQ(caching(merged_parts(dt, 4096, 131072, 3), {}, {}), InputCaching::reread);
+    EXPECT_EQ(caching(norm(dt, 4096, 131072, 3), {}, {}), InputCaching::reread);
     // A row of 2 MiB or more: more than 16 groups of 64 KiB.
-    EXPECT_NE(caching(merged_parts(dt, 64, dt == DType::f32 ? 524288 : 1048576, 3), {}, clusters),
+    EXPECT_NE(caching(norm(dt, 64, dt == DType::f32 ? 524288 : 1048576, 3), {}, clusters),
               InputCaching::shared);
   }
   // 16-bit LayerNorm below 131072 elements: its re-read beat staging at 65536.
-  EXPECT_EQ(caching(merged_parts(DType::bf16, 2048, 65536, 5), {}, clusters), InputCaching::reread);
-  EXPECT_EQ(caching(merged_parts(DType::bf16, 2048, 131064, 5), {}, clusters), InputCaching::reread);
-  EXPECT_EQ(caching(merged_parts(DType::f32, 2048, 65536, 5), {}, clusters), InputCaching::shared);
+  EXPECT_EQ(caching(norm(DType::bf16, 2048, 65536, 5), {}, clusters), InputCaching::reread);
+  EXPECT_EQ(caching(norm(DType::bf16, 2048, 131064, 5), {}, clusters), InputCaching::reread);
+  EXPECT_EQ(caching(norm(DType::f32, 2048, 65536, 5), {}, clusters), InputCaching::shared);
   // Rows whose stride breaks 16-byte alignment, and a program reducing over the rows.
-  PlanInputs odd = merged_parts(DType::bf16, 4096, 131072, 3);
+  PlanInputs odd = norm(DType::bf16, 4096, 131072, 3);
   for (RowOperandInfo& r : odd.row_operands) r.stride = 131073;
   EXPECT_NE(caching(odd, {}, clusters), InputCaching::shared);
-  PlanInputs rows_in = merged_parts(DType::bf16, 4096, 131072, 3);
+  PlanInputs rows_in = norm(DType::bf16, 4096, 131072, 3);
   rows_in.reduces_rows = true, rows_in.rows_reduction_parts = 1;
   EXPECT_NE(caching(rows_in, {}, clusters), InputCaching::shared);
   // Any request for the mapping keeps the rule off; other fields keep it on.
-  const PlanInputs in = merged_parts(DType::bf16, 4096, 131072, 3);
+  const PlanInputs in = norm(DType::bf16, 4096, 131072, 3);
   PlanRequest reread;
   reread.caching = InputCaching::reread;
   EXPECT_EQ(caching(in, reread, clusters), InputCaching::reread);
@@ -797,9 +806,12 @@ TEST(Policy, LongRowsSplitOverTheSmallestClusterThatCachesThem) {
                  {262144, DType::bf16, 16, 256, 1, 0, 1},
                  {524288, DType::bf16, 16, 1024, 1, 0, 1}}) {
     const PlanInputs in = inputs(4096, w.cols, w.dt);
-    // Unasked, three merged parts (RMSNorm's): re-read below 65536 elements and past 1 MiB a
-    // row, staged between.
-    const MappingPlan unasked = choose_plan(in, {}, clusters);
+    // Unasked, three merged parts and no per-column input (RMSNorm without a weight,
+    // cross-entropy's shape): re-read. With a weight: staged from 65536 elements to 1 MiB a row.
+    EXPECT_EQ(choose_plan(in, {}, clusters).caching, InputCaching::reread);
+    PlanInputs weighted = in;
+    weighted.column_dtypes = {w.dt};
+    const MappingPlan unasked = choose_plan(weighted, {}, clusters);
     const bool staged_rows = w.cols >= 65536 && w.cols * int64_t(dtype_size(w.dt)) <= 1024 * 1024;
     EXPECT_EQ(unasked.caching, staged_rows ? InputCaching::shared : InputCaching::reread) << unasked.to_json();
     PlanInputs two = in;
