@@ -539,6 +539,14 @@ class RowLowering {
     slot.values.clear();
     slot.memo.clear();
   }
+  // Whether element node `node` reads a staged row input (caching "shared").
+  bool reads_staged(int node) const {
+    if (node < 0) return false;
+    const RowNode& n = prog_.nodes()[node];
+    if (!n.shape.cols) return false;
+    if (n.kind == RowNode::Kind::load) return staged_of_.count(n.operand) > 0 && present(n.operand);
+    return reads_staged(n.a) || reads_staged(n.b) || reads_staged(n.c);
+  }
   // row_prefetch "next": loads of row block `block`'s cached row inputs and per-row inputs into
   // the prefetch registers.
   void prefetch_rows(std::vector<Stmt>& out, ExprPtr block);
@@ -1204,23 +1212,31 @@ std::vector<ChunkGroup> RowLowering::slot_groups(std::vector<Stmt>& out, std::ve
     ChunkGroup g;
     std::vector<std::vector<ExprPtr>> values;
     for (int in : inputs) {
-      const RowNode& n = prog_.nodes()[in];
-      // (a slot loaded from memory, the row's head, keeps its values)
-      const bool raw =
-          slot->at && n.kind == RowNode::Kind::load && decl(n.operand).role == Role::row_in && present(n.operand);
-      g.reloaded.push_back(raw);
+      // A staged slot's inputs that read the staged row — the row as loaded, or an expression
+      // of it (cross-entropy's logit at the target, a user's x / t + mask) — are read again
+      // for each node that asks (`reload`), so none is held from one fold to the next. (A slot
+      // loaded from memory, the row's head, keeps its values.)
+      const bool reread = slot->at && reads_staged(in);
+      g.reloaded.push_back(reread);
       // A reloaded input's values come from `reload`; these stand in for them, unread.
-      values.push_back(raw ? std::vector<ExprPtr>(size_t(V), fc(0.0)) : element(out, *slot, in));
+      values.push_back(reread ? std::vector<ExprPtr>(size_t(V), fc(0.0)) : element(out, *slot, in));
     }
     if (slot->at)
       g.reload = [this, &out, slot, inputs](int k) {
-        // Read as load_staged reads them, into fresh registers; the slot keeps its own.
-        const int operand = prog_.nodes()[inputs.at(size_t(k))].operand;
+        // Read as load_staged reads them, into fresh registers (and computed from them afresh);
+        // the slot keeps its own.
+        const int node = inputs.at(size_t(k));
+        const RowNode& n = prog_.nodes()[node];
         Slot copy = *slot;
-        load_staged(out, copy, operand);
         std::vector<ExprPtr> vals;
-        for (int reg : copy.values.at(operand)) vals.push_back(r(reg));
-        return vals;
+        if (n.kind == RowNode::Kind::load) {
+          load_staged(out, copy, n.operand);
+          for (int reg : copy.values.at(n.operand)) vals.push_back(r(reg));
+          return vals;
+        }
+        copy.values.clear();
+        copy.memo.clear();
+        return std::vector<ExprPtr>(element(out, copy, node));
       };
     if (whole_) {
       g.all_valid = slot->live;
@@ -1739,7 +1755,9 @@ std::vector<std::vector<int>> RowLowering::staged_states(std::vector<Stmt>& out,
     for (const ExprPtr& v : e->state()) regs.push_back(em_.materialize(out, v, "acc"));
     states.push_back(regs);
   }
-  for (size_t i = 0; i < reductions.size(); ++i) share_chunk_elements(reductions[i], *evals[i]);
+  // (A staged slot's output pass reads the row again: nothing to share.)
+  if (!staged())
+    for (size_t i = 0; i < reductions.size(); ++i) share_chunk_elements(reductions[i], *evals[i]);
   return states;
 }
 

@@ -17,6 +17,7 @@
 
 #include "bind/bind.hpp"
 #include "ir/printer.hpp"
+#include "ir/visitor.hpp"
 #include "support/error_of.hpp"
 #include "testing/host_tensor.hpp"
 #include "tile/tile.hpp"
@@ -453,6 +454,105 @@ TEST(LowerRowProgram, ClusterNormsMergeEachGroupsFastStatesThroughOneExchange) {
       EXPECT_EQ(launched, 12);
     }
   }
+}
+
+// The most float registers live at once in a kernel: each from its first definition to its last
+// use in statement order (the branches of an if one after the other), as a register allocator
+// without rematerialisation would have to hold them.
+class PeakLiveFloats : public ir::IRVisitor<PeakLiveFloats> {
+ public:
+  explicit PeakLiveFloats(const ir::Kernel& k) : k_(k), first_(k.regs.size(), -1), last_(k.regs.size(), -1) {}
+  int run() {
+    visit_block(k_.body);
+    std::vector<int> delta(size_t(at_) + 2, 0);
+    for (size_t r = 0; r < k_.regs.size(); ++r)
+      if (first_[r] >= 0 && last_[r] > first_[r] && (k_.regs[r].type == ir::Type::f32 || k_.regs[r].type == ir::Type::f64))
+        ++delta[size_t(first_[r])], --delta[size_t(last_[r])];
+    int live = 0, peak = 0;
+    for (int d : delta) peak = std::max(peak, live += d);
+    return peak;
+  }
+  void visit_block(const std::vector<ir::Stmt>& body) {
+    for (const ir::Stmt& s : body) {
+      ++at_;
+      if (s.kind == ir::Stmt::Kind::store || s.kind == ir::Stmt::Kind::remote_shared_push) {
+        for (int d : s.dsts) use(d);
+        use(s.src);
+      } else {
+        use(s.src);
+        def(s.dst);
+        for (int d : s.dsts) def(d);
+      }
+      visit(s);
+    }
+  }
+  void visit_reg(const ir::Expr& e) { use(e.id); }
+
+ private:
+  void def(int r) {
+    if (r >= 0 && first_[size_t(r)] < 0) first_[size_t(r)] = at_;
+  }
+  void use(int r) {
+    if (r >= 0) last_[size_t(r)] = at_;
+  }
+  const ir::Kernel& k_;
+  std::vector<int> first_, last_;
+  int at_ = 0;
+};
+
+// A staged plan (caching "shared") holds its row in shared memory, not registers: each fold of
+// a chunk graph reads the slice again and keeps what it computes from it for that fold only —
+// LayerNorm's shifted x for its sum, then again for its sum of squares; cross-entropy's logit at
+// the target, computed from the staged row, for its fold alone. So no point of the kernel holds
+// a worker's slice (stripes x vector_elems values) in registers; the same plans cached in
+// registers do, as they must.
+TEST(LowerRowProgram, StagedPlansHoldNoSliceInRegistersBetweenFolds) {
+  const std::vector<std::pair<std::string, int64_t>> cases = {
+      {"layer_norm", 65536}, {"rms_norm", 65536}, {"softmax", 65536}, {"cross_entropy_fused", 128256}};
+  int checked = 0;
+  for (const auto& [name, cols] : cases)
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const RowProgram& p =
+          name == "cross_entropy_fused" ? training_program(name) : builtin_program(parse_op(name));
+      testing::HostMatrix x(dt, 4, cols, cols), y(dt, 4, cols, cols);
+      testing::HostVector w(dt, cols), b(dt, cols), target(DType::i64, 4), loss(DType::f32, 4), lse(DType::f32, 4);
+      Args args;
+      if (name == "cross_entropy_fused") {
+        args.set("logits", x.view()), args.set("target", target.view()), args.set("loss", loss.view());
+        args.set("lse", lse.view()), args.set("dlogits", x.view());
+      } else {
+        args.set("x", x.view()), args.set("y", y.view());
+        if (name != "softmax") args.set("weight", w.view());
+        if (name == "layer_norm") args.set("bias", b.view());
+      }
+      const BoundCall call = bind(p, args);
+      DeviceLimits clusters;
+      clusters.max_cluster_size = 16;
+      for (int C : {1, 2, 4}) {
+        PlanRequest req;
+        req.caching = InputCaching::shared, req.ctas_per_program = C;
+        MappingPlan plan;
+        try {
+          plan = choose_plan(call.plan_inputs(), req, clusters);
+          validate_plan(plan, call.plan_inputs(), clusters, name);
+        } catch (const Error&) {
+          continue;  // a slice too large for one group's shared memory
+        }
+        SCOPED_TRACE(name + " " + std::string(dtype_name(dt)) + " " + plan.to_json());
+        const int slice = plan.stripes * plan.vector_elems;
+        ASSERT_GE(slice, 32);
+        const int staged = PeakLiveFloats(lower_row_program(p, call.signature(), plan).main.kernel).run();
+        EXPECT_LT(staged, slice);
+        ++checked;
+        PlanRequest cached = PlanRequest::exactly(plan);
+        cached.caching = InputCaching::registers, cached.private_budget = 255;
+        cached.merge.reset(), cached.resident_groups.reset();
+        const MappingPlan reg = choose_plan(call.plan_inputs(), cached, clusters);
+        if (int64_t(reg.stripes) * reg.vector_elems > 255) continue;
+        EXPECT_GE(PeakLiveFloats(lower_row_program(p, call.signature(), reg).main.kernel).run(), slice) << reg.to_json();
+      }
+    }
+  EXPECT_GE(checked, 16);
 }
 
 // Optional row and per-row inputs left out read as their constants and are never loaded;
