@@ -10,7 +10,8 @@
 #   bench/cubin_time.sh run DIR                                            (the GPU machine)
 #
 # CHECK_ROWS=R checks the variant on R rows instead (faster on the CPU; see below), its plan
-# resolved at the timed shape by bench/plan_at.py (PYTHON: an interpreter with numpy); LAUNCHES=N
+# resolved at the timed shape by bench/plan_at.py (PYTHON: an interpreter with numpy, by default
+# the .venv of scripts/setup.sh where there is one, else python3); LAUNCHES=N
 # launches a batch in run (300); GRAPH=1 in run replays each batch as one CUDA graph, so kernels
 # of a few microseconds are timed without the host's launch path (cubin_time.cu).
 # prepare adds one variant to DIR (TAG.cu, TAG.cubin, a line of DIR/list.txt); run builds the
@@ -31,7 +32,10 @@ if [[ $mode == prepare ]]; then
   # The plan depends on the row count (one wave of groups asks for one resident group): resolve
   # it whole at the timed shape, then check that plan on the fewer rows.
   if ((check_rows < rows)); then
-    plan=$(PYTHONPATH=$build/python "${PYTHON:-python3}" "$here/plan_at.py" "$op" "$shape" "$dtype" "$plan")
+    python=${PYTHON:-python3}
+    [[ -z ${PYTHON:-} && -x $here/../.venv/bin/python ]] && python=$here/../.venv/bin/python  # scripts/setup.sh's
+    plan=$(PYTHONPATH=$build/python "$python" "$here/plan_at.py" "$op" "$shape" "$dtype" "$plan") ||
+      { echo "cubin_time.sh: $tag: CHECK_ROWS resolves the plan with bench/plan_at.py, which needs $python with numpy and the module built in $build/python" >&2; exit 1; }
   fi
   args=(run --op "$op" --shape "${check_rows}x${shape#*x}" --dtype "$dtype" --backend cpu --show source)
   [[ -n $plan ]] && args+=(--plan "$plan")
