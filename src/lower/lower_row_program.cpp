@@ -1223,20 +1223,11 @@ std::vector<ChunkGroup> RowLowering::slot_groups(std::vector<Stmt>& out, std::ve
     }
     if (slot->at)
       g.reload = [this, &out, slot, inputs](int k) {
-        // Read as load_staged reads them, into fresh registers (and computed from them afresh);
-        // the slot keeps its own.
-        const int node = inputs.at(size_t(k));
-        const RowNode& n = prog_.nodes()[node];
+        // Read as load_staged reads them, into fresh registers, and computed from them afresh:
+        // a copy of the slot that has loaded and memoised nothing; the slot keeps its own.
         Slot copy = *slot;
-        std::vector<ExprPtr> vals;
-        if (n.kind == RowNode::Kind::load) {
-          load_staged(out, copy, n.operand);
-          for (int reg : copy.values.at(n.operand)) vals.push_back(r(reg));
-          return vals;
-        }
-        copy.values.clear();
-        copy.memo.clear();
-        return std::vector<ExprPtr>(element(out, copy, node));
+        forget_staged(copy);
+        return std::vector<ExprPtr>(element(out, copy, inputs.at(size_t(k))));
       };
     if (whole_) {
       g.all_valid = slot->live;

@@ -149,7 +149,7 @@ class Evaluator {
           const bool elem = p_.nodes()[rr.inputs[k]].shape.cols;
           for (int64_t c = 0; c < (elem ? cols : 1); ++c) {
             double x = at(v, c);
-            rows_inputs[red][k].push_back(magnitudes_ && rr.monoid.name == "sum" ? std::abs(x) : x);
+            rows_inputs[red][k].push_back(term(rr, x));
           }
         }
       }
@@ -181,6 +181,12 @@ class Evaluator {
   }
 
  private:
+  // A reduction's input as folded: in the magnitude evaluation a sum takes |terms|, since its
+  // rounding error scales with them, which a cancelling sum (a mean near 0 of terms near 1)
+  // hides from its result.
+  double term(const RowReduction& rr, double x) const {
+    return magnitudes_ && rr.monoid.name == "sum" ? std::abs(x) : x;
+  }
   // v holds one value (uniform or per-row) or one per column.
   static double at(const std::vector<double>& v, int64_t c) { return v.size() == 1 ? v[0] : v[size_t(c)]; }
 
@@ -240,10 +246,7 @@ class Evaluator {
           std::vector<std::vector<double>> inputs;
           for (int in : rr.inputs) {
             inputs.push_back(eval(in));
-            // A sum's rounding error scales with the sum of |terms|, which a cancelling sum
-            // (a mean near 0 of terms near 1) hides from its result.
-            if (magnitudes_ && rr.monoid.name == "sum")
-              for (double& x : inputs.back()) x = std::abs(x);
+            for (double& x : inputs.back()) x = term(rr, x);
           }
           result[0] = chunk(rr.monoid, inputs, call_.f64)[n.part];
         }
