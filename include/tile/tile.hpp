@@ -151,11 +151,15 @@ std::vector<double> oracle(const Call& call);
 
 // The float64 evaluation of any row program over host operands (src/spec/evaluate.cpp): for
 // each present output, its values in row-major order (row scalars one per row, columns one
-// per column, scalars one value), and per value the magnitude its fp32 rounding error scales
-// with (the largest |value| of its row, or for sums over the rows the sum of |terms|).
+// per column, scalars one value); per value the magnitude its fp32 rounding error scales
+// with (the largest |value| of its row, or for sums over the rows the sum of |terms|); and
+// per value how far the call's roundings move it: the largest change over four evaluations in
+// which every inexact operation's result moves by one rounding up or down at random (fixed
+// seeds), which follows cancellation outside sums (log(1 + tiny), a difference of near values).
 struct ReferenceOutput {
   std::vector<double> values;
   std::vector<double> scale;
+  std::vector<double> error;
 };
 using Reference = std::map<std::string, ReferenceOutput>;
 Reference reference(const RowProgram& program, const Args& args);
@@ -184,8 +188,8 @@ OracleCheck check_against(const Call& call, const std::vector<double>& reference
 // of `cols`: the elements a worker combines in sequence plus the butterfly levels.
 int merge_depth(const MappingPlan& plan, int64_t cols);
 // Every present output of a row program (host memory) against reference(program, args), with
-// the same rule; per-column and scalar outputs reduced over many rows get a tolerance that
-// grows with the square root of the row count.
+// the same rule plus twice the reference's `error`; per-column and scalar outputs reduced over
+// many rows get a tolerance that grows with the square root of the row count.
 OracleCheck check_against_reference(const RowProgram& program, const Args& args);
 OracleCheck check_against_reference(const RowProgram& program, const Args& args, const Reference& reference);
 

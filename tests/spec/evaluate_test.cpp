@@ -61,5 +61,41 @@ TEST(Evaluate, ToleranceScalesWithTheTermsOfACancellingSum) {
   }
 }
 
+// Cancellation outside any sum: y = (x + 1) - 1 for x near 1e-4. fp32 rounds x + 1 by up to
+// 6e-8, a thousandth of y, far past the dtype's and the row's terms; the simulated rounding
+// follows it, so the CPU executor's fp32 result passes, a result off by 10x the allowance does
+// not, and the reference is the same every time it is taken.
+TEST(Evaluate, ToleranceFollowsCancellationOutsideASum) {
+  RowProgram p("one_plus_minus_one");
+  Operand x = p.row_in("x", DTypeSet::floats(), "input rows");
+  Operand y = p.row_out("y", DTypeSet::floats(), x, "(x + 1) - 1");
+  p.store(y, (p.load(x) + 1.0) - 1.0);
+  const int64_t rows = 4, cols = 300;
+  std::mt19937_64 rng(3);
+  testing::HostMatrix xm(DType::f32, rows, cols, cols), ym(DType::f32, rows, cols, cols);
+  float* xs = static_cast<float*>(xm.data());
+  for (int64_t i = 0; i < rows * cols; ++i) xs[i] = float(1e-5 + 1e-4 * double(rng() % 1000) / 1000.0);
+  Args args;
+  args.set("x", xm.view());
+  args.set("y", ym.view());
+  const Reference want = reference(p, args);
+  const Reference again = reference(p, args);
+  EXPECT_EQ(want.at("y").error, again.at("y").error);
+  run(p, args, {{}, nullptr, Backend::cpu});
+  // The rounding of x + 1 shows: values outside the dtype's and the row's terms alone.
+  const float* ys = static_cast<const float*>(ym.data());
+  int past_magnitude_terms = 0;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const double w = want.at("y").values[size_t(i)];
+    past_magnitude_terms += std::abs(ys[i] - w) > 2e-5 * std::abs(w) + 1e-6 * want.at("y").scale[size_t(i)];
+  }
+  EXPECT_GT(past_magnitude_terms, rows * cols / 10);
+  const OracleCheck check = check_against_reference(p, args, want);
+  EXPECT_TRUE(check.ok) << check.first_mismatch;
+  for (int64_t i = 0; i < rows * cols; ++i)
+    static_cast<float*>(ym.data())[i] = float(want.at("y").values[size_t(i)] + 20.0 * want.at("y").error[size_t(i)]);
+  EXPECT_FALSE(check_against_reference(p, args, want).ok);
+}
+
 }  // namespace
 }  // namespace tile

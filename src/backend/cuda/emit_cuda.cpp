@@ -186,10 +186,7 @@ class CudaEmitter : public IRPrinter {
     if (op == BinOp::min || op == BinOp::max) {
       if (is_real(t)) return std::string(op == BinOp::min ? "tile_min(" : "tile_max(") + a + ", " + b + ")";
     }
-    if (op == BinOp::ldexp) {
-      return "tile_ldexp(" + a + ", " + b + ")";
-      return "(" + a + (op == BinOp::min ? " < " : " > ") + b + " ? " + a + " : " + b + ")";
-    }
+    if (op == BinOp::ldexp) return "tile_ldexp(" + a + ", " + b + ")";
     return IRPrinter::binary_expr(op, a, b, t);
   }
 
