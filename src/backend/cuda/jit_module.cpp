@@ -22,6 +22,7 @@
 #include "backend/cuda/driver.hpp"
 #include "backend/cuda/nvrtc.hpp"
 #include "core/sha256.hpp"
+#include "core/text.hpp"
 
 namespace tile::cuda {
 namespace fs = std::filesystem;
@@ -33,17 +34,6 @@ namespace {
 constexpr const char* kMagic = "tile-cubin";
 constexpr const char* kFormatVersion = "v1";
 constexpr const char* kProgramName = "tile_kernel.cu";
-
-std::string getenv_str(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
-std::string join(const std::vector<std::string>& parts, const char* sep) {
-  std::string out;
-  for (size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
-  return out;
-}
 
 std::string numbered(const std::string& source) {
   std::ostringstream os;

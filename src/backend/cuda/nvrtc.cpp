@@ -10,6 +10,8 @@
 #include <mutex>
 #include <utility>
 
+#include "core/text.hpp"
+
 namespace tile::cuda {
 namespace {
 namespace fs = std::filesystem;
@@ -18,17 +20,6 @@ namespace fs = std::filesystem;
 #define TILE_NVRTC_STRINGIFY(x) TILE_NVRTC_STRINGIFY_(x)
 
 constexpr int kSupportedMajors[] = {13, 12};
-
-std::string getenv_str(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
-std::string join(const std::vector<std::string>& parts, const char* sep) {
-  std::string out;
-  for (size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
-  return out;
-}
 
 std::string soname(int major) { return "libnvrtc.so." + std::to_string(major); }
 
