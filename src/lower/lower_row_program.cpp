@@ -2470,14 +2470,17 @@ LoweredKernel RowLowering::lower_finish() {
         case RowNode::Kind::binary: v = em.keep(out, em.binary_fn(n.binary, eval(n.a), eval(n.b))); break;
         case RowNode::Kind::select: v = em.keep(out, select(eval(n.a), eval(n.b), eval(n.c))); break;
         case RowNode::Kind::result: {
+          // The reduction's own shape, not the output's: a row value reduced over the rows (one
+          // value a call) may be stored to a per-column output, in every column.
           const RowReduction& rr = prog_.reductions()[n.reduction];
+          const bool column_parts = prog_.nodes()[rr.inputs[0]].shape.cols;
           auto at = [&](int q) {
-            return per_column
+            return column_parts
                        ? binary(BinOp::add, binary(BinOp::mul, i64_const(ws_offset_[n.reduction] + q), cols), em.r(c))
                        : binary(BinOp::add, binary(BinOp::mul, i64_const(lowered_.col_parts), cols),
                                 i64_const(ws_offset_[n.reduction] + q));
           };
-          std::vector<ExprPtr> state = fold_slots(out, rr.monoid, at, valid, per_column);
+          std::vector<ExprPtr> state = fold_slots(out, rr.monoid, at, valid, column_parts);
           for (size_t q = 0; q < rr.results.size(); ++q) memo[rr.results[q]] = state[q];
           return memo.at(id);
         }
