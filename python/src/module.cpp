@@ -166,6 +166,14 @@ const char* role_id(tile::Role r) {
 double as_number(const Slot& s, nb::handle h) {
   if (PyFloat_Check(h.ptr())) return PyFloat_AS_DOUBLE(h.ptr());
   if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) {
+    // An integer scalar travels as a double: one past 2^53 would round to a neighbour (an
+    // ignore_index of 2^53 + 1 would ignore nothing), so it is refused here, exactly.
+    if (s.decl.scalar_type == tile::ValueType::i64) {
+      int overflow = 0;
+      const long long n = PyLong_AsLongLongAndOverflow(h.ptr(), &overflow);
+      if (overflow != 0 || n > (1LL << 53) || n < -(1LL << 53))
+        tile::throw_argument_error(s.op, s.arg, "an integer of magnitude at most 2^53", nb::repr(h).c_str());
+    }
     const double v = PyLong_AsDouble(h.ptr());
     if (v == -1.0 && PyErr_Occurred()) {  // beyond double: out of any range, said as such by bind
       PyErr_Clear();

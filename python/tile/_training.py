@@ -136,6 +136,9 @@ def _check_ce(op, logits, target, ignore_index, reduction, label_smoothing, z_lo
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise TypeError(f"{op}: argument 'ignore_index': expected an integer, got {_call._type_name(ignore_index)} "
                         f"{ignore_index!r}")
+    if abs(int(ignore_index)) > 2**53:   # the kernels read it as a double
+        raise ValueError(f"{op}: argument 'ignore_index': expected an integer of magnitude at most 2^53, got "
+                         f"{int(ignore_index)}")
     for name, v in (("label_smoothing", label_smoothing), ("z_loss", z_loss), ("softcap", softcap)):
         if v is not None:
             _call.scalar(op, name, v)

@@ -129,9 +129,14 @@ void check_cross_entropy(const char* op, const TensorView& logits, const VectorV
   // A mean divides by the count of rows not ignored, a float32 sum: exact up to 2^24 rows.
   if (ce.reduction == Reduction::mean && logits.rows > (int64_t(1) << 24))
     throw_argument_error(op, "logits", "at most 2^24 rows for reduction mean", std::to_string(logits.rows));
+  // The kernels read ignore_index as a double: exact up to 2^53 (2^53 + 1 would round to 2^53
+  // and ignore nothing), so the check is on the integer.
+  constexpr int64_t kExactInteger = int64_t(1) << 53;
+  if (ce.ignore_index > kExactInteger || ce.ignore_index < -kExactInteger)
+    throw_argument_error(op, "ignore_index", "an integer of magnitude at most 2^53", std::to_string(ce.ignore_index));
   // (Arguments the binding refuses are left to it, with its message.)
   if (backend != Backend::cpu || !target.data || target.size != logits.rows || is_float(target.dtype) ||
-      target.stride < 0 || std::abs(double(ce.ignore_index)) > 9007199254740992.0)
+      target.stride < 0)
     return;
   for (int64_t r = 0; r < logits.rows; ++r) {
     const int64_t t = load_as_int(target.data, r * target.stride, target.dtype);

@@ -226,7 +226,18 @@ TEST(TrainingApi, CrossEntropyRules) {
   bad = mean, bad.ignore_index = int64_t(1) << 60;
   EXPECT_ERROR(cross_entropy(t.m(t.a), tv, single, bad, {}, {}, kCpu),
                "cross_entropy: argument 'ignore_index': expected an integer of magnitude at most 2^53, got "
-               "1.1529215e+18");
+               "1152921504606846976");
+  // One past 2^53 would round to 2^53 on its way to the kernel (a double) and ignore nothing.
+  bad = mean, bad.ignore_index = (int64_t(1) << 53) + 1;
+  EXPECT_ERROR(cross_entropy(t.m(t.a), tv, single, bad, {}, {}, kCpu),
+               "cross_entropy: argument 'ignore_index': expected an integer of magnitude at most 2^53, got "
+               "9007199254740993");
+  bad.ignore_index = -bad.ignore_index;
+  EXPECT_ERROR(cross_entropy(t.m(t.a), tv, single, bad, {}, {}, kCpu),
+               "cross_entropy: argument 'ignore_index': expected an integer of magnitude at most 2^53, got "
+               "-9007199254740993");
+  bad.ignore_index = -(int64_t(1) << 53);
+  EXPECT_NO_THROW(cross_entropy(t.m(t.a), tv, single, bad, {}, {}, kCpu));
   EXPECT_ERROR(cross_entropy(t.m(t.a), VectorView{t.s1.data(), DType::f32, 4}, single, mean, {}, {}, kCpu),
                "cross_entropy: argument 'target': expected dtype i32 or i64, got f32");
   // Class counts beyond 2^24 (the kernels compare targets in float32); checked before any read.

@@ -153,6 +153,22 @@ def test_weight_gradient_over_3d_rows_of_half_inputs():
     assert_close(db, db_want, db_mag, np.float32)
 
 
+def test_integer_scalars_travel_exactly_or_are_refused():
+    # An i64 scalar reaches the kernel as a double: exact up to 2^53, refused past it (2^53 + 1
+    # would arrive as 2^53).
+    p = tile.RowProgram("pick_column")
+    x, k, y = p.row_in("x"), p.scalar_in("k", "i64"), p.row_out("y")
+    p.store(y, p.select(tile.eq(p.col_index(), p.load(k)), p.load(x), 0.0))
+    x_ = make((2, 6))
+    y_ = p(x=x_, k=4)
+    assert (y_[:, 4] == x_[:, 4]).all() and (np.delete(y_, 4, axis=1) == 0).all()
+    assert (p(x=x_, k=2**53) == 0).all()
+    for big in (2**53 + 1, -(2**53) - 1, 2**64):
+        with pytest.raises(ValueError, match=rf"pick_column: argument 'k': expected an integer of magnitude at most "
+                                             rf"2\^53, got {big}"):
+            p(x=x_, k=big)
+
+
 def test_check_finds_a_wrong_output():
     p = logsumexp()
     x = make((5, 30))

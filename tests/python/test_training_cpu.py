@@ -394,6 +394,15 @@ def test_errors_name_the_operator_and_the_argument():
         tile.cross_entropy(z, t, label_smoothing=1.5)
     with pytest.raises(TypeError, match="argument 'ignore_index': expected an integer"):
         tile.cross_entropy(z, t, ignore_index=1.5)
+    # Exactly: 2^53 + 1 would reach the kernel as 2^53 and leave its rows unignored (NaN losses).
+    for big in (2**53 + 1, -(2**53) - 1, 2**70):
+        t[1] = big if abs(big) < 2**63 else 1
+        with pytest.raises(ValueError, match=f"cross_entropy: argument 'ignore_index': expected an integer of "
+                                             f"magnitude at most 2\\^53, got {big}"):
+            tile.cross_entropy(z, t, ignore_index=big)
+    t[1] = 2**53
+    assert tile.cross_entropy(z, t, ignore_index=2**53, reduction="none")[1] == 0
+    t[1] = 1
     with pytest.raises(ValueError, match="cross_entropy: argument 'target': expected dtype int32 or int64"):
         tile.cross_entropy(z, t.astype(np.float32))
     with pytest.raises(ValueError, match="argument 'dloss': expected one value"):
