@@ -26,6 +26,15 @@ constexpr bool is_float(DType t) {
   return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64;
 }
 std::string_view dtype_name(DType t);
+// The magnitude from which a value rounds to infinity in a float dtype t (half a unit above its
+// largest finite value); infinity for f64 and the integers. The oracle checks compare results
+// after clamping both sides to it.
+constexpr double overflow_threshold(DType t) {
+  return t == DType::f32    ? 0x1p128 * (1 - 0x1p-25)
+         : t == DType::f16  ? 65520.0
+         : t == DType::bf16 ? 0x1p128 * (1 - 0x1p-9)
+                            : __builtin_huge_val();
+}
 // Parses "f32"/"float32", "f64"/"float64", "f16"/"float16", "bf16"/"bfloat16", "i32"/"int32",
 // "i64"/"int64";
 // throws tile::Error otherwise.

@@ -125,20 +125,6 @@ void rms_norm_row(const std::vector<double>& x, double eps, const std::function<
   for (size_t c = 0; c < x.size(); ++c) y[c] = double(Acc(x[c]) * inv * Acc(weight(int64_t(c))));
 }
 
-// The magnitude from which a value rounds to infinity in `t` (half a unit above the largest).
-double overflow_threshold(DType t) {
-  switch (t) {
-    case DType::f32:
-      return 0x1p128 * (1 - 0x1p-25);
-    case DType::f16:
-      return 65520.0;
-    case DType::bf16:
-      return 0x1p128 * (1 - 0x1p-9);
-    default:
-      return std::numeric_limits<double>::infinity();
-  }
-}
-
 }  // namespace
 
 std::vector<double> oracle(const Call& call) {

@@ -380,13 +380,17 @@ OracleCheck check_against_reference(const RowProgram& program, const Args& args,
       if (role == Role::row_scalar_out) e = int64_t(k) * b.stride;
       const double want = out.values[k];
       const double got = integer ? double(load_as_int(b.data, e, b.dtype)) : double(load_as_double(b.data, e, b.dtype));
-      const double tol = integer ? 0.0 : rtol * std::abs(want) + atol * out.scale[k] + floor + kRoundingAllowance * out.error[k];
-      const double err = std::abs(got - want);
-      const bool ok = std::isnan(want) ? std::isnan(got) : (std::isinf(want) ? got == want : err <= tol);
+      // Values beyond the output dtype's range round to +-inf: compared after clamping both.
+      const double limit = overflow_threshold(b.dtype);
+      const double want_c = std::clamp(want, -limit, limit), got_c = std::clamp(got, -limit, limit);
+      const double tol =
+          integer ? 0.0 : rtol * std::abs(want_c) + atol * out.scale[k] + floor + kRoundingAllowance * out.error[k];
+      const double err = std::abs(got_c - want_c);
+      const bool ok = std::isnan(want) ? std::isnan(got) : (std::isinf(want) ? got == want : !std::isnan(got) && err <= tol);
       ++check.checked;
-      if (std::isfinite(want) && std::isfinite(got)) {
+      if (std::isfinite(want_c) && std::isfinite(got_c)) {  // an overflow counts to the dtype's threshold
         check.max_abs_error = std::max(check.max_abs_error, err);
-        if (want != 0) check.max_rel_error = std::max(check.max_rel_error, err / std::abs(want));
+        if (want_c != 0) check.max_rel_error = std::max(check.max_rel_error, err / std::abs(want_c));
       }
       if (!ok) {
         if (check.mismatches++ == 0) {

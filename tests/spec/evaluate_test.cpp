@@ -3,6 +3,8 @@
 // what the operators mean must agree.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <random>
 
 #include "testing/host_tensor.hpp"
@@ -95,6 +97,36 @@ TEST(Evaluate, ToleranceFollowsCancellationOutsideASum) {
   for (int64_t i = 0; i < rows * cols; ++i)
     static_cast<float*>(ym.data())[i] = float(want.at("y").values[size_t(i)] + 20.0 * want.at("y").error[size_t(i)]);
   EXPECT_FALSE(check_against_reference(p, args, want).ok);
+}
+
+// An fp16 output of 10^5 rounds to infinity: the check clamps both sides to the dtype's
+// overflow threshold (65520) as the built-in operators' does, so the infinity a kernel writes
+// passes and the other infinity, or NaN, does not.
+TEST(Evaluate, OutputsBeyondTheDtypesRangeMayBeInfinite) {
+  RowProgram p("scale");
+  Operand x = p.row_in("x", DTypeSet::floats(), "input rows");
+  Operand y = p.row_out("y", DTypeSet::floats(), Operand{}, "x * 1000");
+  p.store(y, p.load(x) * 1000.0);
+  testing::HostMatrix xm(DType::f32, 1, 3, 3), ym(DType::f16, 1, 3, 3);
+  float* xs = static_cast<float*>(xm.data());
+  xs[0] = 100.0f, xs[1] = -100.0f, xs[2] = 0.5f;  // 1e5, -1e5, 500
+  Args args;
+  args.set("x", xm.view());
+  args.set("y", ym.view());
+  run(p, args, {{}, nullptr, Backend::cpu});
+  const Reference want = reference(p, args);
+  EXPECT_TRUE(std::isinf(load_as_double(ym.data(), 0, DType::f16)));
+  const OracleCheck check = check_against_reference(p, args, want);
+  EXPECT_TRUE(check.ok) << check.first_mismatch;
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (double wrong : {-inf, nan, 500.0}) {
+    store_from_double(ym.data(), 0, DType::f16, wrong);
+    const OracleCheck bad = check_against_reference(p, args, want);
+    EXPECT_FALSE(bad.ok) << wrong;
+    if (!std::isnan(wrong)) {
+      EXPECT_GT(bad.max_abs_error, 6e4) << wrong;  // counted to the threshold
+    }
+  }
 }
 
 }  // namespace
