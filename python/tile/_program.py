@@ -16,6 +16,7 @@ operators (python/tile/_call.py, python/src/module.cpp).
 
 import enum
 import json
+import numbers
 
 from . import _call, _tile
 from .monoid import Monoid
@@ -323,7 +324,13 @@ class RowProgram:
         return Expr(self, self._p.constant(float(value)))
 
     def integer(self, value):
-        """An i64 constant."""
+        """An i64 constant, of magnitude at most 2^53."""
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"row program '{self.name}': integer constant: expected an integer, got "
+                            f"{type(value).__name__} {value!r}")
+        if not -(2**53) <= int(value) <= 2**53:
+            raise ValueError(f"row program '{self.name}': integer constant {int(value)} is not exactly representable "
+                             f"(|v| <= 2^53)")
         return Expr(self, self._p.integer(int(value)))
 
     def cols(self):

@@ -220,6 +220,13 @@ class Evaluator {
       const std::vector<double>& v = eval(s.value);
       for (size_t c = 0; c < out[d.name].values.size(); ++c) out[d.name].values[c] = at(v, int64_t(c));
     }
+    // An i64 value stored to an i32 output keeps its low 32 bits, as the kernels' conversion
+    // does (and torch's); i64 values are exact here up to 2^53.
+    for (size_t i = 0; i < decls.size(); ++i) {
+      if (!is_output(decls[i].role) || !call_.operands[i].present || call_.operands[i].dtype != DType::i32) continue;
+      for (double& v : out[decls[i].name].values)
+        if (std::isfinite(v) && std::abs(v) < 0x1p63) v = double(int32_t(uint32_t(uint64_t(int64_t(v)))));
+    }
     return out;
   }
 

@@ -230,7 +230,7 @@ RowExpr RowProgram::constant(double f32, double f64) {
 RowExpr RowProgram::integer(int64_t value) {
   RowNode n{RowNode::Kind::constant, ValueType::i64};
   n.value = double(value);
-  if (double(int64_t(n.value)) != double(value) || std::abs(value) > (int64_t(1) << 53))
+  if (value > (int64_t(1) << 53) || value < -(int64_t(1) << 53))
     fail("integer constant " + std::to_string(value) + " is not exactly representable (|v| <= 2^53)");
   return {this, add(n)};
 }
@@ -286,6 +286,10 @@ RowExpr RowProgram::binary(BinaryFn fn, RowExpr a, RowExpr b) {
     n.type = ValueType::b1;
   } else {
     if (x.type == ValueType::b1) fail(std::string(binary_fn_name(fn)) + " of b1 values");
+    // Integer division would truncate in a kernel (and trap or be undefined on a zero divisor)
+    // where the float64 reference divides exactly: not defined, so refused.
+    if (fn == BinaryFn::div && x.type == ValueType::i64)
+      fail("div of i64 values: integer division is not defined in row programs; convert with to_f32 first");
     n.type = x.type;
   }
   return {this, add(n)};

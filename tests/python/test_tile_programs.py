@@ -169,6 +169,24 @@ def test_integer_scalars_travel_exactly_or_are_refused():
             p(x=x_, k=big)
 
 
+def test_integer_outputs_keep_the_low_32_bits_and_integer_division_is_refused():
+    p = tile.RowProgram("twice")
+    x, y = p.row_in("x", dtypes="i32"), p.row_out("y", dtypes="i32")
+    p.store(y, p.load(x) * 2)
+    v = np.array([[2**30, -2**31, 5]], np.int32)
+    out = p(x=v)
+    assert out.tolist() == [[-2**31, 0, 10]]                     # the conversion's wrap, as torch's
+    assert p.reference(x=v)["y"].tolist() == [[-2**31, 0, 10]]
+    assert p.check(x=v, y=out)["ok"]
+    with pytest.raises(ValueError, match="row program 'twice': div of i64 values: integer division is not defined"):
+        p.load(x) / 2
+    for big in (2**53 + 1, -(2**63), 2**63):
+        with pytest.raises(ValueError, match=f"row program 'twice': integer constant {big} is not exactly representable"):
+            p.integer(big)
+    with pytest.raises(TypeError, match="row program 'twice': integer constant: expected an integer, got float 1.5"):
+        p.integer(1.5)
+
+
 def test_check_finds_a_wrong_output():
     p = logsumexp()
     x = make((5, 30))

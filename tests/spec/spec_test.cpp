@@ -2,6 +2,8 @@
 // program is built, each error naming the program and what was wrong.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "bind/bind.hpp"
 #include "tile/tile.hpp"
 #include "support/error_of.hpp"
@@ -53,6 +55,15 @@ TEST(RowProgram, ExpressionsAreTypedAndShaped) {
   RowExpr target = p.load(t);  // i64, one per row
   EXPECT_ERROR(v + target, "add of f32 and i64: convert with to_f32 first");
   EXPECT_ERROR(exp(target), "exp of a i64 value: expected f32");
+  // Integer division would truncate in a kernel and divide exactly in the reference.
+  EXPECT_ERROR(p.col_index() / target, "div of i64 values: integer division is not defined in row programs; "
+                                       "convert with to_f32 first");
+  // Integer constants are exact in the reference's doubles: |v| <= 2^53, INT64_MIN included.
+  for (int64_t v : {(int64_t(1) << 53) + 1, -(int64_t(1) << 53) - 1, std::numeric_limits<int64_t>::min(),
+                    std::numeric_limits<int64_t>::max()})
+    EXPECT_ERROR(p.integer(v), "integer constant " + std::to_string(v) + " is not exactly representable (|v| <= 2^53)");
+  EXPECT_NO_THROW(p.integer(int64_t(1) << 53));
+  EXPECT_NO_THROW(p.integer(-(int64_t(1) << 53)));
   EXPECT_ERROR(p.select(v, v, v), "select condition of type f32: expected b1");
   RowExpr hit = eq(p.col_index(), target);  // the element at the target column
   EXPECT_EQ(p.nodes()[hit.id].type, ValueType::b1);
