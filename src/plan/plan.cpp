@@ -2,6 +2,7 @@
 // out, the cache key, the range checks and the field list of the loop nest.
 #include "tile/plan.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -59,23 +60,30 @@ json to_json_value(T v) {
     return v;
 }
 
+// Text of a plan or a value as an error message shows it: at most 120 characters.
+std::string shown(const std::string& text) {
+  constexpr size_t kShown = 120;
+  return text.size() <= kShown ? text : text.substr(0, kShown) + "... (" + std::to_string(text.size()) + " characters)";
+}
+std::string shown(const json& j) { return shown(j.dump()); }
+
 template <typename T>
 T parse_value(const json& j, const char* field, int64_t lo, int64_t hi) {
   if constexpr (kIsEnum<T>) {
     if (j.is_string())
       for (int64_t v = lo; v <= hi; ++v)
         if (to_string(T(v)) == j.get<std::string>()) return T(v);
-    throw_argument_error("mapping plan", field, quoted_choice(enum_names<T>(hi)), j.dump());
+    throw_argument_error("mapping plan", field, quoted_choice(enum_names<T>(hi)), shown(j));
   } else {
     const std::string range = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
     // A float beyond the range (1e30, 2^64) is out of range first; one inside it is not an integer.
     if (j.is_number_float() && !(j.get<double>() >= double(lo) && j.get<double>() <= double(hi)))
-      throw_argument_error("mapping plan", field, range, j.dump());
-    if (!j.is_number_integer()) throw_argument_error("mapping plan", field, "an integer", j.dump());
+      throw_argument_error("mapping plan", field, range, shown(j));
+    if (!j.is_number_integer()) throw_argument_error("mapping plan", field, "an integer", shown(j));
     // Unsigned values beyond int64 would wrap in get<int64_t>(); they are out of range anyway.
-    if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(hi)) throw_argument_error("mapping plan", field, range, j.dump());
+    if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(hi)) throw_argument_error("mapping plan", field, range, shown(j));
     const int64_t v = j.get<int64_t>();
-    if (v < lo || v > hi) throw_argument_error("mapping plan", field, range, j.dump());
+    if (v < lo || v > hi) throw_argument_error("mapping plan", field, range, shown(j));
     return T(v);
   }
 }
@@ -84,13 +92,30 @@ json parse_object(const std::string& text) {
   if (text.find('\0') != std::string::npos)
     throw_argument_error("mapping plan", "json", "a JSON object without NUL bytes",
                          "a NUL byte at offset " + std::to_string(text.find('\0')) + " of " + std::to_string(text.size()));
+  // A plan is one flat object. Nesting deeper than a few levels is refused while parsing (text
+  // nested 100,000 deep once overflowed the stack echoing it), and so is a repeated field,
+  // which would otherwise keep its last value silently.
+  constexpr int kMaxDepth = 8;
+  std::vector<std::string> keys;
+  const json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth > kMaxDepth)
+      throw_argument_error("mapping plan", "json", "a JSON object of fields", "text nested more than " +
+                                                                                  std::to_string(kMaxDepth) + " levels deep");
+    if (event == json::parse_event_t::key && depth == 1) {
+      const std::string key = parsed.get<std::string>();
+      if (std::find(keys.begin(), keys.end(), key) != keys.end())
+        throw_argument_error("mapping plan", key, "a field given once", "it twice");
+      keys.push_back(key);
+    }
+    return true;
+  };
   json j;
   try {
-    j = json::parse(text);
+    j = json::parse(text, check);
   } catch (const json::exception& e) {
-    throw_argument_error("mapping plan", "json", "a JSON object", "'" + text + "' (" + e.what() + ")");
+    throw_argument_error("mapping plan", "json", "a JSON object", "'" + shown(text) + "' (" + e.what() + ")");
   }
-  if (!j.is_object()) throw_argument_error("mapping plan", "json", "a JSON object", j.dump());
+  if (!j.is_object()) throw_argument_error("mapping plan", "json", "a JSON object", shown(j));
   for (auto& [key, value] : j.items()) {
     bool known = false;
     for (const PlanFieldInfo& f : plan_fields()) known |= key == f.name;

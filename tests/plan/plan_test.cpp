@@ -135,6 +135,22 @@ TEST(MappingPlanErrors, PlanTextIsReadWholeOrRefused) {
             std::string::npos);
 }
 
+// A plan is one flat object: text nested deeper than eight levels is refused as it is parsed (at
+// 100,000 levels echoing it overflowed the stack), a field given twice is refused rather than
+// its last value kept, and an error shows at most 120 characters of what it was given.
+TEST(MappingPlanErrors, PlanTextIsFlatWithEachFieldOnce) {
+  for (const std::string& text : {std::string(100000, '[') + std::string(100000, ']'),
+                                  "{\"stripes\":" + std::string(100000, '[') + std::string(100000, ']') + "}"})
+    EXPECT_EQ(error_of([&] { PlanRequest::from_json(text); }),
+              "mapping plan: argument 'json': expected a JSON object of fields, got text nested more than 8 levels deep");
+  EXPECT_EQ(error_of([&] { PlanRequest::from_json(R"({"programs_per_group":1,"programs_per_group":2})"); }),
+            "mapping plan: argument 'programs_per_group': expected a field given once, got it twice");
+  EXPECT_EQ(error_of([&] { PlanRequest::from_json("{\"stripes\":\"" + std::string(1000, 'a') + "\"}"); }),
+            "mapping plan: argument 'stripes': expected an integer, got \"" + std::string(119, 'a') + "... (1002 characters)");
+  EXPECT_EQ(error_of([&] { PlanRequest::from_json(R"({"stripes":[[1]]})"); }),
+            "mapping plan: argument 'stripes': expected an integer, got [[1]]");
+}
+
 TEST(MappingPlanErrors, IntegerFieldsAreInOneToIntMax) {
   EXPECT_EQ(*PlanRequest::from_json(R"({"stripes":1})").stripes, 1);
   EXPECT_EQ(*PlanRequest::from_json(R"({"stripes":2147483647})").stripes, 2147483647);
