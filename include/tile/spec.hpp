@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -93,7 +94,8 @@ struct OperandDecl {
   int may_alias = -1;              // outputs: the input this output may alias exactly (in place)
   ValueType scalar_type = ValueType::f32;  // scalar_in: passed as f32 or i64
   std::optional<double> default_value;     // scalar_in: the value when the caller gives none
-  double min_value = -1e300, max_value = 1e300;  // scalar_in: the accepted range
+  // scalar_in: the accepted range of finite values (infinite: unbounded on that side).
+  double min_value = -std::numeric_limits<double>::infinity(), max_value = std::numeric_limits<double>::infinity();
   std::string doc;                 // one line for error messages and generated help
 };
 

@@ -122,7 +122,10 @@ def check_array(op, arg, a, accepted="f32 f64 f16 bf16", output=False):
             raise ValueError(f"{op}: argument '{arg}': expected dtype {names} in native "
                              f"({sys.byteorder}-endian) byte order, got {t.str!r} ({order}-endian; "
                              f".astype(a.dtype.newbyteorder('=')) converts it)")
-        if t.fields is not None or t.kind not in "biufc":
+        # Structured and object arrays, and the long doubles DLPack cannot export (their import
+        # would fail inside the binding without naming the argument).
+        long_double = t.kind == "f" and t.itemsize > 8 or t.kind == "c" and t.itemsize > 16
+        if t.fields is not None or t.kind not in "biufc" or long_double:
             raise ValueError(f"{op}: argument '{arg}': expected dtype {names}, got {t}")
         if isinstance(a, np.ma.MaskedArray):  # DLPack exports the data and drops the mask
             raise TypeError(f"{op}: argument '{arg}': expected an array without a mask, got numpy.ma.MaskedArray "

@@ -260,9 +260,9 @@ BoundCall bind_values(const RowProgram& program, const Args::Value* const* value
       } else {
         b.value = std::get<double>(*v);
       }
-      if (std::isnan(b.value) || b.value < d.min_value || b.value > d.max_value) {
-        // Declared ranges use +-1e300 for "unbounded".
-        const bool lo = d.min_value > -1e300, hi = d.max_value < 1e300;
+      if (!std::isfinite(b.value) || b.value < d.min_value || b.value > d.max_value) {
+        // A range is unbounded on an infinite side (a float64 eps declares [0, 1e300]).
+        const bool lo = std::isfinite(d.min_value), hi = std::isfinite(d.max_value);
         const std::string range = lo && hi ? "a value in [" + number(d.min_value) + ", " + number(d.max_value) + "]"
                                   : lo   ? "a finite value >= " + number(d.min_value)
                                   : hi   ? "a finite value <= " + number(d.max_value)

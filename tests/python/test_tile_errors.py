@@ -195,6 +195,15 @@ def test_big_endian_and_other_unexportable_dtypes():
         with pytest.raises(ValueError, match=rf"softmax: argument 'x': expected dtype float32, float64, float16 or bfloat16, "
                                              rf"got {name}"):
             tile.softmax(np.ones((3, 4), dtype))
+    # Long doubles DLPack cannot export (float128 on x86-64) are named like any other dtype.
+    for dtype in (np.longdouble, np.clongdouble):
+        if np.dtype(dtype).itemsize > (8 if np.dtype(dtype).kind == "f" else 16):
+            with pytest.raises(ValueError, match=rf"softmax: argument 'x': expected dtype float32, float64, float16 or "
+                                                 rf"bfloat16, got {np.dtype(dtype)}"):
+                tile.softmax(np.ones((3, 4), dtype))
+            with pytest.raises(ValueError, match=rf"cross_entropy: argument 'target': expected dtype int32 or int64, "
+                                                 rf"got {np.dtype(dtype)}"):
+                tile.cross_entropy(np.ones((3, 4), np.float32), np.zeros(3, dtype))
 
 
 def test_scalars_masked_arrays_and_none():
