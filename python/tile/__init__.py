@@ -30,6 +30,7 @@ import functools
 import importlib
 import json
 import os
+import numbers
 import sys
 
 from . import _call, _log, _tile, monoid
@@ -185,6 +186,13 @@ def _allocate(op, x, dtype):
         return sys.modules["numpy"].empty(x.shape, dtype=_out_dtype(op, x, dtype))
     raise TypeError(f"{op}: argument 'out': expected an output array when x is neither a numpy array nor a torch "
                     f"tensor, got None (x is {type(x).__name__})")
+
+
+def _dim_index(op, dim):
+    """dim as an int: an integer of any integer type, never a float or a bool (as torch)."""
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"{op}: argument 'dim': expected an integer, got {type(dim).__name__} {dim!r}")
+    return int(dim)
 
 
 def _check_dim(op, x, dim):
@@ -373,6 +381,8 @@ def run(op, x, out=None, weight=None, bias=None, eps=None, plan=None, stream=Non
 
 def softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
     """``exp(x - max) / sum(exp(x - max))`` over the last dimension."""
+    if type(dim) is not int:
+        dim = _dim_index("softmax", dim)
     if _ext is not None and not _ext_off():
         y = _ext.softmax(x, dim, out, plan, stream, dtype)
         if y is not None:
@@ -386,6 +396,8 @@ def softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
 
 def log_softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
     """``x - max - log(sum(exp(x - max)))`` over the last dimension."""
+    if type(dim) is not int:
+        dim = _dim_index("log_softmax", dim)
     if _ext is not None and not _ext_off():
         y = _ext.log_softmax(x, dim, out, plan, stream, dtype)
         if y is not None:

@@ -15,6 +15,11 @@ def test_bad_dim():
     with pytest.raises(ValueError, match=r"log_softmax: argument 'dim'.*got 5"):
         tile.log_softmax(x32(), dim=5)
     assert tile.softmax(x32((2, 3, 8)), dim=2).shape == (2, 3, 8)
+    # An integer of any integer type; a float or a bool is refused as torch refuses it (1.0 == 1).
+    assert tile.log_softmax(x32(), dim=np.int64(1)).shape == (4, 64)
+    for op, dim in (("softmax", 1.0), ("softmax", -1.0), ("log_softmax", True)):
+        with pytest.raises(TypeError, match=rf"{op}: argument 'dim': expected an integer, got {type(dim).__name__}"):
+            getattr(tile, op)(x32(), dim=dim)
 
 
 def test_non_contiguous_last_dim():
