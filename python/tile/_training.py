@@ -189,7 +189,9 @@ def _broadcast_rows(op, name, v, logits, per_row):
     stride-0 view (no copy, no host synchronisation). A number becomes a float32 array (float64
     for float64 logits)."""
     rows = tuple(logits.shape[:-1])
-    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+    if isinstance(v, bool) or not (isinstance(v, numbers.Real) or hasattr(v, "shape")):
+        raise TypeError(f"{op}: argument '{name}': expected a number or an array, got {_call._type_name(v)} {v!r}")
+    if isinstance(v, numbers.Real):
         long = _call._LONG_NAME[_call.stat_dtype(logits)]
         if _call._is_torch(logits):
             v = _call._torch().full((), float(v), dtype=getattr(_call._torch(), long), device=logits.device)

@@ -407,6 +407,11 @@ def test_errors_name_the_operator_and_the_argument():
         tile.cross_entropy(z, t.astype(np.float32))
     with pytest.raises(ValueError, match="argument 'dloss': expected one value"):
         tile.cross_entropy_backward(np.ones(3, np.float32), z, t, np.zeros(3, np.float32))
+    for reduction in ("mean", "none"):
+        for dloss in (None, True):
+            with pytest.raises(TypeError, match=f"cross_entropy_backward: argument 'dloss': expected a number or an "
+                                                f"array, got {type(dloss).__name__} {dloss!r}"):
+                tile.cross_entropy_backward(dloss, z, t, np.zeros(3, np.float32), reduction=reduction)
     with pytest.raises(ValueError, match="cross_entropy_backward: argument 'lse': expected shape"):
         tile.cross_entropy_backward(1.0, z, t, np.zeros(4, np.float32))
     x = np.zeros((3, 5), np.float32)
