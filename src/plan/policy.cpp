@@ -649,6 +649,11 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   if (in.reduces_rows && !in.loops_over_rows() && p.caching != InputCaching::shared &&
       row_blocks * p.programs_per_group > kMaxRowValueSlots)
     grid = std::max<int64_t>(1, kMaxRowValueSlots / std::max(1, p.programs_per_group));
+  // More row blocks than a grid holds (2^31 - 1 groups): the most row blocks a plan may launch,
+  // each looping over the rest, rather than a plan the grid check refuses. Staged rows take one
+  // row block a group (and rows that many are beyond any memory).
+  if (grid == 0 && p.caching != InputCaching::shared && row_blocks * p.ctas_per_program > INT32_MAX)
+    grid = int64_t(1) << 30;
   p.grid_limit = req.grid_limit.value_or(int(grid > 0 || in.loops_over_rows() ? std::max<int64_t>(1, grid) : 0));
   // A group looping over row blocks with one cached vector of each input a worker loads the
   // next row block while it works on this one: otherwise no load is in flight during the

@@ -446,6 +446,23 @@ TEST(Policy, OneWaveOfGroupsAsksForOneResidentGroup) {
   EXPECT_EQ(choose_plan(merged_parts(DType::bf16, 8, 4096, 2), staged).resident_groups, 1);
 }
 
+// More row blocks than a grid holds (2^31 - 1 groups): the policy launches the most row blocks a
+// plan may (grid_limit 2^30) and each group loops over the rest, where its plan was one the
+// grid check refused. Fewer keep one row block a group.
+TEST(Policy, MoreRowBlocksThanAGridHoldsLoopOverThem) {
+  const DeviceLimits limits;
+  for (int64_t rows : {int64_t(1) << 40, int64_t(1) << 50}) {
+    const PlanInputs in = inputs(rows, 1);
+    const MappingPlan p = choose_plan(in, {});
+    EXPECT_EQ(p.grid_limit, 1 << 30) << rows;
+    EXPECT_NO_THROW(validate_plan(p, in, limits, "softmax"));
+    EXPECT_LE(std::min<int64_t>((rows + p.programs_per_group - 1) / p.programs_per_group, p.grid_limit) *
+                  p.ctas_per_program,
+              INT32_MAX);
+  }
+  EXPECT_EQ(choose_plan(inputs(int64_t(1) << 30, 1), {}).grid_limit, 0);
+}
+
 TEST(Policy, OddRowsFewerThanTheSmsOfAtMostAGroupOfVectorsAreNotPeeled) {
   // bf16 37 x 1537 (a seed shape): 193 vectors a row, fewer rows than SMs, so the row stays as it
   // is: 416 workers of four one-element stripes, the fixed-shape kernel's width.
