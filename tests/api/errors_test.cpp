@@ -111,8 +111,12 @@ TEST(ArgumentErrors, GridBeyondItsLimitIsRefused) {
   Call huge{Op::softmax, matrix(reinterpret_cast<void*>(uintptr_t(1) << 44), DType::f32, rows, 1),
             matrix(reinterpret_cast<void*>(uintptr_t(1) << 45), DType::f32, rows, 1)};
   PlanRequest p;
-  p.programs_per_group = 1, p.workers_per_program = 32;
+  p.programs_per_group = 1, p.workers_per_program = 32, p.grid_limit = 0;  // one row block a group
   expect_error(huge, p, {"softmax", "'x'", "at most 2147483647 groups of 1 rows", "2147483653 rows"});
+  // Unasked, the policy launches at most 2^30 row blocks, each looping over the rest.
+  PlanRequest loops = p;
+  loops.grid_limit.reset();
+  EXPECT_EQ(plan_for(huge, loops).grid_limit, 1 << 30);
   // The introspection entry points refuse what run() refuses, with the same message.
   for (const std::function<void()>& f : std::vector<std::function<void()>>{
            [&] { plan_for(huge, p); }, [&] { ir_for(huge, p); }, [&] { source_for(huge, p); }}) {
@@ -281,7 +285,7 @@ std::map<std::string, Check> limit_checks() {
     shape(c, int64_t(1) << 20, i64(v), int64_t(1) << 41);
   });
   m["grid"] = planned([=](Call& c, PlanRequest& p, const std::string& v) {
-    shape(c, i64(v), 1, 1), p.programs_per_group = 1, p.workers_per_program = 32;
+    shape(c, i64(v), 1, 1), p.programs_per_group = 1, p.workers_per_program = 32, p.grid_limit = 0;
   });
   m["passes"] = planned([=](Call& c, PlanRequest& p, const std::string& v) {
     shape(c, 1, i64(v), i64(v)), p.workers_per_program = 32, p.vector_elems = 1, p.caching = InputCaching::reread;
