@@ -245,6 +245,12 @@ struct RunArgs {
     o.y_dtype = out_dtype_opt->count() ? parse_dtype("--out-dtype", out_dtype) : o.x_dtype;
     o.weight_dtype = weight_dtype_opt->count() ? parse_dtype("--weight-dtype", weight_dtype) : o.x_dtype;
     o.no_weight = no_weight;
+    // Options that would change nothing are refused rather than ignored.
+    const bool norm = o.op == tile::Op::rms_norm || o.op == tile::Op::layer_norm;
+    if (weight_dtype_opt->count() && (!norm || no_weight))
+      bad_option("--weight-dtype", std::string("no weight dtype for ") + (norm ? "--no-weight" : "an operator without weight"),
+                 in_quotes(weight_dtype) + " with --op " + op + (no_weight ? " --no-weight" : ""));
+    if (no_weight && !norm) bad_option("--no-weight", "a norm (rms_norm or layer_norm)", "--op " + op);
     o.stride = o.shape.cols;
     if (stride_opt->count()) {
       const std::optional<int64_t> value = parse_int(stride);
@@ -422,11 +428,13 @@ int main(int argc, char** argv) {
     }
     if (!command && app.remaining().front()[0] != '-')
       throw UsageError("unknown command " + in_quotes(app.remaining().front()) + " (expected run, bench or tune)");
-    reject_extras(app);
-    reject_extras(*command);
+    // The options' values first: `--op --shape 2x3` gives --op the value '--shape', and that is
+    // the error to name, not the '2x3' left over.
     if (command == run) run_options = run_args.check();
     if (command == bench) bench_options = bench_args.check();
     if (command == tune) tune_options = tune_args.check();
+    reject_extras(app);
+    reject_extras(*command);
   } catch (const UsageError& e) {
     return usage_failure(command, e.what());
   }

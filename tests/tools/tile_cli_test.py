@@ -54,6 +54,10 @@ USAGE_ERRORS = [
     (["run", "stray"], "stray"),
     (["run", "bench"], "bench"),  # one command per call
     (["run", "--no-weight=3"], "no-weight"),
+    (["run", "--op", "--shape", "2x3"], "--op: expected one of"),  # --op takes '--shape' as its value
+    (["run", "--op", "softmax", "--weight-dtype", "f16"], "--weight-dtype: expected no weight dtype"),
+    (["run", "--op", "rms_norm", "--no-weight", "--weight-dtype", "f16"], "--weight-dtype: expected no weight dtype"),
+    (["run", "--op", "log_softmax", "--no-weight"], "--no-weight: expected a norm"),
     (["bench", "--shape", "4x8x3"], "--shape"),
     (["bench", "--shape", "4611686018427387905x4"], "--shape"),
     (["bench", "--shape", "1x2", "3x4"], "3x4"),
