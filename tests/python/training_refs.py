@@ -115,9 +115,11 @@ def cross_entropy_rows(logits, target, ignore_index=-100, label_smoothing=0.0, z
     z0 = z0.reshape(-1, C)
     t = np.asarray(f64(target), np.int64).reshape(-1)
     R = z0.shape[0]
-    ls, zl = float(np.float32(label_smoothing)), float(np.float32(z_loss))
+    # The kernels read the options as float32, or as doubles in a float64 call.
+    as_read = float if dtype_name(logits) == "float64" else (lambda v: float(np.float32(v)))
+    ls, zl = as_read(label_smoothing), as_read(z_loss)
     if softcap is not None:
-        cap = float(np.float32(softcap))
+        cap = as_read(softcap)
         th = np.tanh(z0 / cap)
         z = cap * th
     else:
