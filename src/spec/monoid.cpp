@@ -256,7 +256,11 @@ Monoid mean_m2() {
   auto pick = [&](MonoidExpr merged, MonoidExpr mine, MonoidExpr other) {
     return b.select(other_empty, mine, b.select(mine_empty, other, merged));
   };
-  MonoidExpr mean = pick(b.mine(1) + delta * share, b.mine(1), b.other(1));
+  // An infinite mean on either side: the sum's semantics (inf + finite = inf, inf - inf = NaN),
+  // where the update would take inf + (finite - inf) * share = NaN.
+  auto infinite = [&](MonoidExpr v) { return b.binary(BinaryFn::eq, b.unary(UnaryFn::abs, v), b.constant(kInf)); };
+  MonoidExpr any_infinite = b.binary(BinaryFn::logical_or, infinite(b.mine(1)), infinite(b.other(1)));
+  MonoidExpr mean = pick(b.select(any_infinite, b.mine(1) + b.other(1), b.mine(1) + delta * share), b.mine(1), b.other(1));
   MonoidExpr m2 = pick(b.mine(2) + b.other(2) + delta * delta * (n * share), b.mine(2), b.other(2));
 
   // A chunk: its mean from the sum of x / k (no overflow of the sum for |x| near the dtype's

@@ -151,6 +151,11 @@ TEST(Monoid, SpecialValuesFollowPyTorch) {
                 std::isnan(stats[0][1]) && std::isnan(scaled[0][3]))
         << tag;
     EXPECT_TRUE(std::isnan(scaled[1][3])) << tag << ": a row with +inf has no finite deviations";
+    // The mean of a row holding one infinity is that infinity under every split, as a sum is
+    // (Chan's update merging it with a finite side took inf + (x - inf) / n = NaN).
+    EXPECT_EQ(stats[1][1], kInf) << tag;
+    EXPECT_EQ(stats[3][1], -kInf) << tag;
+    EXPECT_TRUE(std::isnan(stats[1][2])) << tag;
     EXPECT_EQ(mx[1][0], kInf) << tag;
     EXPECT_TRUE(std::isnan(soft[1][1])) << tag;
     EXPECT_EQ(sq[1][1], kInf) << tag;
