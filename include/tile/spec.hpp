@@ -120,6 +120,7 @@ struct RowNode {
   UnaryFn unary = UnaryFn::neg;
   BinaryFn binary = BinaryFn::add;
   std::optional<double> f64_value;
+  bool after_rows = false;  // depends on a reduction over the rows (set as the node is added)
   double value_in(bool f64) const { return f64 && f64_value ? *f64_value : value; }
 };
 
@@ -146,6 +147,8 @@ struct RowExpr {
 
 class RowProgram {
  public:
+  static constexpr int kMaxNodes = 4096;  // nodes a program holds at most
+
   explicit RowProgram(std::string name);
   // RowExprs point at their program: copying one would leave them pointing at the original.
   RowProgram(const RowProgram&) = delete;

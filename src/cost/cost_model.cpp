@@ -4,6 +4,7 @@
 #include <set>
 
 #include "lower/lower_row_program.hpp"
+#include "spec/graph.hpp"
 
 namespace tile {
 
@@ -11,11 +12,11 @@ namespace {
 
 // Operands of `role` an element expression reads; stops at reduction results (earlier passes).
 void operands_read(const RowProgram& p, int node, Role role, std::set<int>& out) {
-  const RowNode& n = p.nodes()[node];
-  if (n.kind == RowNode::Kind::result) return;
-  if (n.kind == RowNode::Kind::load && p.operands()[n.operand].role == role) out.insert(n.operand);
-  for (int o : {n.a, n.b, n.c})
-    if (o >= 0) operands_read(p, o, role, out);
+  visit_once(p.nodes(), node, [&](int id) {
+    const RowNode& n = p.nodes()[size_t(id)];
+    if (n.kind == RowNode::Kind::load && p.operands()[n.operand].role == role) out.insert(n.operand);
+    return n.kind != RowNode::Kind::result;
+  });
 }
 
 }  // namespace

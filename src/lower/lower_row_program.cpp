@@ -13,6 +13,7 @@
 
 #include "bind/bind.hpp"
 #include "ir/printer.hpp"
+#include "spec/graph.hpp"
 #include "tile/error.hpp"
 
 namespace tile {
@@ -414,13 +415,11 @@ std::map<int, int> chunk_stages(const Monoid& m) {
 
 // Reductions (their program indices) reachable from node `id`; row values stop at results.
 void reductions_used(const RowProgram& p, int id, std::set<int>& out) {
-  const RowNode& n = p.nodes()[id];
-  if (n.kind == RowNode::Kind::result) {
-    out.insert(n.reduction);
-    return;
-  }
-  for (int o : {n.a, n.b, n.c})
-    if (o >= 0) reductions_used(p, o, out);
+  visit_once(p.nodes(), id, [&](int v) {
+    const RowNode& n = p.nodes()[size_t(v)];
+    if (n.kind == RowNode::Kind::result) out.insert(n.reduction);
+    return n.kind != RowNode::Kind::result;
+  });
 }
 
 }  // namespace
@@ -964,11 +963,11 @@ void RowLowering::begin_row(std::vector<Stmt>& b, ExprPtr block) {
 }
 
 void RowLowering::column_inputs_of(int node, std::set<int>& out) const {
-  const RowNode& n = prog_.nodes()[node];
-  if (n.kind == RowNode::Kind::result) return;
-  if (n.kind == RowNode::Kind::load && decl(n.operand).role == Role::col_in && present(n.operand)) out.insert(n.operand);
-  for (int o : {n.a, n.b, n.c})
-    if (o >= 0) column_inputs_of(o, out);
+  visit_once(prog_.nodes(), node, [&](int id) {
+    const RowNode& n = prog_.nodes()[size_t(id)];
+    if (n.kind == RowNode::Kind::load && decl(n.operand).role == Role::col_in && present(n.operand)) out.insert(n.operand);
+    return n.kind != RowNode::Kind::result;
+  });
 }
 
 // column_loads "once": a worker's columns are the same in every row, so the output pass's
@@ -998,12 +997,12 @@ std::set<int> RowLowering::output_column_inputs() const {
 }
 
 void RowLowering::row_inputs_of(int node, std::set<int>& out) const {
-  const RowNode& n = prog_.nodes()[node];
-  if (n.kind == RowNode::Kind::result) return;  // a row value, computed in an earlier pass
-  // An absent optional input is its constant (element()): nothing to load.
-  if (n.kind == RowNode::Kind::load && decl(n.operand).role == Role::row_in && present(n.operand)) out.insert(n.operand);
-  for (int o : {n.a, n.b, n.c})
-    if (o >= 0) row_inputs_of(o, out);
+  visit_once(prog_.nodes(), node, [&](int id) {
+    const RowNode& n = prog_.nodes()[size_t(id)];
+    // An absent optional input is its constant (element()): nothing to load.
+    if (n.kind == RowNode::Kind::load && decl(n.operand).role == Role::row_in && present(n.operand)) out.insert(n.operand);
+    return n.kind != RowNode::Kind::result;  // a row value, computed in an earlier pass
+  });
 }
 
 void RowLowering::load_slot(std::vector<Stmt>& out, Slot& slot, const std::set<int>& inputs, bool cache,
@@ -1145,13 +1144,11 @@ ExprPtr RowLowering::absorbed(std::vector<Stmt>& out, const RowNode& n) {
 // Computes every row value an element expression uses before the pass that needs it, so none
 // is first defined inside a stripe loop.
 void RowLowering::hoist_row_values(std::vector<Stmt>& out, int node) {
-  const RowNode& n = prog_.nodes()[node];
-  if (!n.shape.cols) {
-    row_value(out, node);
-    return;
-  }
-  for (int o : {n.a, n.b, n.c})
-    if (o >= 0) hoist_row_values(out, o);
+  visit_once(prog_.nodes(), node, [&](int id) {
+    if (prog_.nodes()[size_t(id)].shape.cols) return true;
+    row_value(out, id);
+    return false;
+  });
 }
 
 const std::vector<ExprPtr>& RowLowering::element(std::vector<Stmt>& out, Slot& slot, int node) {

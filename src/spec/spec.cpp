@@ -69,12 +69,10 @@ uint64_t next_serial() {
   return ++counter;
 }
 
-bool after_rows_reduction(const std::vector<RowNode>& nodes, const std::vector<RowReduction>& reductions, int id) {
-  const RowNode& n = nodes[id];
-  if (n.kind == RowNode::Kind::result) return reductions[n.reduction].axis == Axis::rows;
-  for (int o : {n.a, n.b, n.c})
-    if (o >= 0 && after_rows_reduction(nodes, reductions, o)) return true;
-  return false;
+// Whether a node depends on a reduction over the rows: recorded as each node is added (a walk
+// of its ancestry took time exponential in the depth of programs that reuse values).
+bool after_rows_reduction(const std::vector<RowNode>& nodes, const std::vector<RowReduction>&, int id) {
+  return nodes[id].after_rows;
 }
 
 }  // namespace
@@ -160,6 +158,12 @@ int RowProgram::find_operand(const std::string& name) const {
 }
 
 int RowProgram::add(RowNode node) {
+  // The passes walk a program's graph recursively: a bound keeps them inside any thread's stack
+  // (a chain of some 12,000 nodes overflowed it), far above what an operator takes.
+  if (nodes_.size() >= size_t(kMaxNodes))
+    fail("more than " + std::to_string(kMaxNodes) + " nodes (a row program holds at most that many)");
+  for (int o : {node.a, node.b, node.c})
+    if (o >= 0) node.after_rows |= nodes_[size_t(o)].after_rows;
   nodes_.push_back(node);
   serial_ = next_serial();
   return int(nodes_.size()) - 1;
@@ -333,7 +337,7 @@ std::vector<RowExpr> RowProgram::reduce(Axis axis, const Monoid& monoid, std::ve
   std::vector<RowExpr> out;
   for (size_t part = 0; part < monoid.parts.size(); ++part) {
     RowNode n{RowNode::Kind::result};
-    n.reduction = index, n.part = int(part);
+    n.reduction = index, n.part = int(part), n.after_rows = axis == Axis::rows;
     n.shape = axis == Axis::cols ? Shape{in.rows, false} : Shape{false, in.cols};
     int id = add(n);
     r.results.push_back(id);

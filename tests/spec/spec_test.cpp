@@ -45,6 +45,16 @@ TEST(RowProgram, OptionalRowOperands) {
   EXPECT_ERROR(p.row_out("z", DTypeSet::floats(), Operand{42}), "may alias only a row input");
 }
 
+// A program holds at most RowProgram::kMaxNodes nodes (the passes recurse over its graph; a
+// chain of some 12,000 overflowed the stack); the next one is refused with the program's name.
+TEST(RowProgram, NodesAreBounded) {
+  RowProgram p("chain");
+  Operand x = p.row_in("x");
+  RowExpr v = p.load(x), one = p.constant(1.0);
+  while (int(p.nodes().size()) < RowProgram::kMaxNodes) v = v + one;
+  EXPECT_ERROR(v + one, "row program 'chain': more than 4096 nodes (a row program holds at most that many)");
+}
+
 TEST(RowProgram, ExpressionsAreTypedAndShaped) {
   RowProgram p("demo");
   Operand x = p.row_in("x"), w = p.col_in("w", DTypeSet::floats(), true), t = p.row_scalar_in("t", DTypeSet::integers());
