@@ -297,6 +297,10 @@ class RowProgram:
         """A number passed by value, as f32 or i64; `default` when the call gives none."""
         if type not in ("f32", "i64"):
             raise ValueError(f"row program '{self.name}': scalar '{name}': expected type f32 or i64, got {type!r}")
+        if type == "i64" and default is not None and isinstance(default, numbers.Integral) and \
+                not -(2**53) <= int(default) <= 2**53:   # exactly: a float would round it
+            raise ValueError(f"row program '{self.name}': scalar '{name}': default {int(default)}: expected an integer "
+                             f"of magnitude at most 2^53")
         return self._declare("scalar_in", name, type, None if default is None else float(default), doc)
 
     def scalar_out(self, name, dtypes=None, optional=False, doc=""):

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 #include "tile/error.hpp"
@@ -135,6 +136,18 @@ Operand RowProgram::scalar_in(std::string name, ValueType type, std::optional<do
   DTypeSet dtypes = type == ValueType::f32 ? DTypeSet::statistics() : DTypeSet{DType::i64};
   OperandDecl d = make_decl(std::move(name), Role::scalar_in, dtypes, false, -1, std::move(doc));
   d.scalar_type = type;
+  // A default is checked as a call's value would be, here, rather than in every call that
+  // leaves the scalar out (whose error would name an argument the caller never gave).
+  auto shown = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return std::string(buf);
+  };
+  if (default_value && type == ValueType::i64 &&
+      !(*default_value == std::trunc(*default_value) && std::abs(*default_value) <= 0x1p53))
+    fail("scalar '" + d.name + "': default " + shown(*default_value) + ": expected an integer of magnitude at most 2^53");
+  if (default_value && !std::isfinite(*default_value))
+    fail("scalar '" + d.name + "': default " + shown(*default_value) + ": expected a finite value");
   d.default_value = default_value;
   return declare(std::move(d));
 }
@@ -399,6 +412,10 @@ void RowProgram::validate() const {
     if (!stored) fail("output '" + operands_[i].name + "' is never stored");
   }
   if (stores_.empty()) fail("the program stores nothing");
+  // Rows and columns come from a row operand every call gives.
+  bool rows = false;
+  for (const OperandDecl& d : operands_) rows |= (d.role == Role::row_in || d.role == Role::row_out) && !d.optional;
+  if (!rows) fail("expected at least one row input or output operand that is not optional");
 }
 
 std::string RowProgram::to_string() const {

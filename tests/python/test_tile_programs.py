@@ -187,6 +187,19 @@ def test_integer_outputs_keep_the_low_32_bits_and_integer_division_is_refused():
         p.integer(1.5)
 
 
+def test_declarations_refuse_what_no_call_could_use():
+    p = tile.RowProgram("decl")
+    for default in (2.5, 2**53 + 1, 2**60):
+        with pytest.raises(ValueError, match=f"row program 'decl': scalar 'k': default .*expected an integer of magnitude"):
+            p.scalar_in("k", "i64", default=default)
+    q = tile.RowProgram("all_optional")
+    x, y = q.row_in("x", optional=True), q.row_out("y", optional=True)
+    q.store(y, q.load_or(x, 1.0) * 2)
+    with pytest.raises(ValueError, match="row program 'all_optional': expected at least one row input or output operand "
+                                         "that is not optional"):
+        q(y=np.zeros((2, 3), np.float32))
+
+
 def test_check_finds_a_wrong_output():
     p = logsumexp()
     x = make((5, 30))

@@ -40,8 +40,15 @@ TEST(RowProgram, OptionalRowOperands) {
   EXPECT_ERROR(p.load(extra), "load of optional operand 'extra': use load_or");
   EXPECT_ERROR(p.load(scale), "load of optional operand 'scale': use load_or");
   p.store(maybe, p.load_or(extra, 0.0) * p.load_or(scale, 1.0));
-  // Without a row operand that is always present, a call has no rows to run.
+  // Without a row operand that is always present, a call has no rows to run: refused as the
+  // program is validated (a Python call reached an internal check first).
+  EXPECT_ERROR(p.validate(), "row program 'demo': expected at least one row input or output operand that is not optional");
   EXPECT_ERROR(bind(p, Args()), "expected at least one row input or output operand that is not optional");
+  // An i64 scalar's default is checked when it is declared, as a call's value would be.
+  EXPECT_ERROR(p.scalar_in("k", ValueType::i64, 2.5), "scalar 'k': default 2.5: expected an integer of magnitude at most 2^53");
+  EXPECT_ERROR(p.scalar_in("k", ValueType::i64, 0x1p60), "scalar 'k': default 1.152921504606847e+18: expected an integer");
+  EXPECT_ERROR(p.scalar_in("t", ValueType::f32, std::numeric_limits<double>::infinity()),
+               "scalar 't': default inf: expected a finite value");
   EXPECT_ERROR(p.row_out("z", DTypeSet::floats(), Operand{42}), "may alias only a row input");
 }
 
