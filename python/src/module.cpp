@@ -127,13 +127,13 @@ tile::DTypeSet dtype_set(const std::vector<std::string>& names) {
 tile::Operand operand(int id) { return tile::Operand{id < 0 ? std::numeric_limits<int>::max() : id}; }
 
 tile::UnaryFn unary_fn(const std::string& name) {
-  for (int i = 0; i <= int(tile::UnaryFn::to_f32); ++i)
+  for (int i = 0; i <= int(tile::UnaryFn::exponent); ++i)
     if (name == tile::unary_fn_name(tile::UnaryFn(i))) return tile::UnaryFn(i);
   throw tile::InternalError("unknown unary function " + name);
 }
 
 tile::BinaryFn binary_fn(const std::string& name) {
-  for (int i = 0; i <= int(tile::BinaryFn::logical_or); ++i)
+  for (int i = 0; i <= int(tile::BinaryFn::ldexp); ++i)
     if (name == tile::binary_fn_name(tile::BinaryFn(i))) return tile::BinaryFn(i);
   throw tile::InternalError("unknown binary function " + name);
 }

@@ -34,8 +34,8 @@ import numbers
 import sys
 
 from . import _call, _log, _tile, monoid
-from ._program import (Axis, Expr, Operand, RowProgram, abs, builtin, eq, exp, le, log, logical_and, logical_not,
-                       logical_or, lt, maximum, minimum, ne, rsqrt, sqrt, tanh, to_f32, training_programs)
+from ._program import (Axis, Expr, Operand, RowProgram, abs, builtin, eq, exp, exponent, ldexp, le, log, logical_and,
+                       logical_not, logical_or, lt, maximum, minimum, ne, rsqrt, sqrt, tanh, to_f32, training_programs)
 from ._training import (cross_entropy, cross_entropy_backward, cross_entropy_fused, fused_add_rms_norm,
                         fused_add_rms_norm_backward, layer_norm_backward, log_softmax_backward, rms_norm_backward,
                         softmax_backward)
@@ -46,7 +46,7 @@ __all__ = [
     "fused_add_rms_norm_backward", "cross_entropy", "cross_entropy_backward", "cross_entropy_fused",
     "RowProgram", "Operand", "Expr", "Axis", "monoid", "builtin", "training_programs",
     "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "maximum", "minimum", "to_f32", "eq", "ne", "lt", "le",
-    "logical_and", "logical_or", "logical_not",
+    "logical_and", "logical_or", "logical_not", "exponent", "ldexp",
     "clear_kernel_caches", "cache_dir", "nvrtc_version", "nvrtc_library", "device_info", "build_info",
     "driver_available", "InternalError", "precompile",
 ]

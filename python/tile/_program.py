@@ -166,6 +166,8 @@ def lt(a, b): return _binary("lt", a, b)
 def le(a, b): return _binary("le", a, b)
 def logical_and(a, b): return _binary("and", a, b, "logical_and")
 def logical_or(a, b): return _binary("or", a, b, "logical_or")
+def exponent(a): return _unary("exponent", a)  # floor(log2 |a|) for finite nonzero a, else 0
+def ldexp(a, b): return _binary("ldexp", a, b)  # a * 2^b, exact, b integer-valued (f32)
 
 
 def _axis(program, axis):

@@ -200,6 +200,20 @@ def test_declarations_refuse_what_no_call_could_use():
         q(y=np.zeros((2, 3), np.float32))
 
 
+def test_scaled_sum_squares_pairs_take_ldexp():
+    # The rms from the (exponent, scaled sum) pair, exact at any magnitude: 1e30 squares overflow
+    # float32, the pair does not.
+    p = tile.RowProgram("rms")
+    x, out = p.row_in("x"), p.row_scalar_out("rms")
+    k, s = p.reduce2(tile.Axis.cols, tile.monoid.scaled_sum_squares(), p.load(x))
+    p.store(out, tile.ldexp(tile.sqrt(s / p.cols()), k))
+    x_ = make((4, 300)) * np.float32(1e30)
+    want = np.sqrt((x_.astype(np.float64) ** 2).mean(axis=1))
+    got = p(x=x_)
+    assert np.allclose(got, want, rtol=1e-5) and p.check(x=x_, rms=got)["ok"]
+    assert (tile.exponent(p.load(x)).type, tile.ldexp(p.load(x), 2.0).type) == ("f32", "f32")
+
+
 def test_check_finds_a_wrong_output():
     p = logsumexp()
     x = make((5, 30))
