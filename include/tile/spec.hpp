@@ -16,6 +16,7 @@
 // the `tile` command — is derived from the declarations (src/bind/bind.cpp).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -144,6 +145,11 @@ struct RowExpr {
   RowProgram* program = nullptr;
   int id = -1;
 };
+
+// i64 values of a program are exact in the float64 reference, and integer scalars travel as
+// doubles: both hold integers of magnitude at most 2^53 exactly.
+constexpr int64_t kMaxExactInteger = int64_t(1) << 53;
+inline bool exact_integer(double v) { return v == std::trunc(v) && std::abs(v) <= double(kMaxExactInteger); }
 
 class RowProgram {
  public:

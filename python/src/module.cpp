@@ -171,7 +171,7 @@ double as_number(const Slot& s, nb::handle h) {
     if (s.decl.scalar_type == tile::ValueType::i64) {
       int overflow = 0;
       const long long n = PyLong_AsLongLongAndOverflow(h.ptr(), &overflow);
-      if (overflow != 0 || n > (1LL << 53) || n < -(1LL << 53))
+      if (overflow != 0 || n > tile::kMaxExactInteger || n < -tile::kMaxExactInteger)
         tile::throw_argument_error(s.op, s.arg, "an integer of magnitude at most 2^53", nb::repr(h).c_str());
     }
     const double v = PyLong_AsDouble(h.ptr());

@@ -131,8 +131,7 @@ void check_cross_entropy(const char* op, const TensorView& logits, const VectorV
     throw_argument_error(op, "logits", "at most 2^24 rows for reduction mean", std::to_string(logits.rows));
   // The kernels read ignore_index as a double: exact up to 2^53 (2^53 + 1 would round to 2^53
   // and ignore nothing), so the check is on the integer.
-  constexpr int64_t kExactInteger = int64_t(1) << 53;
-  if (ce.ignore_index > kExactInteger || ce.ignore_index < -kExactInteger)
+  if (ce.ignore_index > kMaxExactInteger || ce.ignore_index < -kMaxExactInteger)
     throw_argument_error(op, "ignore_index", "an integer of magnitude at most 2^53", std::to_string(ce.ignore_index));
   // (Arguments the binding refuses are left to it, with its message.)
   if (backend != Backend::cpu || !target.data || target.size != logits.rows || is_float(target.dtype) ||

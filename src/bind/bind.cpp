@@ -74,8 +74,7 @@ const ProgramFacts& facts_of(const RowProgram& program) {
   for (const RowReduction& r : program.reductions()) f->reduces_rows |= r.axis == Axis::rows;
   for (size_t i = 0; i < program.operands().size() && f->first_row_operand < 0; ++i)
     if (is_row(program.operands()[i].role) && !program.operands()[i].optional) f->first_row_operand = int(i);
-  if (f->first_row_operand < 0)
-    throw Error("row program '" + program.name() + "': expected at least one row input or output operand that is not optional");
+  TILE_CHECK(f->first_row_operand >= 0, "a validated program without a row operand that is not optional");
   std::unique_lock lock(mutex);
   return *cache.emplace(program.serial(), std::move(f)).first->second;
 }
@@ -270,7 +269,7 @@ BoundCall bind_values(const RowProgram& program, const Args::Value* const* value
         throw_argument_error(op, name, range, number(b.value));
       }
       if (d.scalar_type == ValueType::i64) {
-        if (b.value != std::trunc(b.value) || std::abs(b.value) > 9007199254740992.0)
+        if (!exact_integer(b.value))
           throw_argument_error(op, name, "an integer of magnitude at most 2^53", number(b.value));
       }
       continue;  // a float scalar's precision is the call's: checked once every operand is bound

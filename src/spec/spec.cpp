@@ -70,11 +70,6 @@ uint64_t next_serial() {
   return ++counter;
 }
 
-// Whether a node depends on a reduction over the rows: recorded as each node is added (a walk
-// of its ancestry took time exponential in the depth of programs that reuse values).
-bool after_rows_reduction(const std::vector<RowNode>& nodes, const std::vector<RowReduction>&, int id) {
-  return nodes[id].after_rows;
-}
 
 }  // namespace
 
@@ -144,7 +139,7 @@ Operand RowProgram::scalar_in(std::string name, ValueType type, std::optional<do
     return std::string(buf);
   };
   if (default_value && type == ValueType::i64 &&
-      !(*default_value == std::trunc(*default_value) && std::abs(*default_value) <= 0x1p53))
+      !exact_integer(*default_value))
     fail("scalar '" + d.name + "': default " + shown(*default_value) + ": expected an integer of magnitude at most 2^53");
   if (default_value && !std::isfinite(*default_value))
     fail("scalar '" + d.name + "': default " + shown(*default_value) + ": expected a finite value");
@@ -175,6 +170,7 @@ int RowProgram::add(RowNode node) {
   // (a chain of some 12,000 nodes overflowed it), far above what an operator takes.
   if (nodes_.size() >= size_t(kMaxNodes))
     fail("more than " + std::to_string(kMaxNodes) + " nodes (a row program holds at most that many)");
+  // Whether it depends on a reduction over the rows, from its operands' (result nodes come set).
   for (int o : {node.a, node.b, node.c})
     if (o >= 0) node.after_rows |= nodes_[size_t(o)].after_rows;
   nodes_.push_back(node);
@@ -247,7 +243,7 @@ RowExpr RowProgram::constant(double f32, double f64) {
 RowExpr RowProgram::integer(int64_t value) {
   RowNode n{RowNode::Kind::constant, ValueType::i64};
   n.value = double(value);
-  if (value > (int64_t(1) << 53) || value < -(int64_t(1) << 53))
+  if (value > kMaxExactInteger || value < -kMaxExactInteger)
     fail("integer constant " + std::to_string(value) + " is not exactly representable (|v| <= 2^53)");
   return {this, add(n)};
 }
@@ -287,7 +283,7 @@ RowExpr RowProgram::unary(UnaryFn fn, RowExpr a) {
 
 RowExpr RowProgram::binary(BinaryFn fn, RowExpr a, RowExpr b) {
   const RowNode &x = node(a), &y = node(b);
-  const bool ax = after_rows_reduction(nodes_, reductions_, a.id), by = after_rows_reduction(nodes_, reductions_, b.id);
+  const bool ax = x.after_rows, by = y.after_rows;
   if ((ax && y.shape.rows) || (by && x.shape.rows))
     fail("a reduction over the rows is combined with a value that varies along the rows");
   if (x.type != y.type)
@@ -319,7 +315,7 @@ RowExpr RowProgram::select(RowExpr cond, RowExpr a, RowExpr b) {
     fail("select of " + std::string(value_type_name(x.type)) + " and " + std::string(value_type_name(y.type)));
   bool after = false, rows = false;
   for (RowExpr e : {cond, a, b}) {
-    after |= after_rows_reduction(nodes_, reductions_, e.id);
+    after |= node(e).after_rows;
     rows |= node(e).shape.rows;
   }
   if (after && rows) fail("a reduction over the rows is combined with a value that varies along the rows");
@@ -337,7 +333,7 @@ std::vector<RowExpr> RowProgram::reduce(Axis axis, const Monoid& monoid, std::ve
   for (RowExpr e : inputs) {
     const RowNode& x = node(e);
     if (x.type != ValueType::f32) fail("reduce of a " + std::string(value_type_name(x.type)) + " value: expected f32");
-    if (after_rows_reduction(nodes_, reductions_, e.id)) fail("reduce of a value that is itself reduced over the rows");
+    if (node(e).after_rows) fail("reduce of a value that is itself reduced over the rows");
     if (axis == Axis::cols && !x.shape.cols)
       fail("reduce over the columns of a " + shape_name(x.shape) + " value (it does not vary along the columns)");
     if (axis == Axis::rows && !x.shape.rows)
@@ -383,7 +379,7 @@ void RowProgram::store(Operand operand, RowExpr value) {
   const bool int_operand = d.dtypes.contains(DType::i32) || d.dtypes.contains(DType::i64);
   if ((v.type == ValueType::i64) != int_operand)
     fail("store of a " + std::string(value_type_name(v.type)) + " value to '" + d.name + "' of dtype " + d.dtypes.to_string());
-  const bool after = after_rows_reduction(nodes_, reductions_, value.id);
+  const bool after = v.after_rows;
   switch (d.role) {
     case Role::row_out:
       if (after) fail("store of a reduction over the rows to row output '" + d.name + "'");
