@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "bind/overlap.hpp"
+#include "core/text.hpp"
 #include "lower/lower_row_program.hpp"
 #include "tile/error.hpp"
 
@@ -398,7 +399,7 @@ namespace {
 [[noreturn]] void unknown_operand(const RowProgram& program, const std::string& name) {
   std::string names;
   for (const OperandDecl& d : program.operands()) names += (names.empty() ? "" : ", ") + d.name;
-  throw_argument_error(program.name(), name, "one of the operands " + names, "an unknown operand");
+  throw_argument_error(program.name(), printable(name), "one of the operands " + names, "an unknown operand");
 }
 }  // namespace
 

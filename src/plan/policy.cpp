@@ -745,6 +745,13 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
   }
   if (p.caching == InputCaching::shared) {
     // Staged regions are single-phase: one row block a group, nothing reduced over the rows.
+    // Per-column accumulators need a loop over row blocks, so say that rather than blame the
+    // grid_limit the policy chose for them.
+    if (in.rows_reduction_parts > 0)
+      fail("caching",
+           "\"registers\" or \"reread\" for a program with per-column accumulators over the rows (their partials "
+           "need a loop over row blocks; staged regions are single-phase)",
+           "\"shared\"");
     if (p.grid_limit > 0 || p.row_head != RowHead::as_is || p.tail != TailHandling::predicate ||
         p.cache_format != CacheFormat::f32)
       fail("caching",

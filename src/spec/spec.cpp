@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "core/text.hpp"
 #include "tile/error.hpp"
 
 namespace tile {
@@ -75,14 +76,14 @@ uint64_t next_serial() {
 
 RowProgram::RowProgram(std::string name) : name_(std::move(name)), serial_(next_serial()) {
   if (!is_identifier(name_))
-    throw_argument_error("RowProgram", "name", "an identifier ([A-Za-z_][A-Za-z0-9_]*)", "'" + name_ + "'");
+    throw_argument_error("RowProgram", "name", "an identifier ([A-Za-z_][A-Za-z0-9_]*)", "'" + printable(name_) + "'");
 }
 
 void RowProgram::fail(const std::string& what) const { throw Error("row program '" + name_ + "': " + what); }
 
 Operand RowProgram::declare(OperandDecl decl) {
   if (!is_identifier(decl.name) || decl.name.rfind("tile_", 0) == 0 || decl.name == "rows" || decl.name == "cols")
-    fail("operand name '" + decl.name + "': expected an identifier that is not rows, cols or tile_*");
+    fail("operand name '" + printable(decl.name) + "': expected an identifier that is not rows, cols or tile_*");
   if (find_operand(decl.name) >= 0) fail("operand '" + decl.name + "' is declared twice");
   if (decl.role != Role::scalar_in) {
     const bool floats = !(decl.dtypes.contains(DType::i32) || decl.dtypes.contains(DType::i64));
@@ -110,7 +111,7 @@ Operand RowProgram::row_in(std::string name, DTypeSet dtypes, std::string doc, b
 }
 Operand RowProgram::row_out(std::string name, DTypeSet dtypes, Operand may_alias, std::string doc, bool optional) {
   if (may_alias && (may_alias.id >= int(operands_.size()) || operands_[may_alias.id].role != Role::row_in))
-    fail("row output '" + name + "' may alias only a row input" +
+    fail("row output '" + printable(name) + "' may alias only a row input" +
          (may_alias.id < int(operands_.size()) ? ", not '" + operands_[may_alias.id].name + "'" : ""));
   return declare(make_decl(std::move(name), Role::row_out, dtypes, optional, may_alias.id, std::move(doc)));
 }
@@ -127,7 +128,7 @@ Operand RowProgram::col_out(std::string name, DTypeSet dtypes, bool optional, st
   return declare(make_decl(std::move(name), Role::col_out, dtypes, optional, -1, std::move(doc)));
 }
 Operand RowProgram::scalar_in(std::string name, ValueType type, std::optional<double> default_value, std::string doc) {
-  if (type == ValueType::b1) fail("scalar '" + name + "': expected type f32 or i64, got b1");
+  if (type == ValueType::b1) fail("scalar '" + printable(name) + "': expected type f32 or i64, got b1");
   DTypeSet dtypes = type == ValueType::f32 ? DTypeSet::statistics() : DTypeSet{DType::i64};
   OperandDecl d = make_decl(std::move(name), Role::scalar_in, dtypes, false, -1, std::move(doc));
   d.scalar_type = type;
@@ -140,9 +141,9 @@ Operand RowProgram::scalar_in(std::string name, ValueType type, std::optional<do
   };
   if (default_value && type == ValueType::i64 &&
       !exact_integer(*default_value))
-    fail("scalar '" + d.name + "': default " + shown(*default_value) + ": expected an integer of magnitude at most 2^53");
+    fail("scalar '" + printable(d.name) + "': default " + shown(*default_value) + ": expected an integer of magnitude at most 2^53");
   if (default_value && !std::isfinite(*default_value))
-    fail("scalar '" + d.name + "': default " + shown(*default_value) + ": expected a finite value");
+    fail("scalar '" + printable(d.name) + "': default " + shown(*default_value) + ": expected a finite value");
   d.default_value = default_value;
   return declare(std::move(d));
 }

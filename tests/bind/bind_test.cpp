@@ -60,6 +60,9 @@ TEST(Bind, OperandsAreCheckedByRole) {
   EXPECT_EQ(error_of(prog.p, Args(ok).set("tgt", 1.0)),
             "xent: argument 'tgt': expected one of the operands logits, target, dlogits, loss, mean, w, smoothing, got an "
             "unknown operand");
+  // A name holding a NUL is shown whole, escaped.
+  EXPECT_NE(error_of(prog.p, Args(ok).set(std::string("tg\0t", 4), 1.0)).find("argument 'tg\\x00t'"), std::string::npos)
+      << error_of(prog.p, Args(ok).set(std::string("tg\0t", 4), 1.0));
   Args no_target;
   no_target.set("logits", matrix(x.data(), DType::f32, 6, 10)).set("dlogits", matrix(g.data(), DType::f32, 6, 10));
   EXPECT_EQ(error_of(prog.p, no_target), "xent: argument 'target': expected a vector (per-row input), got nothing");

@@ -779,6 +779,19 @@ TEST(Policy, StagedPlansAreValidatedFieldByField) {
                       "row_head \"as_is\", tail \"predicate\" and cache_format \"f32\", got grid_limit 4"),
             std::string::npos)
       << error(q, clusters, short_rows);
+  // A weight gradient's per-column accumulators: the refusal names caching, not the grid limit
+  // the policy chose for them, and names it with grid_limit 0 asked too.
+  const PlanInputs rows_in = two_inputs(64, 4096, 1);
+  q = choose_plan(rows_in, r, clusters);
+  EXPECT_NE(error(q, clusters, rows_in)
+                .find("'plan.caching': expected \"registers\" or \"reread\" for a program with per-column "
+                      "accumulators over the rows"),
+            std::string::npos)
+      << error(q, clusters, rows_in);
+  EXPECT_EQ(error(q, clusters, rows_in).find("grid_limit"), std::string::npos) << error(q, clusters, rows_in);
+  q.grid_limit = 0;
+  EXPECT_NE(error(q, clusters, rows_in).find("per-column accumulators over the rows"), std::string::npos)
+      << error(q, clusters, rows_in);
   q = choose_plan(short_rows, r, clusters), q.tail = TailHandling::clamp;
   EXPECT_NE(error(q, clusters, short_rows).find("tail \"clamp\""), std::string::npos) << error(q, clusters, short_rows);
   // The whole row on one group: 256 KiB, more than a group's shared memory.

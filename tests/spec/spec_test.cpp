@@ -26,6 +26,13 @@ TEST(RowProgram, DeclarationsAreCheckedOnce) {
   Operand t = p.row_scalar_in("target", DTypeSet::integers());
   EXPECT_ERROR(p.row_out("y", DTypeSet::floats(), t), "may alias only a row input");
   EXPECT_ERROR(RowProgram("bad name"), "expected an identifier");
+  // A name holding a NUL or another unprintable byte is shown escaped, whole: a NUL would end
+  // the message wherever it is read as a C string.
+  using namespace std::string_literals;
+  EXPECT_ERROR(RowProgram("a\0b"s), "got 'a\\x00b'");
+  EXPECT_ERROR(p.row_in("x\0tail"s), "operand name 'x\\x00tail': expected an identifier");
+  EXPECT_ERROR(p.scalar_in("s\n"s, ValueType::b1), "scalar 's\\x0a': expected type f32 or i64");
+  EXPECT_ERROR(p.row_in(std::string(500, '\x01')), "... (500 bytes)");
   (void)x;
 }
 
