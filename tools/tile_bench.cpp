@@ -93,7 +93,7 @@ struct DeviceCase {
     if (call.weight.data) host.weight.data = w.data();
     if (call.bias.data) host.bias.data = b.data();
     if (reference.empty()) reference = tile::oracle(host);  // once per operator and input
-    return tile::check_against(host, reference);
+    return tile::check_against(host, reference, rec->plan);
   }
   // Input read once, output written once, weight and bias once.
   double bytes() const {

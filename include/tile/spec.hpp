@@ -159,7 +159,9 @@ class RowProgram {
   // RowExprs point at their program: copying one would leave them pointing at the original.
   RowProgram(const RowProgram&) = delete;
   RowProgram& operator=(const RowProgram&) = delete;
-  RowProgram(RowProgram&&) = default;
+  // The moved-from program is left empty, under its name and a serial of its own: the caches
+  // keyed by the serial describe the program moved into.
+  RowProgram(RowProgram&& other);
 
   // ---- operands (declared once; the call binds them by name) ----
   // Optional row and per-row inputs are read with load_or; rows and cols come from the first

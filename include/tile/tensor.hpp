@@ -25,9 +25,11 @@ struct VectorView {
   int64_t stride = 1;  // elements between consecutive values
 };
 
+// A rows x cols matrix; row_stride -1 (the default) means contiguous rows (cols). Any other
+// negative stride is kept, so the call refuses it as it refuses one in a TensorView.
 inline TensorView matrix(void* data, DType dtype, int64_t rows, int64_t cols,
                          int64_t row_stride = -1) {
-  return TensorView{data, dtype, rows, cols, row_stride < 0 ? cols : row_stride};
+  return TensorView{data, dtype, rows, cols, row_stride == -1 ? cols : row_stride};
 }
 
 }  // namespace tile

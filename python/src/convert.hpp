@@ -245,6 +245,20 @@ inline tile::VectorView as_one_value(const Slot& s, const ArrayInfo& a) {
   return tile::VectorView{a.data, checked_dtype(s, a), 1};
 }
 
+// A plan given as JSON, its parse errors naming the operator called and the field as
+// plan.<field>, as the refusals of a plan matched to the call do.
+inline tile::PlanRequest parse_plan(const std::string& op, const std::string& text) {
+  try {
+    return tile::PlanRequest::from_json(text);
+  } catch (const tile::Error& e) {
+    const std::string message = e.what(), head = "mapping plan: argument '";
+    if (message.rfind(head, 0) != 0) throw;
+    const std::string rest = message.substr(head.size());
+    if (rest.rfind("json'", 0) == 0) throw tile::Error(op + ": argument 'plan" + rest.substr(4));
+    throw tile::Error(op + ": argument 'plan." + rest);
+  }
+}
+
 // tile::bind's one-precision rule (float64 with no other float dtype), said with the labels and
 // numpy's and torch's dtype names: a call's float operands are all float64, or none is.
 inline void check_one_precision(const std::string& op, const std::vector<tile::OperandDecl>& decls,

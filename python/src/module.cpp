@@ -422,7 +422,7 @@ Bound convert(const Program& prog, nb::handle operands, nb::handle labels, Array
     }
   }
   check_one_precision(op, decls, names, b.args);
-  if (plan) b.options.plan = tile::PlanRequest::from_json(*plan);
+  if (plan) b.options.plan = parse_plan(op, *plan);
   b.options.backend = device.type == kDLCUDA ? tile::Backend::cuda : tile::Backend::cpu;
   b.options.device = device.id;
   return b;

@@ -315,7 +315,7 @@ Bound bind_call(const Call& c) {
     }
   }
   tile_py::check_one_precision(op, decls, pi.names, b.args);
-  if (c.plan) b.options.plan = tile::PlanRequest::from_json(*c.plan);
+  if (c.plan) b.options.plan = tile_py::parse_plan(op, *c.plan);
   b.options.backend = rows_like.device.type == tile_py::kDLCUDA ? tile::Backend::cuda : tile::Backend::cpu;
   b.options.device = rows_like.device.id;
   return b;

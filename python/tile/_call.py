@@ -134,7 +134,7 @@ def check_array(op, arg, a, accepted="f32 f64 f16 bf16", output=False):
             raise ValueError(f"{op}: argument '{arg}': expected a writable array, got a read-only numpy array")
 
 
-def _plan_value(key, value):
+def _plan_value(op, key, value):
     """A plan field's value as JSON takes it: integers of any integer type (numpy's too) as int."""
     np = sys.modules.get("numpy")
     if np is not None and isinstance(value, np.bool_):
@@ -144,8 +144,8 @@ def _plan_value(key, value):
     if hasattr(type(value), "__index__"):       # numpy integer scalars and 0-d integer arrays
         return operator.index(value)
     if isinstance(value, numbers.Real):
-        raise ValueError(f"mapping plan: argument '{key}': expected an integer, got {value!r}")
-    raise TypeError(f"mapping plan: argument '{key}': expected an integer or a string, got {_type_name(value)}")
+        raise ValueError(f"{op}: argument 'plan.{key}': expected an integer, got {value!r}")
+    raise TypeError(f"{op}: argument 'plan.{key}': expected an integer or a string, got {_type_name(value)}")
 
 
 def plan_json(op, plan):
@@ -158,7 +158,7 @@ def plan_json(op, plan):
             if not isinstance(key, str):
                 raise TypeError(f"{op}: argument 'plan': expected plan field names as strings, "
                                 f"got {key!r} ({_type_name(key)})")
-        return json.dumps({key: _plan_value(key, value) for key, value in plan.items()})
+        return json.dumps({key: _plan_value(op, key, value) for key, value in plan.items()})
     raise TypeError(f"{op}: argument 'plan': expected a dict of plan fields, a JSON string or None, "
                     f"got {_type_name(plan)}")
 

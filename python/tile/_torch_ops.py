@@ -609,7 +609,7 @@ def _plan(op, plan):
     for key, value in plan.items():
         if not isinstance(key, str):
             return _call.plan_json(op, plan)     # raises, naming the key
-        value = _call._plan_value(key, value)
+        value = _call._plan_value(op, key, value)
         if isinstance(value, bool):
             text = "true" if value else "false"
         elif isinstance(value, str):

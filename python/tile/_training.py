@@ -11,7 +11,9 @@ device. Formulas, special values and aliasing: docs/source/training.md.
     loss = tile.cross_entropy_fused(logits, target)     # logits now hold dlogits
 """
 
+import math
 import numbers
+import struct
 import sys
 
 from . import _call, _tile
@@ -35,13 +37,35 @@ def _program(name, label_smoothing=False, softcap=False):
     return entry
 
 
-def _run(name, operands, dtypes=None, plan=None, stream=None, label_smoothing=False, softcap=False):
+def _run(name, operands, dtypes=None, plan=None, stream=None, label_smoothing=False, softcap=False, given_as=None,
+         caller=None):
     """One call: operands by name (None: an absent optional operand); outputs not named are
-    allocated. Returns the operands as called, outputs included."""
+    allocated. Returns the operands as called, outputs included. An error names what the
+    caller gave: `given_as` maps an operand to the argument it came from (dx from out=, dbias
+    shaped like bias), `caller` the function called where that is not `name`."""
     p, info = _program(name, label_smoothing, softcap)
-    ops = _call.prepare(info, operands, dtypes)
-    _call.launch(p, info, ops, plan, stream, False)
+    try:
+        ops = _call.prepare(info, operands, dtypes)
+        _call.launch(p, info, ops, plan, stream, False)
+    except (ValueError, TypeError) as e:
+        renamed = _renamed(str(e), name, given_as or {}, caller or name)
+        if type(e) not in (ValueError, TypeError) or renamed == str(e):
+            raise
+        raise type(e)(renamed) from None
     return ops[0]
+
+
+def _renamed(message, name, given_as, caller):
+    """`message` of program `name` as the caller's function and arguments say it."""
+    prefix = name + ": "
+    if not message.startswith(prefix):
+        return message
+    rest = message[len(prefix):]
+    for operand, argument in given_as.items():
+        if rest.startswith(f"argument '{operand}':"):
+            rest = f"argument '{argument}' ({operand}):" + rest[len(f"argument '{operand}':"):]
+            break
+    return caller + ": " + rest
 
 
 def _given(**operands):
@@ -57,14 +81,14 @@ def softmax_backward(y, dy, out=None, plan=None, stream=None):
     """dx = y * (dy - sum(y * dy)) over the last dimension, y = softmax(x); dx like dy. out may
     be dy itself."""
     return _run("softmax_backward", _given(y=y, dy=dy, dx=out), {"dx": _dtype(dy)} if out is None else None,
-                plan, stream)["dx"]
+                plan, stream, given_as={"dx": "out"})["dx"]
 
 
 def log_softmax_backward(y, dy, out=None, plan=None, stream=None):
     """dx = dy - exp(y) * sum(dy) over the last dimension, y = log_softmax(x); dx like dy. out
     may be dy itself."""
     return _run("log_softmax_backward", _given(y=y, dy=dy, dx=out), {"dx": _dtype(dy)} if out is None else None,
-                plan, stream)["dx"]
+                plan, stream, given_as={"dx": "out"})["dx"]
 
 
 def _columns_like(like):
@@ -84,7 +108,7 @@ def rms_norm_backward(dy, x, weight, rstd, out=None, plan=None, stream=None):
     ops = _given(dy=dy, x=x, rstd=rstd, dx=out)
     ops["weight"] = weight
     ops["dweight"] = None if weight is None else _columns_like(weight)
-    ops = _run("rms_norm_backward", ops, None, plan, stream)
+    ops = _run("rms_norm_backward", ops, None, plan, stream, given_as={"dx": "out"})
     return ops["dx"], ops["dweight"]
 
 
@@ -96,7 +120,7 @@ def layer_norm_backward(dy, x, weight, bias, mean, rstd, out=None, plan=None, st
     ops["weight"] = weight
     ops["dweight"] = None if weight is None else _columns_like(weight)
     ops["dbias"] = None if bias is None else _columns_like(bias)
-    ops = _run("layer_norm_backward", ops, None, plan, stream)
+    ops = _run("layer_norm_backward", ops, None, plan, stream, given_as={"dx": "out", "dbias": "bias"})
     return ops["dx"], ops["dweight"], ops["dbias"]
 
 
@@ -106,6 +130,8 @@ def fused_add_rms_norm(x, residual, weight=None, eps=RMS_NORM_EPS, in_place=Fals
     rms_norm(x + residual) * weight (in x's dtype): (y, residual_out), or (y, residual_out,
     rstd) with return_rstd. in_place=True writes residual_out into residual and y into x, and
     returns those (vLLM's contract)."""
+    if eps is None:  # a silent default would differ from torch's rms_norm (the dtype's machine epsilon)
+        raise TypeError("fused_add_rms_norm: argument 'eps': expected a real number (float), got None")
     ops = {"x": x, "residual": residual, "weight": weight, "eps": eps}
     if in_place:
         ops["y"], ops["residual_out"] = x, residual
@@ -184,6 +210,16 @@ def _scalar_out(op, name, like):
     return _call.allocate(op, name, like, "logits", (), _call.stat_dtype(like))
 
 
+def _float32_holds(f):
+    """f rounds to a float32 without overflowing to inf or underflowing to 0."""
+    try:
+        f = float(f)
+        r = struct.unpack("f", struct.pack("f", f))[0]
+    except OverflowError:  # beyond a double (10**400), or (on some Pythons) rounding to inf
+        return False
+    return (r != 0 or f == 0) and (math.isfinite(r) or not math.isfinite(f))
+
+
 def _broadcast_rows(op, name, v, logits, per_row):
     """v as a per-row input: one value per row, or (per_row False) one value for every row, as a
     stride-0 view (no copy, no host synchronisation). A number becomes a float32 array (float64
@@ -193,6 +229,10 @@ def _broadcast_rows(op, name, v, logits, per_row):
         raise TypeError(f"{op}: argument '{name}': expected a number or an array, got {_call._type_name(v)} {v!r}")
     if isinstance(v, numbers.Real):
         long = _call._LONG_NAME[_call.stat_dtype(logits)]
+        if long == "float32" and not _float32_holds(v):
+            given = repr(v) if len(repr(v)) <= 40 else f"{repr(v)[:20]}... ({len(repr(v))} digits)"
+            raise ValueError(f"{op}: argument '{name}': expected a number float32 holds (0, or a magnitude from "
+                             f"1.4e-45 to 3.4e+38, or inf or nan), got {given}")
         if _call._is_torch(logits):
             v = _call._torch().full((), float(v), dtype=getattr(_call._torch(), long), device=logits.device)
         else:
@@ -215,7 +255,7 @@ def _count(op, logits, target, scalars, variant, plan, stream):
     cross_entropy with no output but its count reads only the targets."""
     count = _scalar_out(op, "count", logits)
     _run("cross_entropy", dict(logits=logits, target=target, loss=None, lse=None, loss_sum=None, loss_mean=None,
-                               count=count, **scalars), None, plan, stream, **variant)
+                               count=count, **scalars), None, plan, stream, **variant, caller=op)
     return count
 
 
@@ -263,7 +303,7 @@ def cross_entropy_backward(dloss, logits, target, lse, ignore_index=-100, reduct
     if reduction == "mean":
         ops["count"] = _broadcast_rows(op, "count", _count(op, logits, target, scalars, variant, plan, stream), logits,
                                        False)
-    return _run(op, ops, None, plan, stream, **variant)["dlogits"]
+    return _run(op, ops, None, plan, stream, **variant, given_as={"dlogits": "out"})["dlogits"]
 
 
 def cross_entropy_fused(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, z_loss=0.0,
@@ -285,5 +325,5 @@ def cross_entropy_fused(logits, target, ignore_index=-100, reduction="mean", lab
     if reduction == "mean":
         ops["count"] = _broadcast_rows(op, "count", _count(op, logits, target, scalars, variant, plan, stream), logits,
                                        False)
-    result = _run(op, ops, None, plan, stream, **variant)
+    result = _run(op, ops, None, plan, stream, **variant, given_as=None if out is None else {"dlogits": "out"})
     return (result[key], result["lse"]) if return_lse else result[key]

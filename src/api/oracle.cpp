@@ -208,8 +208,10 @@ OracleCheck check_against(const Call& call, const std::vector<double>& ref) {
 }
 
 OracleCheck check_against(const Call& call, const std::vector<double>& ref, const MappingPlan& plan) {
-  TILE_CHECK(int64_t(ref.size()) == call.x.rows * call.x.cols, "reference of ", ref.size(), " values for a ",
-             call.x.rows, " x ", call.x.cols, " call");
+  if (int64_t(ref.size()) != call.x.rows * call.x.cols)
+    throw_argument_error("check_against", "reference",
+                         "rows x cols = " + std::to_string(call.x.rows) + " x " + std::to_string(call.x.cols) + " values",
+                         std::to_string(ref.size()) + " values");
   // rtol covers rounding to the output dtype plus fp32 accumulation; atol is relative to the
   // row's largest |ref| (softmax rows hold many tiny values); floor is the output's smallest
   // step (a few fp32 subnormal steps for fp32). The merge depth adds one unit roundoff per

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "core/sha256.hpp"
+#include "core/text.hpp"
 #include "tile/error.hpp"
 
 namespace tile {
@@ -104,7 +105,7 @@ json parse_object(const std::string& text) {
     if (event == json::parse_event_t::key && depth == 1) {
       const std::string key = parsed.get<std::string>();
       if (std::find(keys.begin(), keys.end(), key) != keys.end())
-        throw_argument_error("mapping plan", key, "a field given once", "it twice");
+        throw_argument_error("mapping plan", printable(key), "a field given once", "it twice");
       keys.push_back(key);
     }
     return true;
@@ -119,7 +120,7 @@ json parse_object(const std::string& text) {
   for (auto& [key, value] : j.items()) {
     bool known = false;
     for (const PlanFieldInfo& f : plan_fields()) known |= key == f.name;
-    if (!known) throw_argument_error("mapping plan", key, "a known plan field", "an unknown field");
+    if (!known) throw_argument_error("mapping plan", printable(key), "a known plan field", "an unknown field");
   }
   return j;
 }

@@ -79,6 +79,17 @@ RowProgram::RowProgram(std::string name) : name_(std::move(name)), serial_(next_
     throw_argument_error("RowProgram", "name", "an identifier ([A-Za-z_][A-Za-z0-9_]*)", "'" + printable(name_) + "'");
 }
 
+RowProgram::RowProgram(RowProgram&& other)
+    : name_(other.name_),
+      operands_(std::move(other.operands_)),
+      nodes_(std::move(other.nodes_)),
+      reductions_(std::move(other.reductions_)),
+      stores_(std::move(other.stores_)),
+      serial_(other.serial_) {
+  other.operands_.clear(), other.nodes_.clear(), other.reductions_.clear(), other.stores_.clear();
+  other.serial_ = next_serial();
+}
+
 void RowProgram::fail(const std::string& what) const { throw Error("row program '" + name_ + "': " + what); }
 
 Operand RowProgram::declare(OperandDecl decl) {
@@ -181,7 +192,9 @@ int RowProgram::add(RowNode node) {
 
 const RowNode& RowProgram::node(RowExpr e) const {
   if (e.program != this) fail("an expression from another program (or a default-constructed one) is used");
-  TILE_CHECK(e.id >= 0 && e.id < int(nodes_.size()), "node ", e.id, " out of range");
+  if (e.id < 0 || e.id >= int(nodes_.size()))
+    fail("expression node " + std::to_string(e.id) + ": expected a node of this program, 0 to " +
+         std::to_string(int(nodes_.size()) - 1));
   return nodes_[e.id];
 }
 

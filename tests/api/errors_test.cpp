@@ -72,6 +72,37 @@ TEST(ArgumentErrors, NamesOperatorArgumentExpectedAndGiven) {
   expect_error(c, {}, {"softmax", "'x'", "aligned to its element size"});
 }
 
+// Caller mistakes outside a call's operands: each an Error naming what was wrong, none an
+// InternalError (kept for the library's own bugs) and none a silent default.
+TEST(ArgumentErrors, MistakesAroundACallAreTheCallersToo) {
+  Buffers b;
+  auto message = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const InternalError& e) {
+      return std::string("InternalError: ") + e.what();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_EQ(message([&] { check_against(b.call(Op::softmax), std::vector<double>(3)); }),
+            "check_against: argument 'reference': expected rows x cols = 64 x 100 values, got 3 values");
+  RowProgram r("r");
+  const Operand x = r.row_in("x");
+  EXPECT_EQ(message([&] { r.binary(BinaryFn::add, r.load(x), RowExpr{&r, 9999}); }),
+            "row program 'r': expression node 9999: expected a node of this program, 0 to 0");
+  CallOptions cast;
+  cast.backend = Backend(5);
+  EXPECT_EQ(message([&] { run(b.call(Op::softmax), cast); }),
+            "call options: argument 'backend': expected Backend::cuda or Backend::cpu, got the value 5");
+  // matrix(): -1 (the default) means contiguous rows; another negative stride is refused by the call.
+  EXPECT_EQ(matrix(b.x.data(), DType::f32, 64, 100).row_stride, 100);
+  Call c = b.call(Op::softmax);
+  c.x = matrix(b.x.data(), DType::f32, 64, 100, -7);
+  expect_error(c, {}, {"softmax", "'x'", "-7"});
+}
+
 TEST(ArgumentErrors, InvalidPlansNameTheField) {
   Buffers b;
   PlanRequest p;

@@ -322,7 +322,7 @@ def test_fast_path_errors_match_the_dlpack_path():
          r"softmax: argument 'dtype': expected None or out's dtype torch.bfloat16"),
         ("softmax", x, None, None, None, 3, None, None, r"softmax: argument 'plan': expected a dict"),
         ("softmax", x, None, None, None, {"warps": 2}, None, None,
-         r"mapping plan: argument 'warps': expected a known plan field"),
+         r"softmax: argument 'plan.warps': expected a known plan field"),
         ("softmax", x, None, None, None, None, "default", None, r"softmax: argument 'stream': expected an int"),
         ("rms_norm", x, [[1.0]], None, None, None, None, None,
          r"rms_norm: argument 'out': expected an array exporting DLPack"),

@@ -109,9 +109,9 @@ def test_not_an_array():
 
 
 def test_bad_plan_and_op():
-    with pytest.raises(ValueError, match=r"mapping plan: argument 'programs_per_group': expected an integer"):
+    with pytest.raises(ValueError, match=r"softmax: argument 'plan.programs_per_group': expected an integer"):
         tile.softmax(x32(), plan={"programs_per_group": "two"})
-    with pytest.raises(ValueError, match=r"mapping plan: argument 'warps': expected a known plan field"):
+    with pytest.raises(ValueError, match=r"softmax: argument 'plan.warps': expected a known plan field"):
         tile.plan("softmax", x32(), plan={"warps": 2})
     with pytest.raises(TypeError, match=r"argument 'plan': expected a dict"):
         tile.softmax(x32(), plan=3)
@@ -157,24 +157,24 @@ def test_plan_values_of_numpy_integer_types():
     y = tile.softmax(x32(), plan={"stripes": np.int64(1), "workers_per_program": np.int32(16)})
     assert np.isfinite(y).all()
     assert tile.plan("softmax", x32(), plan={"programs_per_group": np.uint8(2)})["programs_per_group"] == 2
-    with pytest.raises(ValueError, match=r"mapping plan: argument 'stripes': expected an integer, got true"):
+    with pytest.raises(ValueError, match=r"softmax: argument 'plan.stripes': expected an integer, got true"):
         tile.softmax(x32(), plan={"stripes": np.bool_(True)})
-    with pytest.raises(ValueError, match=r"mapping plan: argument 'stripes': expected an integer, got np.float64\(1.0\)"):
+    with pytest.raises(ValueError, match=r"softmax: argument 'plan.stripes': expected an integer, got np.float64\(1.0\)"):
         tile.softmax(x32(), plan={"stripes": np.float64(1.0)})
-    with pytest.raises(ValueError, match=r"mapping plan: argument 'stripes': expected an integer, got nan"):
+    with pytest.raises(ValueError, match=r"softmax: argument 'plan.stripes': expected an integer, got nan"):
         tile.softmax(x32(), plan={"stripes": float("nan")})
-    with pytest.raises(TypeError, match=r"mapping plan: argument 'stripes': expected an integer or a string, got list"):
+    with pytest.raises(TypeError, match=r"softmax: argument 'plan.stripes': expected an integer or a string, got list"):
         tile.softmax(x32(), plan={"stripes": [1]})
     with pytest.raises(TypeError, match=r"softmax: argument 'plan': expected plan field names as strings, got 1 \(int\)"):
         tile.softmax(x32(), plan={1: 2})
-    with pytest.raises(ValueError, match=r"mapping plan: argument 'stripes': expected an integer in \[1, 2147483647\], "
+    with pytest.raises(ValueError, match=r"softmax: argument 'plan.stripes': expected an integer in \[1, 2147483647\], "
                                          r"got 0"):
         tile.softmax(x32(), plan={"stripes": np.int64(0)})
 
 
 def test_plan_text_with_a_nul_byte():
     # The JSON parser stops at NUL: what follows must not be dropped silently.
-    with pytest.raises(ValueError, match=r"mapping plan: argument 'json': expected a JSON object without NUL bytes, "
+    with pytest.raises(ValueError, match=r"softmax: argument 'plan': expected a JSON object without NUL bytes, "
                                          r"got a NUL byte at offset 13 of 21"):
         tile.plan("softmax", x32(), plan='{"stripes":1}\x00garbage')
     with pytest.raises(ValueError, match=r"NUL"):
@@ -463,3 +463,54 @@ def test_bad_program_construction_names_the_program():
         p.plan(x=x32())
     p.store(y, p.load(x))                                # complete now: it runs
     assert np.array_equal(p(x=x32()), x32())
+
+
+def test_training_errors_name_the_function_and_argument_called():
+    rng = np.random.default_rng(7)
+    z = rng.standard_normal((6, 10)).astype(np.float32)
+    t = np.arange(6) % 5
+    lse = tile.cross_entropy(z, t, return_lse=True)[1]
+    strided = np.repeat(z, 2, 1)[:, ::2]
+    # A mean's count pass checks the caller's own logits and target: the caller is named.
+    with pytest.raises(ValueError, match=r"^cross_entropy_fused: argument 'logits': expected a contiguous"):
+        tile.cross_entropy_fused(strided, t)
+    with pytest.raises(ValueError, match=r"^cross_entropy_backward: argument 'logits': expected a contiguous"):
+        tile.cross_entropy_backward(1.0, strided, t, lse)
+    with pytest.raises(ValueError, match=r"^cross_entropy_fused: argument 'target': expected dtype int32 or int64"):
+        tile.cross_entropy_fused(z.copy(), t.astype(np.uint8))
+    # out= and the bias that shapes dbias are named as given.
+    dy = rng.standard_normal((3, 8)).astype(np.float32)
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    w = np.ones(8, np.float32)
+    _, mean, rstd = tile.layer_norm(x, w, w, return_stats=True)
+    with pytest.raises(ValueError, match=r"^layer_norm_backward: argument 'bias' \(dbias\): expected shape \(8,\)"):
+        tile.layer_norm_backward(dy, x, w, np.ones(3, np.float32), mean, rstd)
+    with pytest.raises(ValueError, match=r"^softmax_backward: argument 'out' \(dx\): expected shape \(3, 8\)"):
+        tile.softmax_backward(x, dy, out=np.empty((3, 4), np.float32))
+    with pytest.raises(ValueError, match=r"^rms_norm_backward: argument 'out' \(dx\)"):
+        tile.rms_norm_backward(dy, x, w, rstd, out=np.empty((3, 4), np.float32))
+    with pytest.raises(ValueError, match=r"^cross_entropy_backward: argument 'out' \(dlogits\)"):
+        tile.cross_entropy_backward(1.0, z, t, lse, out=np.empty((6, 4), np.float32))
+    # A plan's fields are named as plan.<field> of the function called.
+    with pytest.raises(ValueError, match=r"^rms_norm_backward: argument 'plan.stripes': expected an integer, got 2.0"):
+        tile.rms_norm_backward(dy, x, w, rstd, plan={"stripes": 2.0})
+    with pytest.raises(ValueError, match=r"^softmax_backward: argument 'plan.bogus': expected a known plan field"):
+        tile.softmax_backward(x, dy, plan={"bogus": 1})
+
+
+def test_eps_none_and_a_dloss_float32_cannot_hold_are_refused():
+    x = x32((2, 8))
+    for call in (lambda: tile.rms_norm(x, eps=None), lambda: tile.layer_norm(x, eps=None),
+                 lambda: tile.fused_add_rms_norm(x, x.copy(), eps=None)):
+        with pytest.raises(TypeError, match=r"argument 'eps': expected a real number \(float\), got None"):
+            call()
+    z = np.random.default_rng(3).standard_normal((2, 5)).astype(np.float32)
+    t = np.array([0, 1])
+    lse = tile.cross_entropy(z, t, return_lse=True)[1]
+    for dloss in (1e39, -1e39, 1e-50, 10**400):
+        with pytest.raises(ValueError, match=r"cross_entropy_backward: argument 'dloss': expected a number float32 holds"):
+            tile.cross_entropy_backward(dloss, z, t, lse, reduction="sum")
+    # What float32 holds is taken, rounded: the smallest subnormal, the largest finite value, inf.
+    for dloss in (2.0**-149, 3.4028234663852886e38, float("inf"), 0.0):
+        g = tile.cross_entropy_backward(dloss, z, t, lse, reduction="sum")
+        assert g.shape == z.shape

@@ -129,7 +129,7 @@ def public_call(op, c, o):
 def test_the_operands_are_those_the_public_function_passes(monkeypatch, op, dtype):
     calls = []
 
-    def run(name, operands, dtypes=None, plan=None, stream=None, label_smoothing=False, softcap=False):
+    def run(name, operands, dtypes=None, plan=None, stream=None, label_smoothing=False, softcap=False, **naming):
         # _training._run up to the launch: the operands as the program receives them.
         _, info = _training._program(name, label_smoothing, softcap)
         ops, _ = _call.prepare(info, operands, dtypes)

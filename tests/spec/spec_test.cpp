@@ -129,6 +129,30 @@ TEST(RowProgram, EveryChangeGivesANewSerial) {
   EXPECT_NE(RowProgram("demo").serial(), RowProgram("demo").serial());
 }
 
+// A moved-from program is empty under a serial of its own: running it is refused as a program
+// that stores nothing (it crashed reading the caches of the program it was moved into).
+TEST(RowProgram, AMovedFromProgramIsEmpty) {
+  std::vector<float> x(4 * 100, 1.0f), y(4 * 100);
+  CallOptions cpu;
+  cpu.backend = Backend::cpu;
+  RowProgram p("scale2");
+  const Operand xo = p.row_in("x"), yo = p.row_out("y");
+  p.store(yo, p.load(xo) * 2.0);
+  Args args;
+  args.set("x", matrix(x.data(), DType::f32, 4, 100)).set("y", matrix(y.data(), DType::f32, 4, 100));
+  run(p, args, cpu);
+  const uint64_t serial = p.serial();
+  RowProgram q = std::move(p);
+  EXPECT_EQ(q.serial(), serial);
+  EXPECT_NE(p.serial(), serial);
+  EXPECT_TRUE(p.operands().empty() && p.nodes().empty() && p.stores().empty());
+  EXPECT_EQ(p.name(), "scale2");
+  EXPECT_ERROR(run(p, Args(), cpu), "row program 'scale2'");
+  std::fill(y.begin(), y.end(), 0.0f);
+  run(q, args, cpu);
+  EXPECT_EQ(y[399], 2.0f);
+}
+
 TEST(RowProgram, ScalarsHaveDefaultsAndRanges) {
   RowProgram p("demo");
   Operand x = p.row_in("x"), y = p.row_out("y");

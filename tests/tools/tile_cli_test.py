@@ -58,6 +58,11 @@ USAGE_ERRORS = [
     (["run", "--op", "softmax", "--weight-dtype", "f16"], "--weight-dtype: expected no weight dtype"),
     (["run", "--op", "rms_norm", "--no-weight", "--weight-dtype", "f16"], "--weight-dtype: expected no weight dtype"),
     (["run", "--op", "log_softmax", "--no-weight"], "--no-weight: expected a norm"),
+    (["run", "--op", "rms_norm", "--no-weight", "--no-weight"], "--no-weight"),  # flags once, as options
+    (["run", "--dtype", "i32"], "--dtype: expected one of f32, f64, f16, bf16, got 'i32'"),  # no operator's x
+    (["run", "--out-dtype", "i64"], "--out-dtype"),
+    (["bench", "--host", "--host"], "--host"),
+    (["tune", "--dtype", "i64"], "--dtype"),
     (["bench", "--shape", "4x8x3"], "--shape"),
     (["bench", "--shape", "4611686018427387905x4"], "--shape"),
     (["bench", "--shape", "1x2", "3x4"], "3x4"),

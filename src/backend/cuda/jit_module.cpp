@@ -277,8 +277,11 @@ fs::path cache_dir() {
 }
 
 bool disk_cache_enabled() {
-  const std::string off = getenv_str("TILE_DISABLE_DISK_CACHE");
-  return (off.empty() || off == "0") && !cache_dir().empty();
+  // The usual spellings of "no" keep the cache (TILE_DISABLE_DISK_CACHE=false once disabled it).
+  std::string off = getenv_str("TILE_DISABLE_DISK_CACHE");
+  for (char& c : off) c = char(std::tolower(static_cast<unsigned char>(c)));
+  const bool keep = off.empty() || off == "0" || off == "false" || off == "no" || off == "off";
+  return keep && !cache_dir().empty();
 }
 
 void clear_memory_cache() {

@@ -62,7 +62,8 @@ std::shared_ptr<const CompileResult> compile_cubin(
 // TILE_CACHE_DIR, else $XDG_CACHE_HOME/tile/kernels, else $HOME/.cache/tile/kernels;
 // empty when none of these is set. Read from the environment on every call.
 std::filesystem::path cache_dir();
-// False when TILE_DISABLE_DISK_CACHE is set to anything but "" or "0", or cache_dir() is empty.
+// False when TILE_DISABLE_DISK_CACHE is set to anything but "", "0", "false", "no" or "off" (in
+// any case), or cache_dir() is empty.
 bool disk_cache_enabled();
 // Empties compile_cubin()'s process-wide map; results already returned stay valid.
 void clear_memory_cache();

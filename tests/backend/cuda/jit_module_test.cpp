@@ -203,6 +203,15 @@ TEST_F(JitModuleTest, DisabledDiskCacheWritesNothing) {
 
   ::setenv("TILE_DISABLE_DISK_CACHE", "0", 1);
   EXPECT_TRUE(disk_cache_enabled());
+  // The spellings of "no" keep the cache; any other value turns it off.
+  for (const char* keep : {"", "false", "No", "OFF"}) {
+    ::setenv("TILE_DISABLE_DISK_CACHE", keep, 1);
+    EXPECT_TRUE(disk_cache_enabled()) << "'" << keep << "'";
+  }
+  for (const char* off : {"true", "yes", "2", " "}) {
+    ::setenv("TILE_DISABLE_DISK_CACHE", off, 1);
+    EXPECT_FALSE(disk_cache_enabled()) << "'" << off << "'";
+  }
 }
 
 TEST_F(JitModuleTest, UnwritableCacheDirDoesNotFailCompile) {
