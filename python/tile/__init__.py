@@ -410,10 +410,11 @@ def log_softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
 
 
 def _refuse_eps_none(op, eps):
-    # torch's rms_norm reads eps=None as the dtype's machine epsilon; a silent 1e-6 would differ.
+    # torch's rms_norm reads eps=None as the dtype's machine epsilon; a silent default would differ.
     if eps is None:
-        raise TypeError(f"{op}: argument 'eps': expected a real number (float), got None (tile.nn.RMSNorm takes "
-                        "eps=None as torch does, the machine epsilon of x's dtype)")
+        hint = " (tile.nn.RMSNorm takes eps=None as torch does, the machine epsilon of x's dtype)" \
+            if op == "rms_norm" else ""
+        raise TypeError(f"{op}: argument 'eps': expected a real number (float), got None{hint}")
 
 
 def rms_norm(x, weight=None, eps=RMS_NORM_EPS, out=None, plan=None, stream=None, dtype=None, return_rstd=False):

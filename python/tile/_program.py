@@ -469,8 +469,11 @@ def builtin(name):
         if not isinstance(name, str):
             raise TypeError(f"builtin: argument 'name': expected one of 'softmax', 'log_softmax', 'rms_norm', "
                             f"'layer_norm' or a training operator's name, got {name!r}")
-        made = (_tile.Program.library(name) if name in _tile.Program.library_names()
-                else _tile.Program.builtin(name))
+        forward, training = ("softmax", "log_softmax", "rms_norm", "layer_norm"), tuple(_tile.Program.library_names())
+        if name not in forward + training:
+            raise ValueError(f"builtin: argument 'name': expected one of {', '.join(forward)} or a training "
+                             f"operator ({', '.join(training)}), got {name!r}")
+        made = _tile.Program.library(name) if name in training else _tile.Program.builtin(name)
         p = _BUILTINS[name] = RowProgram._of(made)
     return p
 

@@ -514,3 +514,13 @@ def test_eps_none_and_a_dloss_float32_cannot_hold_are_refused():
     for dloss in (2.0**-149, 3.4028234663852886e38, float("inf"), 0.0):
         g = tile.cross_entropy_backward(dloss, z, t, lse, reduction="sum")
         assert g.shape == z.shape
+
+
+def test_builtin_names_every_program_it_takes():
+    with pytest.raises(ValueError, match=r"^builtin: argument 'name': expected one of softmax, log_softmax, rms_norm, "
+                                         r"layer_norm or a training operator \(softmax_backward, .*cross_entropy.*\), "
+                                         r"got 'nope'$"):
+        tile.builtin("nope")
+    assert tile.builtin("rms_norm_backward").name == "rms_norm_backward"
+    with pytest.raises(TypeError, match=r"^layer_norm: argument 'eps': expected a real number \(float\), got None$"):
+        tile.layer_norm(x32(), eps=None)
