@@ -409,19 +409,11 @@ def log_softmax(x, dim=-1, out=None, plan=None, stream=None, dtype=None):
     return _launch("log_softmax", x, out, None, None, None, plan, stream, dtype, False)
 
 
-def _refuse_eps_none(op, eps):
-    # torch's rms_norm reads eps=None as the dtype's machine epsilon; a silent default would differ.
-    if eps is None:
-        hint = " (tile.nn.RMSNorm takes eps=None as torch does, the machine epsilon of x's dtype)" \
-            if op == "rms_norm" else ""
-        raise TypeError(f"{op}: argument 'eps': expected a real number (float), got None{hint}")
-
-
 def rms_norm(x, weight=None, eps=RMS_NORM_EPS, out=None, plan=None, stream=None, dtype=None, return_rstd=False):
     """``x * rsqrt(mean(x^2) + eps) [* weight]`` over the last dimension; with return_rstd, also
     ``rsqrt(mean(x^2) + eps)`` per row (float32, float64 for float64 x; shaped like x's rows):
     ``(out, rstd)``."""
-    _refuse_eps_none("rms_norm", eps)
+    _call.refuse_eps_none("rms_norm", eps)
     if _ext is not None and not _ext_off():
         y = _ext.rms_norm(x, weight, eps, out, plan, stream, dtype, return_rstd)
         if y is not None:
@@ -438,7 +430,7 @@ def layer_norm(x, weight=None, bias=None, eps=LAYER_NORM_EPS, out=None, plan=Non
     return_stats, also the mean and ``rsqrt(var + eps)`` per row (float32, float64 for float64 x;
     shaped like x's rows):
     ``(out, mean, rstd)``."""
-    _refuse_eps_none("layer_norm", eps)
+    _call.refuse_eps_none("layer_norm", eps)
     if _ext is not None and not _ext_off():
         y = _ext.layer_norm(x, weight, bias, eps, out, plan, stream, dtype, return_stats)
         if y is not None:

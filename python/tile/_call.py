@@ -105,6 +105,14 @@ def scalar(op, name, v):
     return float(v)
 
 
+def refuse_eps_none(op, eps):
+    """torch's rms_norm reads eps=None as the dtype's machine epsilon: a silent default would differ."""
+    if eps is None:
+        hint = " (tile.nn.RMSNorm takes eps=None as torch does, the machine epsilon of x's dtype)" \
+            if op == "rms_norm" else ""
+        raise TypeError(f"{op}: argument 'eps': expected a real number (float), got None{hint}")
+
+
 def check_array(op, arg, a, accepted="f32 f64 f16 bf16", output=False):
     """What the extension cannot say well of an array: not an array at all, a numpy dtype DLPack
     cannot export (other byte orders, structured, object), a mask, a read-only output."""
@@ -343,20 +351,22 @@ def allocate(op, name, like, like_name, shape, dtype):
                     f"nor a torch tensor, got None ({like_name} is {type(like).__name__})")
 
 
-def prepare(info, operands, dtypes, allocate_outputs=True):
+def prepare(info, operands, dtypes, allocate_outputs=True, labels=None):
     """Checks a program call's operands in Python and allocates the outputs not given (a name
     given as None is an absent optional output). Returns (operands, device_like): the operands
-    as the extension takes them, and the first row operand, which picks device and stream."""
+    as the extension takes them, and the first row operand, which picks device and stream.
+    `labels` renames operands in errors, as launch's does."""
     op = info.name
+    labels = labels or {}
     ops = dict(operands)
     for name in info.scalars:
         v = ops.get(name)
         if v is not None:
-            ops[name] = scalar(op, name, v)
+            ops[name] = scalar(op, labels.get(name, name), v)
     for name, v in ops.items():
         decl = info.by_name.get(name)
         if v is not None and decl is not None and decl["role"] != "scalar_in":
-            check_array(op, name, v, " ".join(decl["dtypes"]), decl["role"] in _OUTPUTS)
+            check_array(op, labels.get(name, name), v, " ".join(decl["dtypes"]), decl["role"] in _OUTPUTS)
     if dtypes is not None:
         if not isinstance(dtypes, dict):
             raise TypeError(f"{op}: argument 'dtypes': expected a dict of output name -> dtype, got "

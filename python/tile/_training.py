@@ -41,31 +41,18 @@ def _run(name, operands, dtypes=None, plan=None, stream=None, label_smoothing=Fa
          caller=None):
     """One call: operands by name (None: an absent optional operand); outputs not named are
     allocated. Returns the operands as called, outputs included. An error names what the
-    caller gave: `given_as` maps an operand to the argument it came from (dx from out=, dbias
-    shaped like bias), `caller` the function called where that is not `name`."""
+    caller gave: `given_as` maps an operand to the argument it came from (launch's labels: dx
+    from out=, dbias shaped like bias), `caller` the function called where that is not `name`
+    (cross-entropy's count pass checks the caller's own logits and target)."""
     p, info = _program(name, label_smoothing, softcap)
     try:
-        ops = _call.prepare(info, operands, dtypes)
-        _call.launch(p, info, ops, plan, stream, False)
+        ops = _call.prepare(info, operands, dtypes, labels=given_as)
+        _call.launch(p, info, ops, plan, stream, False, given_as)
     except (ValueError, TypeError) as e:
-        renamed = _renamed(str(e), name, given_as or {}, caller or name)
-        if type(e) not in (ValueError, TypeError) or renamed == str(e):
+        if caller is None or type(e) not in (ValueError, TypeError) or not str(e).startswith(name + ": "):
             raise
-        raise type(e)(renamed) from None
+        raise type(e)(caller + str(e)[len(name):]) from None
     return ops[0]
-
-
-def _renamed(message, name, given_as, caller):
-    """`message` of program `name` as the caller's function and arguments say it."""
-    prefix = name + ": "
-    if not message.startswith(prefix):
-        return message
-    rest = message[len(prefix):]
-    for operand, argument in given_as.items():
-        if rest.startswith(f"argument '{operand}':"):
-            rest = f"argument '{argument}' ({operand}):" + rest[len(f"argument '{operand}':"):]
-            break
-    return caller + ": " + rest
 
 
 def _given(**operands):
@@ -130,8 +117,7 @@ def fused_add_rms_norm(x, residual, weight=None, eps=RMS_NORM_EPS, in_place=Fals
     rms_norm(x + residual) * weight (in x's dtype): (y, residual_out), or (y, residual_out,
     rstd) with return_rstd. in_place=True writes residual_out into residual and y into x, and
     returns those (vLLM's contract)."""
-    if eps is None:  # a silent default would differ from torch's rms_norm (the dtype's machine epsilon)
-        raise TypeError("fused_add_rms_norm: argument 'eps': expected a real number (float), got None")
+    _call.refuse_eps_none("fused_add_rms_norm", eps)
     ops = {"x": x, "residual": residual, "weight": weight, "eps": eps}
     if in_place:
         ops["y"], ops["residual_out"] = x, residual

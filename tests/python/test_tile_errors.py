@@ -483,13 +483,13 @@ def test_training_errors_name_the_function_and_argument_called():
     x = rng.standard_normal((3, 8)).astype(np.float32)
     w = np.ones(8, np.float32)
     _, mean, rstd = tile.layer_norm(x, w, w, return_stats=True)
-    with pytest.raises(ValueError, match=r"^layer_norm_backward: argument 'bias' \(dbias\): expected shape \(8,\)"):
+    with pytest.raises(ValueError, match=r"^layer_norm_backward: argument 'bias': expected shape \(8,\)"):
         tile.layer_norm_backward(dy, x, w, np.ones(3, np.float32), mean, rstd)
-    with pytest.raises(ValueError, match=r"^softmax_backward: argument 'out' \(dx\): expected shape \(3, 8\)"):
+    with pytest.raises(ValueError, match=r"^softmax_backward: argument 'out': expected shape \(3, 8\)"):
         tile.softmax_backward(x, dy, out=np.empty((3, 4), np.float32))
-    with pytest.raises(ValueError, match=r"^rms_norm_backward: argument 'out' \(dx\)"):
+    with pytest.raises(ValueError, match=r"^rms_norm_backward: argument 'out': expected shape \(3, 8\)"):
         tile.rms_norm_backward(dy, x, w, rstd, out=np.empty((3, 4), np.float32))
-    with pytest.raises(ValueError, match=r"^cross_entropy_backward: argument 'out' \(dlogits\)"):
+    with pytest.raises(ValueError, match=r"^cross_entropy_backward: argument 'out': expected shape \(6, 10\)"):
         tile.cross_entropy_backward(1.0, z, t, lse, out=np.empty((6, 4), np.float32))
     # A plan's fields are named as plan.<field> of the function called.
     with pytest.raises(ValueError, match=r"^rms_norm_backward: argument 'plan.stripes': expected an integer, got 2.0"):
