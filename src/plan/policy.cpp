@@ -435,6 +435,12 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   }
   const bool long_row = cluster == 1 && !rows_cache_width && cols * xes > kRegisterRowBytes &&
                         req.caching.value_or(InputCaching::reread) == InputCaching::reread && !req.stripes;
+  // Rows fewer than the SMs, one scalar a stripe, one row input (the rule at stripes_wanted
+  // below); not f32 LayerNorm (five merged parts or more of 4-byte rows), which lost at 320
+  // workers (2.12 us against 1.92 at 416, the same run).
+  const bool few_scalar_rows = few_short_rows && p.vector_elems == 1 && cluster == 1 && !rows_cache_width &&
+                               !long_row && in.row_inputs() == 1 && !in.loops_over_rows() &&
+                               (in.merge_parts < 5 || xes == 2);
   // A re-read iteration issues unroll loads of every row input a worker: programs reading
   // several rows (y and dy, x and the residual) unroll less and widen instead. H200, bf16 x
   // 16384: softmax_backward 316 -> 202 us and fused_add_rms_norm 357 -> 275 us with 512
@@ -477,7 +483,15 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
     // us: log_softmax_backward x 1024 236 / 194, x 4096 234 / 206; fused_add_rms_norm 264 / 258,
     // 267 / 263; softmax_backward 189 / 188, 187 / 186.
     const bool several_16bit = in.row_inputs() >= 2 && xes == 2 * in.row_inputs();
-    int64_t stripes_wanted = req.stripes ? *req.stripes
+    // Rows fewer than the SMs of one scalar a stripe (strides that break vector alignment) take
+    // longer workers: one group an SM waits on its merges, and fewer warps merge sooner. Seven
+    // stripes for merges of at most two parts (softmax's maximum and sum, which then combine:
+    // one exchange), five for more (the norms'). H100, 37 x 1537 replayed as CUDA graphs
+    // (evidence/cubin-time-h100-seed-variants-cebcca5.log), us, 416 workers of four stripes /
+    // this rule: softmax f32 1.92 / 1.70, bf16 1.86 / 1.73; log-softmax 1.84 / 1.73, 1.80 /
+    // 1.77; RMSNorm 1.81 / 1.70, 1.61 / 1.59; LayerNorm bf16 1.82 / 1.77.
+    int64_t stripes_wanted = req.stripes             ? *req.stripes
+                             : few_scalar_rows       ? (in.merge_parts <= 2 ? 7 : 5)
                              : several_16bit && cluster == 1
                                  ? 1
                                  : std::max<int64_t>(1, kTargetStripes / std::max(1, in.row_inputs()));
@@ -533,7 +547,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // evidence/cubin-time-h200-cluster-merges-c5eea4d.log, staged / combine us: bf16 softmax
   // 1024 x 131072 169.0 / 158.4, 256 x 262144 97.6 / 90.8, 2048 x 65536 154.8 / 151.7; f32
   // 256 x 262144 144.1 / 137.7), where RMSNorm lost 6-10 % and LayerNorm 21-26 % the same way.
-  const bool one_exchange = p.ctas_per_program > 1 && in.merge_parts <= 2;
+  const bool one_exchange = (p.ctas_per_program > 1 || few_scalar_rows) && in.merge_parts <= 2;
   p.merge = req.merge.value_or(p.caching != InputCaching::reread && !one_exchange ? MergeStrategy::staged
                                                                                   : MergeStrategy::combine);
   p.column_loads = req.column_loads.value_or(ColumnLoads::ahead);

@@ -465,15 +465,41 @@ TEST(Policy, MoreRowBlocksThanAGridHoldsLoopOverThem) {
 
 TEST(Policy, OddRowsFewerThanTheSmsOfAtMostAGroupOfVectorsAreNotPeeled) {
   // bf16 37 x 1537 (a seed shape): 193 vectors a row, fewer rows than SMs, so the row stays as it
-  // is: 416 workers of four one-element stripes, the fixed-shape kernel's width.
+  // is, one element a stripe: seven stripes a worker (224 workers) with combined merges for
+  // merges of two parts, five (320 workers) with staged merges for more.
   const DeviceLimits limits;
-  for (int parts : {2, 3}) {
-    const MappingPlan p = choose_plan(merged_parts(DType::bf16, 37, 1537, parts), {});
-    EXPECT_EQ(p.row_head, RowHead::as_is) << parts;
-    EXPECT_EQ(p.vector_elems, 1) << parts;
-    EXPECT_EQ(p.workers_per_program, 416) << parts;
-    EXPECT_EQ(p.stripes, 4) << parts;
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    const MappingPlan two = choose_plan(merged_parts(dtype, 37, 1537, 2), {});
+    EXPECT_EQ(two.row_head, RowHead::as_is);
+    EXPECT_EQ(two.vector_elems, 1);
+    EXPECT_EQ(two.workers_per_program, 224);
+    EXPECT_EQ(two.stripes, 7);
+    EXPECT_EQ(two.merge, MergeStrategy::combine);
+    for (int parts : {3, 5}) {
+      const MappingPlan more = choose_plan(merged_parts(dtype, 37, 1537, parts), {});
+      // f32 LayerNorm's five parts keep four stripes.
+      const bool kept = parts == 5 && dtype == DType::f32;
+      EXPECT_EQ(more.row_head, RowHead::as_is) << parts;
+      EXPECT_EQ(more.workers_per_program, kept ? 416 : 320) << parts;
+      EXPECT_EQ(more.stripes, kept ? 4 : 5) << parts;
+      EXPECT_EQ(more.merge, MergeStrategy::staged) << parts;
+    }
   }
+  // As many rows as SMs keep four stripes (and peel, in bf16); so do rows of whole vectors; a
+  // request for stripes or a merge is kept.
+  const MappingPlan wave = choose_plan(merged_parts(DType::f32, limits.sm_count, 1537, 2), {});
+  EXPECT_EQ(wave.stripes, 4);
+  EXPECT_EQ(wave.merge, MergeStrategy::staged);
+  const MappingPlan aligned = choose_plan(merged_parts(DType::bf16, 37, 4096, 2), {});
+  EXPECT_EQ(aligned.vector_elems, 8);
+  EXPECT_EQ(aligned.workers_per_program, 128);
+  EXPECT_EQ(aligned.merge, MergeStrategy::staged);
+  PlanRequest fixed;
+  fixed.stripes = 4;
+  fixed.merge = MergeStrategy::staged;
+  const MappingPlan kept = choose_plan(merged_parts(DType::bf16, 37, 1537, 2), fixed);
+  EXPECT_EQ(kept.workers_per_program, 416);
+  EXPECT_EQ(kept.merge, MergeStrategy::staged);
   // As many rows as SMs peel; so does a row of more vectors than a group holds.
   ASSERT_GT(limits.sm_count, 37);
   EXPECT_EQ(choose_plan(merged_parts(DType::bf16, limits.sm_count, 1537, 2), {}).row_head, RowHead::peel);
