@@ -114,7 +114,10 @@ struct PlanRequest {
 #undef TILE_PLAN_MEMBER
 
   static PlanRequest exactly(const MappingPlan& plan);  // every field fixed
-  static PlanRequest from_json(const std::string&);     // a subset of the plan's fields
+  // A subset of the plan's fields. Errors name `op` and its `argument` ("softmax: argument
+  // 'plan.stripes'"), or by default the mapping plan and the field.
+  static PlanRequest from_json(const std::string& text, const std::string& op = "mapping plan",
+                               const std::string& argument = "");
   std::string to_json() const;                          // the fixed fields only
   void append_key(std::string& key) const;              // each field, set or not, as raw bytes
   bool operator==(const PlanRequest&) const = default;

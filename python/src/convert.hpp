@@ -248,15 +248,7 @@ inline tile::VectorView as_one_value(const Slot& s, const ArrayInfo& a) {
 // A plan given as JSON, its parse errors naming the operator called and the field as
 // plan.<field>, as the refusals of a plan matched to the call do.
 inline tile::PlanRequest parse_plan(const std::string& op, const std::string& text) {
-  try {
-    return tile::PlanRequest::from_json(text);
-  } catch (const tile::Error& e) {
-    const std::string message = e.what(), head = "mapping plan: argument '";
-    if (message.rfind(head, 0) != 0) throw;
-    const std::string rest = message.substr(head.size());
-    if (rest.rfind("json'", 0) == 0) throw tile::Error(op + ": argument 'plan" + rest.substr(4));
-    throw tile::Error(op + ": argument 'plan." + rest);
-  }
+  return tile::PlanRequest::from_json(text, op, "plan");
 }
 
 // tile::bind's one-precision rule (float64 with no other float dtype), said with the labels and

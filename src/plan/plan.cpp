@@ -68,30 +68,40 @@ std::string shown(const std::string& text) {
 }
 std::string shown(const json& j) { return shown(j.dump()); }
 
+// Who reads the plan text, as its errors name it: `op`'s argument `argument` (its fields
+// `argument.field`), or the mapping plan itself (fields by their names, the text as 'json').
+struct PlanText {
+  const std::string& op;
+  const std::string& argument;
+  std::string field(const char* name) const { return argument.empty() ? name : argument + "." + name; }
+  std::string whole() const { return argument.empty() ? "json" : argument; }
+};
+
 template <typename T>
-T parse_value(const json& j, const char* field, int64_t lo, int64_t hi) {
+T parse_value(const json& j, const char* name, int64_t lo, int64_t hi, const PlanText& from) {
+  const std::string field = from.field(name);
   if constexpr (kIsEnum<T>) {
     if (j.is_string())
       for (int64_t v = lo; v <= hi; ++v)
         if (to_string(T(v)) == j.get<std::string>()) return T(v);
-    throw_argument_error("mapping plan", field, quoted_choice(enum_names<T>(hi)), shown(j));
+    throw_argument_error(from.op, field, quoted_choice(enum_names<T>(hi)), shown(j));
   } else {
     const std::string range = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
     // A float beyond the range (1e30, 2^64) is out of range first; one inside it is not an integer.
     if (j.is_number_float() && !(j.get<double>() >= double(lo) && j.get<double>() <= double(hi)))
-      throw_argument_error("mapping plan", field, range, shown(j));
-    if (!j.is_number_integer()) throw_argument_error("mapping plan", field, "an integer", shown(j));
+      throw_argument_error(from.op, field, range, shown(j));
+    if (!j.is_number_integer()) throw_argument_error(from.op, field, "an integer", shown(j));
     // Unsigned values beyond int64 would wrap in get<int64_t>(); they are out of range anyway.
-    if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(hi)) throw_argument_error("mapping plan", field, range, shown(j));
+    if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(hi)) throw_argument_error(from.op, field, range, shown(j));
     const int64_t v = j.get<int64_t>();
-    if (v < lo || v > hi) throw_argument_error("mapping plan", field, range, shown(j));
+    if (v < lo || v > hi) throw_argument_error(from.op, field, range, shown(j));
     return T(v);
   }
 }
 
-json parse_object(const std::string& text) {
+json parse_object(const std::string& text, const PlanText& from) {
   if (text.find('\0') != std::string::npos)
-    throw_argument_error("mapping plan", "json", "a JSON object without NUL bytes",
+    throw_argument_error(from.op, from.whole(), "a JSON object without NUL bytes",
                          "a NUL byte at offset " + std::to_string(text.find('\0')) + " of " + std::to_string(text.size()));
   // A plan is one flat object. Nesting deeper than a few levels is refused while parsing (text
   // nested 100,000 deep once overflowed the stack echoing it), and so is a repeated field,
@@ -100,12 +110,12 @@ json parse_object(const std::string& text) {
   std::vector<std::string> keys;
   const json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
     if (depth > kMaxDepth)
-      throw_argument_error("mapping plan", "json", "a JSON object of fields", "text nested more than " +
+      throw_argument_error(from.op, from.whole(), "a JSON object of fields", "text nested more than " +
                                                                                   std::to_string(kMaxDepth) + " levels deep");
     if (event == json::parse_event_t::key && depth == 1) {
       const std::string key = parsed.get<std::string>();
       if (std::find(keys.begin(), keys.end(), key) != keys.end())
-        throw_argument_error("mapping plan", printable(key), "a field given once", "it twice");
+        throw_argument_error(from.op, from.field(printable(key).c_str()), "a field given once", "it twice");
       keys.push_back(key);
     }
     return true;
@@ -114,13 +124,13 @@ json parse_object(const std::string& text) {
   try {
     j = json::parse(text, check);
   } catch (const json::exception& e) {
-    throw_argument_error("mapping plan", "json", "a JSON object", "'" + shown(text) + "' (" + e.what() + ")");
+    throw_argument_error(from.op, from.whole(), "a JSON object", "'" + shown(text) + "' (" + e.what() + ")");
   }
-  if (!j.is_object()) throw_argument_error("mapping plan", "json", "a JSON object", shown(j));
+  if (!j.is_object()) throw_argument_error(from.op, from.whole(), "a JSON object", shown(j));
   for (auto& [key, value] : j.items()) {
     bool known = false;
     for (const PlanFieldInfo& f : plan_fields()) known |= key == f.name;
-    if (!known) throw_argument_error("mapping plan", printable(key), "a known plan field", "an unknown field");
+    if (!known) throw_argument_error(from.op, from.field(printable(key).c_str()), "a known plan field", "an unknown field");
   }
   return j;
 }
@@ -153,24 +163,27 @@ std::string PlanRequest::to_json() const {
   return j.dump();
 }
 
-PlanRequest PlanRequest::from_json(const std::string& text) {
-  const json j = parse_object(text);
+PlanRequest PlanRequest::from_json(const std::string& text, const std::string& op, const std::string& argument) {
+  const PlanText from{op, argument};
+  const json j = parse_object(text, from);
   PlanRequest r;
 #define TILE_PLAN_GET(type, name, def, lo, hi, doc) \
-  if (j.contains(#name)) r.name = parse_value<type>(j[#name], #name, lo, hi);
+  if (j.contains(#name)) r.name = parse_value<type>(j[#name], #name, lo, hi, from);
   TILE_PLAN_FIELDS(TILE_PLAN_GET)
 #undef TILE_PLAN_GET
   if (r.width_mode == WidthMode::exact && !r.workers_per_program)
-    throw_argument_error("mapping plan", "workers_per_program", "a width when width_mode is \"exact\"", "no width");
+    throw_argument_error(op, from.field("workers_per_program"), "a width when width_mode is \"exact\"", "no width");
   return r;
 }
 
 MappingPlan MappingPlan::from_json(const std::string& text) {
-  const json j = parse_object(text);
+  const std::string op = "mapping plan", argument;
+  const PlanText from{op, argument};
+  const json j = parse_object(text, from);
   MappingPlan p;
 #define TILE_PLAN_GET(type, name, def, lo, hi, doc)                                                      \
   if (!j.contains(#name)) throw_argument_error("mapping plan", #name, "the field to be present", "a plan without it"); \
-  p.name = parse_value<type>(j[#name], #name, lo, hi);
+  p.name = parse_value<type>(j[#name], #name, lo, hi, from);
   TILE_PLAN_FIELDS(TILE_PLAN_GET)
 #undef TILE_PLAN_GET
   return p;

@@ -156,6 +156,20 @@ TEST(MappingPlanErrors, PlanTextIsFlatWithEachFieldOnce) {
             "mapping plan: argument 'stripes': expected an integer, got [[1]]");
 }
 
+// Read as an operator's argument, the same errors name the operator and the argument's fields.
+TEST(MappingPlanErrors, PlanTextReadForAnOperatorNamesItsArgument) {
+  EXPECT_EQ(error_of([] { PlanRequest::from_json("[1]", "softmax", "plan"); }),
+            "softmax: argument 'plan': expected a JSON object, got [1]");
+  EXPECT_EQ(error_of([] { PlanRequest::from_json(R"({"stripes":0})", "rms_norm_backward", "plan"); }),
+            "rms_norm_backward: argument 'plan.stripes': expected an integer in [1, 2147483647], got 0");
+  EXPECT_EQ(error_of([] { PlanRequest::from_json(R"({"merge":"late"})", "softmax", "plan"); }),
+            "softmax: argument 'plan.merge': expected \"combine\" or \"staged\", got \"late\"");
+  EXPECT_EQ(error_of([] { PlanRequest::from_json(R"({"bogus":1})", "layer_norm", "plan"); }),
+            "layer_norm: argument 'plan.bogus': expected a known plan field, got an unknown field");
+  EXPECT_EQ(error_of([] { PlanRequest::from_json(R"({"width_mode":"exact"})", "softmax", "plan"); }),
+            "softmax: argument 'plan.workers_per_program': expected a width when width_mode is \"exact\", got no width");
+}
+
 TEST(MappingPlanErrors, IntegerFieldsAreInOneToIntMax) {
   EXPECT_EQ(*PlanRequest::from_json(R"({"stripes":1})").stripes, 1);
   EXPECT_EQ(*PlanRequest::from_json(R"({"stripes":2147483647})").stripes, 2147483647);
