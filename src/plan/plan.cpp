@@ -61,18 +61,14 @@ json to_json_value(T v) {
     return v;
 }
 
-// Text of a plan or a value as an error message shows it: at most 120 characters.
-std::string shown(const std::string& text) {
-  constexpr size_t kShown = 120;
-  return text.size() <= kShown ? text : text.substr(0, kShown) + "... (" + std::to_string(text.size()) + " characters)";
-}
-std::string shown(const json& j) { return shown(j.dump()); }
+// A value of the plan as an error message shows it (printable: escaped, at most 120 bytes).
+std::string shown(const json& j) { return printable(j.dump()); }
 
 // Who reads the plan text, as its errors name it: `op`'s argument `argument` (its fields
 // `argument.field`), or the mapping plan itself (fields by their names, the text as 'json').
 struct PlanText {
-  const std::string& op;
-  const std::string& argument;
+  std::string op;
+  std::string argument;
   std::string field(const char* name) const { return argument.empty() ? name : argument + "." + name; }
   std::string whole() const { return argument.empty() ? "json" : argument; }
 };
@@ -124,7 +120,7 @@ json parse_object(const std::string& text, const PlanText& from) {
   try {
     j = json::parse(text, check);
   } catch (const json::exception& e) {
-    throw_argument_error(from.op, from.whole(), "a JSON object", "'" + shown(text) + "' (" + e.what() + ")");
+    throw_argument_error(from.op, from.whole(), "a JSON object", "'" + printable(text) + "' (" + e.what() + ")");
   }
   if (!j.is_object()) throw_argument_error(from.op, from.whole(), "a JSON object", shown(j));
   for (auto& [key, value] : j.items()) {
@@ -177,12 +173,11 @@ PlanRequest PlanRequest::from_json(const std::string& text, const std::string& o
 }
 
 MappingPlan MappingPlan::from_json(const std::string& text) {
-  const std::string op = "mapping plan", argument;
-  const PlanText from{op, argument};
+  const PlanText from{"mapping plan", ""};
   const json j = parse_object(text, from);
   MappingPlan p;
 #define TILE_PLAN_GET(type, name, def, lo, hi, doc)                                                      \
-  if (!j.contains(#name)) throw_argument_error("mapping plan", #name, "the field to be present", "a plan without it"); \
+  if (!j.contains(#name)) throw_argument_error(from.op, #name, "the field to be present", "a plan without it"); \
   p.name = parse_value<type>(j[#name], #name, lo, hi, from);
   TILE_PLAN_FIELDS(TILE_PLAN_GET)
 #undef TILE_PLAN_GET

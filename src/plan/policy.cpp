@@ -206,7 +206,7 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // eighth run of the redesign page).
   // Rows fewer than the SMs of at most one group of vectors stay as they are: one group a row
   // under one wave waits on latency, and there the fixed-shape kernel's width (four scalar
-  // stripes) beat every peeled mapping. bf16 37 x 1537, kernels alone replayed as CUDA graphs
+  // stripes; now the few-rows widths at stripes_wanted below) beat every peeled mapping. bf16 37 x 1537, kernels alone replayed as CUDA graphs
   // (evidence/cubin-time-h200-seed-graph-4d60d5f.log), us, peeled 224 workers of one vector /
   // as is: softmax 2.17 / 1.87, RMSNorm 2.40 / 1.64 (fixed-shape 1.73, 1.91); peeled 64
   // workers of four vectors 2.99, 4.54.
@@ -438,9 +438,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // Rows fewer than the SMs, one scalar a stripe, one row input (the rule at stripes_wanted
   // below); not f32 LayerNorm (five merged parts or more of 4-byte rows), which lost at 320
   // workers (2.12 us against 1.92 at 416, the same run).
-  const bool few_scalar_rows = few_short_rows && p.vector_elems == 1 && cluster == 1 && !rows_cache_width &&
-                               !long_row && in.row_inputs() == 1 && !in.loops_over_rows() &&
-                               (in.merge_parts < 5 || xes == 2);
+  const bool few_scalar_rows = few_short_rows && p.vector_elems == 1 && cluster == 1 && !long_row &&
+                               in.row_inputs() == 1 && !in.loops_over_rows() && (in.merge_parts < 5 || xes == 2);
   // A re-read iteration issues unroll loads of every row input a worker: programs reading
   // several rows (y and dy, x and the residual) unroll less and widen instead. H200, bf16 x
   // 16384: softmax_backward 316 -> 202 us and fused_add_rms_norm 357 -> 275 us with 512
@@ -547,6 +546,8 @@ MappingPlan choose_plan(const PlanInputs& in, const PlanRequest& req, const Devi
   // evidence/cubin-time-h200-cluster-merges-c5eea4d.log, staged / combine us: bf16 softmax
   // 1024 x 131072 169.0 / 158.4, 256 x 262144 97.6 / 90.8, 2048 x 65536 154.8 / 151.7; f32
   // 256 x 262144 144.1 / 137.7), where RMSNorm lost 6-10 % and LayerNorm 21-26 % the same way.
+  // So do few scalar rows of softmax's two slots (one group an SM: 37 x 1537 at 224 workers,
+  // staged / combine us, f32 1.93 / 1.70, bf16 1.95 / 1.73).
   const bool one_exchange = (p.ctas_per_program > 1 || few_scalar_rows) && in.merge_parts <= 2;
   p.merge = req.merge.value_or(p.caching != InputCaching::reread && !one_exchange ? MergeStrategy::staged
                                                                                   : MergeStrategy::combine);

@@ -146,7 +146,7 @@ TEST(MappingPlanErrors, PlanTextIsFlatWithEachFieldOnce) {
   EXPECT_EQ(error_of([&] { PlanRequest::from_json(R"({"programs_per_group":1,"programs_per_group":2})"); }),
             "mapping plan: argument 'programs_per_group': expected a field given once, got it twice");
   EXPECT_EQ(error_of([&] { PlanRequest::from_json("{\"stripes\":\"" + std::string(1000, 'a') + "\"}"); }),
-            "mapping plan: argument 'stripes': expected an integer, got \"" + std::string(119, 'a') + "... (1002 characters)");
+            "mapping plan: argument 'stripes': expected an integer, got \"" + std::string(119, 'a') + "... (1002 bytes)");
   // A field name holding a NUL (a JSON escape) is shown escaped, not cut at the NUL.
   EXPECT_EQ(error_of([&] { PlanRequest::from_json(R"({"stripes\u0000x":1})"); }),
             "mapping plan: argument 'stripes\\x00x': expected a known plan field, got an unknown field");
