@@ -8,12 +8,15 @@
 #   bench/cubin_time.sh prepare DIR TAG OP SHAPE DTYPE BUILD [PLAN_JSON]   (any machine with nvcc)
 #   bench/cubin_time.sh prepare-list DIR LIST BUILD   (every line of LIST: TAG OP SHAPE DTYPE [PLAN_JSON], tab-separated)
 #   bench/cubin_time.sh run DIR                                            (the GPU machine)
+#   bench/cubin_time.sh profile DIR [TAG...]     (the GPU machine, with ncu: the variants named, or all)
 #
 # CHECK_ROWS=R checks the variant on R rows instead (faster on the CPU; see below), its plan
 # resolved at the timed shape by bench/plan_at.py (PYTHON: an interpreter with numpy, by default
 # the .venv of scripts/setup.sh where there is one, else python3); LAUNCHES=N
 # launches a batch in run (300); GRAPH=1 in run replays each batch as one CUDA graph, so kernels
 # of a few microseconds are timed without the host's launch path (cubin_time.cu).
+# profile runs Nsight Compute (clocks left alone) on one launch of each variant: speed of light,
+# memory workload, warp states, occupancy and launch statistics.
 # prepare adds one variant to DIR (TAG.cu, TAG.cubin, a line of DIR/list.txt); run builds the
 # timer and times every variant of DIR. bf16 or f32 (every operand of the call that dtype).
 set -euo pipefail
@@ -74,7 +77,18 @@ elif [[ $mode == run ]]; then
         sed "s/^/pass $pass /"
     done < "$dir/list.txt"
   done
+elif [[ $mode == profile ]]; then
+  shift 2
+  command -v ncu > /dev/null || { echo "cubin_time.sh: profile needs ncu (Nsight Compute) on PATH" >&2; exit 1; }
+  nvcc -O2 -o "$dir/cubin_time" "$here/cubin_time.cu" -L"${CUDA_HOME:-/usr/local/cuda}/lib64/stubs" -lcuda
+  while read -r tag kernel kind dtype rows cols grid block shared; do
+    if (($# > 0)) && [[ " $* " != *" $tag "* ]]; then continue; fi
+    echo "## $tag ($kind $dtype ${rows}x$cols, grid $grid x $block threads, ${shared:-0} staged bytes)"
+    ncu --clock-control none --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+      "$dir/cubin_time" "$dir/$tag.cubin" "$kernel" "$kind" "$dtype" "$rows" "$cols" "$grid" "$block" 1 "${shared:-0}"
+  done < "$dir/list.txt"
 else
-  echo "cubin_time.sh: mode: expected prepare, prepare-list or run, got $mode" >&2
+  echo "cubin_time.sh: mode: expected prepare, prepare-list, run or profile, got $mode" >&2
   exit 2
 fi

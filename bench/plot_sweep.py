@@ -9,6 +9,11 @@ copy bandwidth over N (log2 axis), one line per implementation with numbers (Til
 the copy line at 100 % and the dashed target lines of the operator (TARGETS). The SVGs are byte-for-byte reproducible
 (fixed svg.hashsalt, no date, text kept as text). It needs matplotlib; the markdown does not.
 
+A run of explicit shapes (bench/sweep.py --shapes: several row counts for one N) is told apart
+by its rows; a run timed as CUDA graphs (--graph: an empty-kernel line at each point) also gets
+microsecond columns (copy, empty kernel, Tile) and Tile's time over the copy's and over the empty
+kernel's. Figures draw one point per N, so such runs take --markdown only.
+
 --markdown writes, per dtype, a table of every (operator, N): copy GB/s, Tile and each peer in
 percent of copy, Tile against the fastest peer (best peer ms / Tile ms, > 1 means Tile is faster)
 and Tile's plan; then a summary: geometric mean and minimum of that ratio, how many points reach
@@ -103,11 +108,25 @@ def load(path):
                 raise InputError(f"{where}: impls.{name} is not an object")
             if "ms" in e and not (_num(e["ms"]) and e["ms"] > 0):
                 raise InputError(f"{where}: impls.{name}.ms = {e['ms']!r} is not a positive number")
-        key = (p["op"], p["dtype"], p["n"])
+        if "empty" in p and not (isinstance(p["empty"], dict) and _num(p["empty"].get("ms")) and p["empty"]["ms"] > 0):
+            raise InputError(f"{where}: empty.ms missing or not a positive number")
+        key = (p["op"], p["dtype"], p["n"], p.get("rows"))
         if key in seen:
-            raise InputError(f"{where}: a second point for {p['op']} {p['dtype']} N={p['n']}")
+            rows = f" rows={p['rows']}" if "rows" in p else ""
+            raise InputError(f"{where}: a second point for {p['op']} {p['dtype']} N={p['n']}{rows}")
         seen.add(key)
     return doc
+
+
+def shaped(doc):
+    """True when some (operator, dtype, N) has points of several row counts (a --shapes run)."""
+    keys = [(p["op"], p["dtype"], p["n"]) for p in doc["points"]]
+    return len(set(keys)) < len(keys)
+
+
+def graphed(doc):
+    """True when the points carry an empty-kernel line (a --graph run)."""
+    return any("empty" in p for p in doc["points"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,6 +260,7 @@ def markdown(doc, source):
     cfg = doc.get("config") if isinstance(doc.get("config"), dict) else {}
 
     training = doc.get("kind") == "training"
+    by_rows, graph = shaped(doc), graphed(doc)
     out = [f"# {'Training sweep' if training else 'Sweep'}: Tile against its peers in percent of the same-run "
            "copy bandwidth", ""]
     commit = tile_info.get("git_commit")
@@ -258,6 +278,10 @@ def markdown(doc, source):
     if run_cfg:
         prov.append(", ".join(run_cfg))
     out += ["; ".join(prov) + ".", ""]
+    if graph:
+        out += ["Timed as CUDA graphs of each batch's launches (GPU time per launch, no host launch path). "
+                "µs columns: the copy of the same bytes, an empty kernel (a one-element fill) and Tile; "
+                "Tile / copy and Tile / empty are ratios of times (< 1: Tile is faster).", ""]
     out += ["% of copy = copy ms / implementation ms × 100 (same bytes, same process). "
             "Tile / best = fastest peer's ms / Tile's ms (> 1: Tile is faster). "
             f"Plan: w = workers_per_program, p = programs_per_group, v = vector_elems, s = stripes, "
@@ -281,21 +305,33 @@ def markdown(doc, source):
         return f"{pct(point, name):.1f}"
 
     for dtype in dtypes:
-        pts = sorted((p for p in points if p["dtype"] == dtype), key=lambda p: (op_rank[p["op"]], p["n"]))
+        pts = sorted((p for p in points if p["dtype"] == dtype),
+                     key=lambda p: (op_rank[p["op"]], p["n"], p.get("rows") or 0))
         shown = [n for n in peers if any(timed(p["impls"].get(n)) or "error" in p["impls"].get(n, {}) for p in pts)]
         hidden = [n for n in peers if n not in shown and any(n in p["impls"] for p in pts)]
         out += [f"## {dtype}", ""]
-        head = ["op", "N", "rows", "copy GB/s", "Tile %"] + [f"{label(n)} %" for n in shown] + \
-               ["Tile / best", "best peer", "Tile plan"]
+        us = ["copy µs", "empty µs", "Tile µs"] if graph else []
+        head = ["op", "N", "rows", "copy GB/s"] + us + ["Tile %"] + [f"{label(n)} %" for n in shown] + \
+               ["Tile / best", "best peer"] + (["Tile / copy", "Tile / empty"] if graph else []) + ["Tile plan"]
         out.append("| " + " | ".join(head) + " |")
-        out.append("| " + " | ".join(["---", "---:", "---:", "---:", "---:"] + ["---:"] * len(shown) +
-                                     ["---:", "---", "---"]) + " |")
+        out.append("| " + " | ".join(["---", "---:", "---:", "---:"] + ["---:"] * len(us) + ["---:"] +
+                                     ["---:"] * len(shown) + ["---:", "---"] + (["---:"] * 2 if graph else []) +
+                                     ["---"]) + " |")
         for p in pts:
             r = ratio(p, peers)
             tile_e = p["impls"].get("tile") or {}
-            row = [p["op"], str(p["n"]), str(p.get("rows", "")), f"{p['copy']['gbs']:.0f}", cell(p, "tile")]
-            row += [cell(p, n) for n in shown]
-            row += [f"{r[0]:.2f}" if r else "—", label(r[1]) if r else "—", plan_text(tile_e.get("plan"))]
+            row = [p["op"], str(p["n"]), str(p.get("rows", "")), f"{p['copy']['gbs']:.0f}"]
+            t_ms = tile_e.get("ms") if timed(tile_e) else None
+            e_ms = p["empty"]["ms"] if "empty" in p else None
+            if graph:
+                row += [f"{p['copy']['ms'] * 1e3:.2f}", f"{e_ms * 1e3:.2f}" if e_ms else "—",
+                        f"{t_ms * 1e3:.2f}" if t_ms else "—"]
+            row += [cell(p, "tile")] + [cell(p, n) for n in shown]
+            row += [f"{r[0]:.2f}" if r else "—", label(r[1]) if r else "—"]
+            if graph:
+                row += [f"{t_ms / p['copy']['ms']:.2f}" if t_ms else "—",
+                        f"{t_ms / e_ms:.2f}" if t_ms and e_ms else "—"]
+            row.append(plan_text(tile_e.get("plan")))
             out.append("| " + " | ".join(md_escape(c) for c in row) + " |")
         if hidden:
             out += ["", "Not shown (no numbers at any point of this dtype): " +
@@ -306,11 +342,12 @@ def markdown(doc, source):
     out += ["## Summary", ""]
     ratios = [(ratio(p, peers), p) for p in points]
     ratios = [(r, p) for r, p in ratios if r is not None]
-    where = lambda p: f"{p['op']} {p['dtype']} N={p['n']}"  # noqa: E731
+    where = lambda p: f"{p['op']} {p['dtype']} N={p['n']}" + (f" rows={p.get('rows')}" if by_rows else "")  # noqa: E731
     if ratios:
         gm = math.exp(sum(math.log(r[0]) for r, _ in ratios) / len(ratios))
-        (rmin, bmin), pmin = min(ratios, key=lambda rp: (rp[0][0], rp[1]["dtype"], op_rank[rp[1]["op"]], rp[1]["n"]))
-        (rmax, bmax), pmax = max(ratios, key=lambda rp: (rp[0][0], rp[1]["dtype"], op_rank[rp[1]["op"]], rp[1]["n"]))
+        order = lambda rp: (rp[0][0], rp[1]["dtype"], op_rank[rp[1]["op"]], rp[1]["n"], rp[1].get("rows") or 0)  # noqa: E731
+        (rmin, bmin), pmin = min(ratios, key=order)
+        (rmax, bmax), pmax = max(ratios, key=order)
         wins = sum(1 for r, _ in ratios if r[0] >= 1.0)
         out.append(f"- Tile / best peer, geometric mean over {len(ratios)} of {len(points)} points: "
                    f"**{gm:.2f}**")
@@ -330,9 +367,15 @@ def markdown(doc, source):
             by_dtype.append(f"{dtype} {sum(1 for p in dp if pct(p, 'tile') >= THRESHOLDS[0])}/{len(dp)}")
     if len(by_dtype) > 1:
         out.append(f"  - ≥ {THRESHOLDS[0]:.0f} % by dtype: " + ", ".join(by_dtype))
+    if graph:
+        for name, base in (("copy", lambda p: p["copy"]["ms"]), ("empty kernel", lambda p: p["empty"]["ms"])):
+            rs = sorted((p["impls"]["tile"]["ms"] / base(p), p) for p in tile_pts if name == "copy" or "empty" in p)
+            if rs:
+                out.append(f"- Tile's time over the {name}'s: {rs[0][0]:.2f} ({where(rs[0][1])}) to "
+                           f"{rs[-1][0]:.2f} ({where(rs[-1][1])})")
 
     failures, unsupported = [], {}
-    for p in sorted(points, key=lambda p: (dtypes.index(p["dtype"]), op_rank[p["op"]], p["n"])):
+    for p in sorted(points, key=lambda p: (dtypes.index(p["dtype"]), op_rank[p["op"]], p["n"], p.get("rows") or 0)):
         for name in names:
             e = p["impls"].get(name)
             if e is None:
@@ -403,6 +446,9 @@ def import_pyplot():
 
 def figures(doc, svg_dir):
     """Writes DIR/<op>-<dtype>.svg for every (op, dtype); returns the paths written."""
+    if shaped(doc):
+        raise InputError("--svg-dir draws one point per N, and this run has several row counts for one N "
+                         "(a --shapes run): use --markdown")
     matplotlib, plt = import_pyplot()
     from matplotlib.ticker import FixedLocator, FixedFormatter, NullLocator
 

@@ -230,3 +230,53 @@ def test_nothing_to_do(tmp_path):
 def test_error_messages_lose_terminal_colour_codes():
     from plot_sweep import one_line
     assert one_line("\x1b[91m\x1b[1merror[X]:\x1b[0m launch\n  failed") == "error[X]: launch failed"
+
+
+def build_shaped_graph_sweep():
+    """Two row counts of one N (a --shapes run) timed as CUDA graphs (an empty-kernel line)."""
+    points = []
+    for rows, (copy_ms, empty_ms, tile_ms, peer_ms) in ((1, (0.002, 0.001, 0.003, 0.004)),
+                                                        (64, (0.004, 0.001, 0.005, 0.0025))):
+        points.append({"op": "softmax", "dtype": "bf16", "n": 4096, "rows": rows, "bytes": 16384 * rows,
+                       "copy": {"ms": copy_ms, "gbs": 16384 * rows / copy_ms / 1e6}, "empty": {"ms": empty_ms},
+                       "impls": {"tile": {**timed_entry(tile_ms, {"plan": PLAN}), "pct_of_copy": 100 * copy_ms / tile_ms},
+                                 "liger": {**timed_entry(peer_ms, {"first_call_s": 0.1}),
+                                           "pct_of_copy": 100 * copy_ms / peer_ms}}})
+    return {"schema": "tile-sweep/1", "created": "2026-01-01T00:00:00+00:00", "gpu": "Synthetic GPU",
+            "torch": "0.0", "tile": {"version": "0.1.0", "git_commit": "0" * 40, "git_dirty": False},
+            "method": "synthetic", "config": {"ops": ["softmax"], "dtypes": ["bf16"], "peers": ["liger"],
+                                              "shapes": [[1, 4096], [64, 4096]], "graph": True},
+            "points": points}
+
+
+def test_shaped_graph_run_has_rows_and_microsecond_columns(tmp_path):
+    src = write_json(tmp_path, build_shaped_graph_sweep())
+    md = tmp_path / "seed.md"
+    proc = invoke(src, "--markdown", md)
+    assert proc.returncode == 0, proc.stderr
+    text = md.read_text(encoding="utf-8")
+    header = next(l for l in text.splitlines() if l.startswith("| op |"))
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "op", "N", "rows", "copy GB/s", "copy µs", "empty µs", "Tile µs", "Tile %", "Liger %", "Tile / best",
+        "best peer", "Tile / copy", "Tile / empty", "Tile plan"]
+    rows = [[c.strip() for c in l.strip("|").split("|")] for l in text.splitlines() if l.startswith("| softmax |")]
+    assert [r[2] for r in rows] == ["1", "64"]
+    assert rows[0][4:] == ["2.00", "1.00", "3.00", "66.7", "50.0", "1.33", "Liger", "1.50", "3.00",
+                           "w128 p2 v8 s4 registers"]
+    assert rows[1][4:13] == ["4.00", "1.00", "5.00", "80.0", "160.0", "0.50", "Liger", "1.25", "5.00"]
+    assert "Minimum Tile / best peer: **0.50** at softmax bf16 N=4096 rows=64 (best peer Liger)" in text
+    assert "- Tile's time over the copy's: 1.25 (softmax bf16 N=4096 rows=64) to 1.50 (softmax bf16 N=4096 rows=1)" in text
+    assert "- Tile's time over the empty kernel's: 3.00 (softmax bf16 N=4096 rows=1) to 5.00" in text
+    # One point per N is what a figure draws: a shaped run is refused there, and nothing is written.
+    proc = invoke(src, "--markdown", tmp_path / "x.md", "--svg-dir", tmp_path / "svg")
+    assert proc.returncode == 2 and "several row counts for one N" in proc.stderr, proc.stderr
+    assert not (tmp_path / "x.md").exists() and not (tmp_path / "svg").exists()
+    # The same rows twice is still a duplicate; an empty line must hold a time.
+    doc = build_shaped_graph_sweep()
+    doc["points"].append(dict(doc["points"][0]))
+    proc = invoke(write_json(tmp_path, doc, "dup.json"), "--markdown", tmp_path / "y.md")
+    assert proc.returncode == 2 and "a second point for softmax bf16 N=4096 rows=1" in proc.stderr, proc.stderr
+    doc = build_shaped_graph_sweep()
+    doc["points"][1]["empty"] = {"ms": 0}
+    proc = invoke(write_json(tmp_path, doc, "empty.json"), "--markdown", tmp_path / "z.md")
+    assert proc.returncode == 2 and "points[1]: empty.ms" in proc.stderr, proc.stderr
