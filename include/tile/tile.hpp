@@ -95,7 +95,7 @@ struct LaunchRecord {
   std::string arch;           // e.g. sm_90; empty on the CPU backend
   int64_t groups = 0;
   int threads_per_group = 0;
-  int shared_bytes = 0;
+  int shared_bytes = 0;       // a group's shared memory: its merges' slots and, caching "shared", its staged row
   int kernels = 1;            // launches: 2 when reductions over the rows need a second phase
   int64_t workspace_bytes = 0;
   int64_t bytes_loaded = 0;   // CPU backend only: bytes its loads actually read

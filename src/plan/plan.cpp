@@ -247,6 +247,9 @@ std::string MappingPlan::loop_nest() const {
     os << in << "      for stripe in 0.." << stripes << " (unrolled):    // row cached in " << stripes * vector_elems
        << " of " << private_budget << " private scalars per row input"
        << (column_loads == ColumnLoads::with_row ? "; per-column inputs loaded with it" : "") << "\n";
+  } else if (caching == InputCaching::shared) {
+    os << in << "      for stripe in 0.." << stripes << " (unrolled):    // row staged in shared memory, "
+       << stripes * vector_elems << " elements a worker per row input, copied once and read back each pass\n";
   } else {
     os << in << "      for pass in reduction levels + output:   // input re-read each pass\n"
        << in << "        for stripe in 0..ceil(cols/" << elems_per_stripe() << ") step " << stripe_unroll << ":\n";

@@ -102,5 +102,30 @@ TEST(PlannedCalls, RepeatedCallsPlanAsFreshOnes) {
   EXPECT_GT(differing, int(cases.size()));
 }
 
+// A staged plan's record counts the row it stages in its group's shared memory, and its loop
+// nest says where the row lives.
+TEST(LaunchRecords, StagedRowsCountTheirSharedMemory) {
+  const int64_t rows = 2, cols = 65536;
+  std::vector<float> x(size_t(rows * cols), 0.5f), y(size_t(rows * cols)), w(size_t(cols), 1.0f);
+  Call call{Op::rms_norm, matrix(x.data(), DType::f32, rows, cols), matrix(y.data(), DType::f32, rows, cols),
+            VectorView{w.data(), DType::f32, cols}};
+  PlanRequest staged;
+  staged.caching = InputCaching::shared;
+  const LaunchRecord rec = run(call, {staged, nullptr, Backend::cpu});
+  ASSERT_EQ(rec.plan.caching, InputCaching::shared) << rec.plan.to_json();
+  const int64_t row_bytes = int64_t(rec.plan.stripes) * rec.plan.workers_per_program * rec.plan.vector_elems * 4;
+  EXPECT_GE(rec.shared_bytes, row_bytes) << rec.plan.to_json();
+  EXPECT_LT(rec.shared_bytes, row_bytes + 4096) << rec.plan.to_json();
+  const std::string nest = rec.plan.loop_nest();
+  EXPECT_NE(nest.find("row staged in shared memory"), std::string::npos) << nest;
+  EXPECT_EQ(nest.find("re-read"), std::string::npos) << nest;
+
+  PlanRequest registers;
+  registers.caching = InputCaching::registers;
+  registers.ctas_per_program = 16;
+  const LaunchRecord cached = run(call, {registers, nullptr, Backend::cpu});
+  EXPECT_LT(cached.shared_bytes, 4096) << cached.plan.to_json();
+}
+
 }  // namespace
 }  // namespace tile

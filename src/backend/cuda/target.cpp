@@ -325,7 +325,7 @@ class CudaTarget final : public Target {
     rec.source_sha256 = st.source_sha256;
     rec.groups = grid_groups(call, pk.plan);
     rec.threads_per_group = lp.main.kernel.threads_per_group();
-    rec.shared_bytes = lp.main.kernel.shared_bytes();
+    rec.shared_bytes = int(lp.main.kernel.shared_bytes() + lp.main.kernel.staged_bytes());
     rec.kernels = lp.finish ? 2 : 1;
 
     const uint64_t context = cuda::context_id(cuda::ensure_context(options.device));
