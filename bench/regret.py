@@ -23,6 +23,10 @@ the mapping family and checks on the CPU, minutes per shape); it fits a whole sw
 few minutes of GPU time.
 
     python bench/regret.py --out bench/results/regret.json [--markdown FILE]
+
+A run past --deadline-s stops before its next (dtype, N) (the file says complete: false); the
+same command with --resume adds the missing cases. Each (dtype, N) draws its inputs from a seed
+of its own, so a resumed run times the inputs a whole run would.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ import math
 import os
 import platform
 import sys
+import time
+import zlib
 from pathlib import Path
 
 # torch, tile and the sweep's helpers are imported by main(): the helpers below, which
@@ -191,20 +197,49 @@ def main(argv):
     ap.add_argument("--batches", type=int, default=5)
     ap.add_argument("--family", choices=["all", "clusters"], default="all",
                     help="the candidates: all (default), or the policy's plan and persistent cluster plans only")
+    ap.add_argument("--resume", action="store_true", help="keep the cases already in --out and add the others")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="start no (dtype, N) after this many seconds; exit 3 with the file incomplete")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("regret.py: needs a CUDA device")
 
+    todo = [(op, d, n) for d in args.dtypes for n in args.ns for op in args.ops]
     cases = []
-    gen = torch.Generator(device="cuda").manual_seed(20261130)
-    total, done = len(args.ops) * len(args.dtypes) * len(args.ns), 0
+    if args.resume and args.out.exists():
+        old = json.loads(args.out.read_text())
+        if not isinstance(old, dict) or old.get("schema") != "tile-regret/1" or "kind" in old:
+            raise SystemExit(f"regret.py: --resume: {args.out} is not a forward tile-regret/1 document")
+        cases = [c for c in old.get("cases", []) if (c.get("op"), c.get("dtype"), c.get("n")) in set(todo)]
+        print(f"resuming: {len(cases)} of {len(todo)} cases already in {args.out}", flush=True)
+    have = {(c["op"], c["dtype"], c["n"]) for c in cases}
+
+    def save(partial):
+        cases.sort(key=lambda c: todo.index((c["op"], c["dtype"], c["n"])))
+        doc = document(args, __doc__, cases, extra={"complete": not partial})
+        write(args.out, doc)
+        return doc
+
+    gen = torch.Generator(device="cuda")
+    total, done = len(todo), len(cases)
+    start = time.monotonic()
     for dtype in args.dtypes:
         es = torch.tensor([], dtype=sweep.DTYPES[dtype]).element_size()
         for n in args.ns:
+            if all((op, dtype, n) in have for op in args.ops):
+                continue
+            if args.deadline_s is not None and time.monotonic() - start > args.deadline_s:
+                save(partial=True)
+                print(f"deadline: stopped after {time.monotonic() - start:.0f} s with {total - len(cases)} cases "
+                      "left; run the same command with --resume", flush=True)
+                return 3
+            gen.manual_seed(zlib.crc32(f"regret {dtype} {n}".encode()))
             rows, x, w, b = sweep.inputs(dtype, n, args.input_mib, gen)
             out = torch.empty_like(x)
             for op in args.ops:
+                if (op, dtype, n) in have:
+                    continue
                 done += 1
                 eps = peers.EPS.get(op, 0.0)
                 kw = sweep.tile_kwargs(op, out, w, b, eps)
@@ -221,25 +256,25 @@ def main(argv):
                     torch.cuda.synchronize()
                     return sweep.check(out, ref, dtype)
 
-                def time(fixed):
+                def time_of(fixed):
                     return sweep.time_ms(lambda: tile.run(op, x, plan=fixed, **kw), args.batch_ms, args.batches)[0]
 
-                measure(timed, check, time)
+                measure(timed, check, time_of)
                 del ref
                 case = conclude({"op": op, "dtype": dtype, "n": n, "rows": rows, "candidates": timed})
                 cases.append(case)
-                write(args.out, document(args, __doc__, cases))  # a run cut short keeps every finished case
+                save(partial=True)  # a run cut short keeps every finished case
                 print(f"[{done}/{total}] {op} {dtype} N={n}: {sum('ms' in t for t in timed)} plans; regret "
                       f"{100 * case.get('regret', float('nan')):.1f}%", flush=True)
             del x, w, b, out
             torch.cuda.empty_cache()
 
-    doc = document(args, __doc__, cases)
-    write(args.out, doc)
+    doc = save(partial=False)
     summary_ = doc["summary"]
     print(f"regret: geometric mean {100 * (summary_['geomean_regret'] or 0):.1f}%, worst "
           f"{100 * (summary_['worst_regret'] or 0):.1f}% over {summary_['with_regret']} cases; wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))
