@@ -172,6 +172,31 @@ def document(args, method, cases, extra=None):
             **(extra or {}), "summary": summary(cases), "cases": cases}
 
 
+def resumed_cases(args, todo, kind=None, who="regret.py"):
+    """With --resume, the cases of args.out that this run plans (todo: its (op, dtype, n) keys);
+    the document must be a tile-regret/1 one of the same kind (None: the forward operators)."""
+    if not (args.resume and args.out.exists()):
+        return []
+    old = json.loads(args.out.read_text())
+    if not isinstance(old, dict) or old.get("schema") != "tile-regret/1" or old.get("kind") != kind:
+        raise SystemExit(f"{who}: --resume: {args.out} is not a {kind or 'forward'} tile-regret/1 document")
+    keys = set(todo)
+    cases = [c for c in old.get("cases", []) if (c.get("op"), c.get("dtype"), c.get("n")) in keys]
+    print(f"resuming: {len(cases)} of {len(todo)} points already in {args.out}", flush=True)
+    return cases
+
+
+def past_deadline(args, start, save, left):
+    """True (after saving the run as incomplete) once it is past --deadline-s; left: the points
+    still to run."""
+    if args.deadline_s is None or time.monotonic() - start <= args.deadline_s:
+        return False
+    save(partial=True)
+    print(f"deadline: stopped after {time.monotonic() - start:.0f} s with {left} points left; run the same "
+          "command with --resume", flush=True)
+    return True
+
+
 def write(path, doc):
     """Writes the document, replacing the file atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -206,13 +231,7 @@ def main(argv):
         raise SystemExit("regret.py: needs a CUDA device")
 
     todo = [(op, d, n) for d in args.dtypes for n in args.ns for op in args.ops]
-    cases = []
-    if args.resume and args.out.exists():
-        old = json.loads(args.out.read_text())
-        if not isinstance(old, dict) or old.get("schema") != "tile-regret/1" or "kind" in old:
-            raise SystemExit(f"regret.py: --resume: {args.out} is not a forward tile-regret/1 document")
-        cases = [c for c in old.get("cases", []) if (c.get("op"), c.get("dtype"), c.get("n")) in set(todo)]
-        print(f"resuming: {len(cases)} of {len(todo)} cases already in {args.out}", flush=True)
+    cases = resumed_cases(args, todo)
     have = {(c["op"], c["dtype"], c["n"]) for c in cases}
 
     def save(partial):
@@ -229,10 +248,7 @@ def main(argv):
         for n in args.ns:
             if all((op, dtype, n) in have for op in args.ops):
                 continue
-            if args.deadline_s is not None and time.monotonic() - start > args.deadline_s:
-                save(partial=True)
-                print(f"deadline: stopped after {time.monotonic() - start:.0f} s with {total - len(cases)} cases "
-                      "left; run the same command with --resume", flush=True)
+            if past_deadline(args, start, save, total - len(cases)):
                 return 3
             gen.manual_seed(zlib.crc32(f"regret {dtype} {n}".encode()))
             rows, x, w, b = sweep.inputs(dtype, n, args.input_mib, gen)

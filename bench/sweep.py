@@ -117,16 +117,25 @@ def time_ms(fn, batch_ms, batches, graph=False):
     stop.record()
     stop.synchronize()
     k = max(1, int(batch_ms / max(start.elapsed_time(stop), 1e-3)))
+
+    def batch():
+        for _ in range(k):
+            fn()
+    return median_batch_ms(batch, k, batches), k
+
+
+def median_batch_ms(batch, k, batches):
+    """The median over `batches` CUDA-event-timed runs of batch() (k calls each) of ms per call."""
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     per = []
     for _ in range(batches):
         start.record()
-        for _ in range(k):
-            fn()
+        batch()
         stop.record()
         stop.synchronize()
         per.append(start.elapsed_time(stop) / k)
     per.sort()
-    return per[len(per) // 2], k
+    return per[len(per) // 2]
 
 
 def time_graph_ms(fn, batch_ms, batches):
@@ -160,15 +169,7 @@ def time_graph_ms(fn, batch_ms, batches):
     del probe
     g = capture(k)
     g.replay()
-    per = []
-    for _ in range(batches):
-        start.record()
-        g.replay()
-        stop.record()
-        stop.synchronize()
-        per.append(start.elapsed_time(stop) / k)
-    per.sort()
-    return per[len(per) // 2], k
+    return median_batch_ms(g.replay, k, batches), k
 
 
 def empty_line(batch_ms, batches, graph):

@@ -422,13 +422,7 @@ def main(argv):
         raise SystemExit("train_regret.py: needs a CUDA device (--list-candidates runs on the CPU)")
 
     todo = planned(args)
-    cases = []
-    if args.resume and args.out.exists():
-        old = json.loads(args.out.read_text())
-        if not isinstance(old, dict) or old.get("schema") != "tile-regret/1" or old.get("kind") != KIND:
-            raise SystemExit(f"train_regret.py: --resume: {args.out} is not a training tile-regret/1 document")
-        cases = [c for c in old.get("cases", []) if (c.get("op"), c.get("dtype"), c.get("n")) in set(todo)]
-        print(f"resuming: {len(cases)} of {len(todo)} points already in {args.out}", flush=True)
+    cases = regret.resumed_cases(args, todo, KIND, "train_regret.py")
     done = {(c["op"], c["dtype"], c["n"]) for c in cases}
 
     def save(partial):
@@ -446,10 +440,7 @@ def main(argv):
     for i, (op, dtype, n) in enumerate(todo, 1):
         if (op, dtype, n) in done:
             continue
-        if args.deadline_s is not None and time.monotonic() - start > args.deadline_s:
-            save(partial=True)
-            print(f"deadline: stopped after {time.monotonic() - start:.0f} s with {len(todo) - len(cases)} points "
-                  "left; run the same command with --resume", flush=True)
+        if regret.past_deadline(args, start, save, len(todo) - len(cases)):
             return 3
         t0 = time.monotonic()
         case = run_point(op, dtype, n, args, gen)
