@@ -715,7 +715,7 @@ LoweredProgram RowLowering::run() {
              : staged()                               ? "s"
                                                       : "r") +
             (C > 1 ? "_k" + std::to_string(C) : "");
-  TILE_CHECK(C == 1 || (plan_.programs_per_group == 1 && W % 32 == 0 && cached_slots()),
+  TILE_CHECK(C == 1 || (plan_.programs_per_group == 1 && W % 32 == 0),
              "a cluster plan that validation should have refused");
   k_.ctas_per_cluster = C;
   k_.programs_per_group = plan_.programs_per_group;

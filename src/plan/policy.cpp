@@ -723,8 +723,9 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
     fail("vector_elems", "an access of at most " + str(limits.max_vector_bytes) + " bytes on every operand",
          str(V) + " elements of " + str(in.widest_elem_bytes()) + " bytes");
   if (p.stripes < 1) fail("stripes", "at least 1", str(p.stripes));
-  // A row split over the groups of a cluster: each group caches its slice in registers and the
-  // partial states merge through distributed shared memory (one program a group, whole warps).
+  // A row split over the groups of a cluster: each group caches its slice (registers, shared
+  // memory) or re-reads it, and the partial states merge through distributed shared memory (one
+  // program a group, whole warps).
   if (C < 1 || C > 16) fail("ctas_per_program", "1 to 16", str(C));
   if (C > limits.max_cluster_size)
     fail("ctas_per_program",
@@ -734,9 +735,6 @@ void validate_plan(const MappingPlan& p, const PlanInputs& in, const DeviceLimit
   if (C > 1) {
     // One program of whole warps (a group is whole warps): every worker reaches the merges.
     if (P != 1) fail("programs_per_group", "1 when ctas_per_program > 1 (the groups of a cluster share one row)", str(P));
-    if (p.caching == InputCaching::reread)
-      fail("caching", "\"registers\" or \"shared\" when ctas_per_program > 1 (each group caches its slice of the row)",
-           "\"" + to_string(p.caching) + "\"");
     // A cluster looping over row blocks (grid_limit > 0, as reductions over the rows need) merges
     // each row through its exchange regions' next phase; its groups keep the partials of the
     // columns of their slices in one workspace slot a cluster.

@@ -137,8 +137,8 @@ MappingPlan perturb(MappingPlan p, const PlanInputs& in, Rng& rng) {
   if (p.caching == InputCaching::reread && rng.chance(0.3))
     attempt([&](MappingPlan& q) { q.stripe_unroll = 1 + rng.below(16); });
   if (rng.chance(0.2)) attempt([&](MappingPlan& q) { q.private_budget = q.stripes * q.vector_elems + rng.below(64); });
-  if (p.caching != InputCaching::reread && p.workers_per_program % 32 == 0 && rng.chance(0.2))
-    attempt([&](MappingPlan& q) {  // the row split over a cluster, its stripes shared out
+  if (p.workers_per_program % 32 == 0 && rng.chance(0.2))
+    attempt([&](MappingPlan& q) {  // the row split over a cluster, its stripes (or passes) shared out
       q.ctas_per_program = rng.pick({2, 3, 4, 8, 16});
       q.programs_per_group = 1;
       q.stripes = (q.stripes + q.ctas_per_program - 1) / q.ctas_per_program;
@@ -177,10 +177,10 @@ std::optional<MappingPlan> random_plan(const PlanInputs& in, Rng& rng) {
   if (rng.chance(0.3)) r.merge = rng.chance(0.5) ? MergeStrategy::staged : MergeStrategy::combine;
   if (rng.chance(0.2)) r.column_loads = ColumnLoads(rng.below(3));
   if (rng.chance(0.2)) r.row_prefetch = RowPrefetch(rng.below(2));
-  if (rng.chance(0.2)) {  // a cluster: mostly with the one program a group and the caching it needs
+  if (rng.chance(0.2)) {  // a cluster: mostly with the one program a group it needs
     r.ctas_per_program = rng.pick({2, 3, 4, 8, 16});
     if (rng.chance(0.8)) r.programs_per_group = 1;
-    if (rng.chance(0.8)) r.caching = rng.chance(0.5) ? InputCaching::registers : InputCaching::shared;
+    if (rng.chance(0.8)) r.caching = InputCaching(rng.below(3));
   }
   MappingPlan p = choose_plan(in, r, kLimits);
   if (!valid(p, in)) return std::nullopt;
@@ -828,6 +828,7 @@ int fuzz(const Options& o) {
         ++tally[train_kind_name(d.t.kind)], ++tally["plan from " + f.origin];
         if (d.t.repeat) ++tally["bitwise reruns"];
         if (f.plan.ctas_per_program > 1) ++tally["training cluster programs"];
+        if (f.plan.ctas_per_program > 1 && f.plan.caching == InputCaching::reread) ++tally["re-read cluster programs"];
         if (d.t.c.in == DType::f64) ++tally["float64 calls"];
         if (!fail.empty()) {
           ++failures;
@@ -854,6 +855,7 @@ int fuzz(const Options& o) {
       if (p.row_prefetch == RowPrefetch::next)
         ++tally[p.caching == InputCaching::reread ? "next re-read iteration loaded ahead" : "next row block prefetched"];
       if (p.ctas_per_program > 1) ++tally["cluster programs"];
+      if (p.ctas_per_program > 1 && p.caching == InputCaching::reread) ++tally["re-read cluster programs"];
       if (p.ctas_per_program > 1 && p.grid_limit > 0) ++tally["clusters looping over row blocks"];
       if (f.c.special_values) ++tally["special values"];
       if (f.c.x == DType::f64) ++tally["float64 calls"];

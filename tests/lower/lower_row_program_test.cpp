@@ -191,8 +191,9 @@ TEST(LowerRowProgram, RandomProgramsOnRandomPlansMatchTheFloat64Evaluation) {
         req.cache_format = CacheFormat::packed;
       if (plan.caching == InputCaching::registers && pick(0, 2) == 0)
         req.column_loads = plan.grid_limit > 0 && pick(0, 1) ? ColumnLoads::once : ColumnLoads::with_row;
-      // The row split over the groups of a cluster (stripes recomputed to cover the row once).
-      if (plan.caching == InputCaching::registers && plan.programs_per_group == 1 && plan.workers_per_program % 32 == 0 &&
+      // The row split over the groups of a cluster (stripes recomputed to cover the row once), its
+      // slice cached or re-read.
+      if (plan.caching != InputCaching::shared && plan.programs_per_group == 1 && plan.workers_per_program % 32 == 0 &&
           !g.has_col_out && pick(0, 2) == 0) {
         req.ctas_per_program = int(pick(2, 5));
         req.stripes.reset();
@@ -277,7 +278,7 @@ TEST(LowerRowProgram, RowBlockLoopsAlternateTwoCopiesOfTheMergeSlots) {
     }
 }
 
-// A row split over the C groups of a cluster: each group caches its slice, and the partial
+// A row split over the C groups of a cluster: each group caches (or re-reads) its slice, and the partial
 // states merge through exchange regions in distributed shared memory, every warp pushing its
 // states to every group (the executor reports a read before the wait, a second push into a slot
 // and a push into a group that exited). Two clusters looping over the five rows (grid_limit 2)
@@ -303,28 +304,30 @@ TEST(LowerRowProgram, ClusterProgramsSplitEachRowOverTheGroupsOfACluster) {
     for (int C : {2, 3, 16})
       for (int workers : {32, 128})
         for (MergeStrategy merge : {MergeStrategy::staged, MergeStrategy::combine})
-          for (int grid_limit : {0, 2}) {
-            PlanRequest req;
-            req.ctas_per_program = C, req.workers_per_program = workers, req.programs_per_group = 1;
-            req.caching = InputCaching::registers, req.merge = merge, req.grid_limit = grid_limit;
-            SCOPED_TRACE(std::to_string(cols) + " cols, plan " + req.to_json());
-            out.poison();
-            LaunchRecord rec;
-            try {
-              rec = run(p, args, {req, nullptr, Backend::cpu});
-            } catch (const Error& e) {  // a slice beyond the private budget at this width
-              EXPECT_NE(std::string(e.what()).find("plan.caching': expected a cached row slice"), std::string::npos) << e.what();
-              continue;
+          for (int grid_limit : {0, 2})
+            for (InputCaching caching : {InputCaching::registers, InputCaching::reread}) {
+              if (caching == InputCaching::reread && merge == MergeStrategy::staged) continue;  // refused: one pass a stage
+              PlanRequest req;
+              req.ctas_per_program = C, req.workers_per_program = workers, req.programs_per_group = 1;
+              req.caching = caching, req.merge = merge, req.grid_limit = grid_limit;
+              SCOPED_TRACE(std::to_string(cols) + " cols, plan " + req.to_json());
+              out.poison();
+              LaunchRecord rec;
+              try {
+                rec = run(p, args, {req, nullptr, Backend::cpu});
+              } catch (const Error& e) {  // a slice beyond the private budget at this width
+                EXPECT_NE(std::string(e.what()).find("plan.caching': expected a cached row slice"), std::string::npos) << e.what();
+                continue;
+              }
+              ++launched;
+              EXPECT_EQ(rec.groups, (grid_limit > 0 ? grid_limit : 5) * C);
+              EXPECT_EQ(rec.plan.stripes, (cols + C * workers * rec.plan.vector_elems - 1) / (C * workers * rec.plan.vector_elems));
+              const OracleCheck check = check_against_reference(p, args);
+              EXPECT_TRUE(check.ok) << check.first_mismatch;
+              EXPECT_TRUE(out.outside_untouched());
             }
-            ++launched;
-            EXPECT_EQ(rec.groups, (grid_limit > 0 ? grid_limit : 5) * C);
-            EXPECT_EQ(rec.plan.stripes, (cols + C * workers * rec.plan.vector_elems - 1) / (C * workers * rec.plan.vector_elems));
-            const OracleCheck check = check_against_reference(p, args);
-            EXPECT_TRUE(check.ok) << check.first_mismatch;
-            EXPECT_TRUE(out.outside_untouched());
-          }
   }
-  EXPECT_GE(launched, 60);
+  EXPECT_GE(launched, 90);  // 36 of them re-reading
   // The IR: lanes 0 .. C-1 of every warp push its states to the C groups (one exchange region a
   // merge), one wait a region, a fold over segments of 8 lanes (C x 2 warps partials: 6 for
   // C = 3, the rest the identity), one split cluster barrier around the row's loads and local
