@@ -9,7 +9,9 @@ with 256, 512 or 1024 workers and an unroll of 2 or 4, also loading the next ite
 (row_prefetch "next") where the row takes more than one, plus register caching with 1024
 workers, and rows split over a thread-block cluster of 2, 4, 8 or 16 groups of 256, 512 or
 1024 workers caching the row in registers (where the slice fits the budget; tile.plan()
-refuses the others, which are left out). --family clusters keeps the policy's plan and
+refuses the others, which are left out), and for rows of 65536 elements or more re-read over a
+cluster of 8 or 16 groups of 256 or 512 workers, two or four resident an SM (up to 1024
+threads). --family clusters keeps the policy's plan and
 persistent cluster plans only, for rows of 16384 elements or more: 4, 8 or 16 groups of 256 or
 512 workers caching the row, looping over one wave of row blocks (one or two groups of 256 an
 SM, one of 512), the norms' weight and bias loaded once a group before the loop (column_loads
@@ -93,6 +95,10 @@ def candidates(n, element_bytes):
             for w in (256, 512, 1024):
                 if ctas * w * (16 // element_bytes) <= 2 * n:  # every worker has a vector
                     out.append({"ctas_per_program": ctas, "workers_per_program": w, "caching": "registers"})
+    if n >= 65536:  # re-read over a cluster: fewer rows in flight, so the second pass may hit L2
+        out += [{"ctas_per_program": c, "workers_per_program": w, "caching": "reread", "resident_groups": g}
+                for c in (8, 16) for w in (256, 512) for g in (2, 4)
+                if g * w <= 1024 and c * w * (16 // element_bytes) <= 2 * n]
     return out
 
 

@@ -24,7 +24,8 @@ the width and a cluster left to the policy); where it is more than 32 KiB (the
 policy re-reads), rows split over a cluster of 2, 4, 8 or 16 groups of 256, 512 or 1024
 workers caching the row (where at most half the workers of a stripe have no vector) and, for a
 program without a reduction over the rows, the row staged in shared memory (caching "shared") on
-one group or a cluster of 2-16, the rest left to the policy; and for a
+one group or a cluster of 2-16, the rest left to the policy, and the row re-read over a cluster
+of 8 or 16 groups of 256 or 512 workers, two or four resident an SM (up to 1024 threads); and for a
 program reducing over the rows (whose cluster groups loop over row blocks) where the row's input
 is 16 KiB or more, those of at most four stripes, also at two and four resident groups an SM
 (up to 1024 threads); where the program reduces over the rows (dweight, dbias;
@@ -212,6 +213,10 @@ def cluster_candidates(n, policy, row_bytes):
                 out += [{"ctas_per_program": c, "workers_per_program": w, "caching": "registers",
                          "row_prefetch": "next", "private_budget": 128, "resident_groups": g}
                         for g in (1, 2, 4) if g * w <= 1024 and c * w * v * 2 >= n]
+    # The row re-read over a cluster: its groups hold fewer rows in flight than one group a row,
+    # so the second pass may find its row in L2, and no slice limits the groups an SM.
+    out += [{"ctas_per_program": c, "workers_per_program": w, "caching": "reread", "resident_groups": g}
+            for c in (8, 16) for w in (256, 512) for g in (2, 4) if g * w <= 1024 and c * w * v <= 2 * n]
     return out
 
 
