@@ -40,6 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402
+import regret  # noqa: E402
 
 import tile  # noqa: E402
 
@@ -111,12 +112,7 @@ def time_ms(fn, batch_ms, batches, graph=False):
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    stop.record()
-    stop.synchronize()
-    k = max(1, int(batch_ms / max(start.elapsed_time(stop), 1e-3)))
+    k = max(1, int(batch_ms / max(median_batch_ms(fn, 1, 1), 1e-3)))
 
     def batch():
         for _ in range(k):
@@ -140,7 +136,7 @@ def median_batch_ms(batch, k, batches):
 
 def time_graph_ms(fn, batch_ms, batches):
     """time_ms's batches as replays of a CUDA graph of k calls (the GPU time per call without the
-    host's launch path). k is sized from a graph of one call."""
+    host's launch path). k is sized from a graph of 20 calls."""
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -157,15 +153,10 @@ def time_graph_ms(fn, batch_ms, batches):
                 fn()
         return g
 
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     probe = capture(20)
     probe.replay()
     torch.cuda.synchronize()
-    start.record()
-    probe.replay()
-    stop.record()
-    stop.synchronize()
-    k = max(1, min(5000, int(batch_ms / max(start.elapsed_time(stop) / 20, 1e-4))))
+    k = max(1, min(5000, int(batch_ms / max(median_batch_ms(probe.replay, 20, 1), 1e-4))))
     del probe
     g = capture(k)
     g.replay()
@@ -333,12 +324,8 @@ def resumed(args, keys, key=lambda p: (p.get("op"), p.get("dtype"), p.get("n")))
 
 def past_deadline(args, start, points, total, method=__doc__, extra=None):
     """True (after writing the points so far) once the run is past --deadline-s."""
-    if args.deadline_s is None or time.monotonic() - start <= args.deadline_s:
-        return False
-    write(args, points, partial=True, method=method, extra=extra)
-    print(f"deadline: stopped after {time.monotonic() - start:.0f} s with {total - len(points)} points left; "
-          "run the same command with --resume", flush=True)
-    return True
+    return regret.past_deadline(args, start, lambda partial: write(args, points, partial, method, extra),
+                                total - len(points))
 
 
 def write(args, points, partial, method=__doc__, extra=None):

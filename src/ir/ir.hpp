@@ -257,6 +257,8 @@ struct Kernel {
   // aligned), and the bytes every staged region takes together.
   int64_t staged_offset(int region) const;
   int64_t staged_bytes() const { return staged_offset(int(staged.size())); }
+  // All the shared memory a group takes: its static slots and its staged regions.
+  int64_t group_shared_bytes() const { return shared_bytes() + staged_bytes(); }
   int add_reg(std::string name, Type type, bool cached = false);
   int param_index(const std::string& name) const;  // -1 when absent
 };

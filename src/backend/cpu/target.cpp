@@ -42,7 +42,7 @@ class CpuTarget final : public Target {
     rec.kernel_name = lp.main.kernel.name;
     rec.groups = grid_groups(call, pk.plan);
     rec.threads_per_group = lp.main.kernel.threads_per_group();
-    rec.shared_bytes = int(lp.main.kernel.shared_bytes() + lp.main.kernel.staged_bytes());
+    rec.shared_bytes = int(lp.main.kernel.group_shared_bytes());
     const int64_t slots = workspace_slots(pk.plan, rec.groups);
     // The caller's workspace (host memory, checked by run() to hold ws_elems), else our own.
     const int64_t ws_elems = workspace_elems(pk, call);

@@ -74,7 +74,7 @@ LoadedKernel load(const std::string& source, const ir::Kernel& kernel, int devic
   // beside its merges' slots could not be resident without it), harmless below.
   if (const int64_t staged = kernel.staged_bytes(); staged > 0) {
     const cuda::DeviceInfo info = cuda::device_info(device);
-    if (staged + kernel.shared_bytes() > info.max_shared_per_block_optin)
+    if (kernel.group_shared_bytes() > info.max_shared_per_block_optin)
       throw Error("kernel " + kernel.name + " stages " + std::to_string(staged) +
                   " bytes of its row slices in shared memory (" + std::to_string(kernel.shared_bytes()) +
                   " more for its merges), but " + info.name + " (cuda:" + std::to_string(device) +
@@ -325,7 +325,7 @@ class CudaTarget final : public Target {
     rec.source_sha256 = st.source_sha256;
     rec.groups = grid_groups(call, pk.plan);
     rec.threads_per_group = lp.main.kernel.threads_per_group();
-    rec.shared_bytes = int(lp.main.kernel.shared_bytes() + lp.main.kernel.staged_bytes());
+    rec.shared_bytes = int(lp.main.kernel.group_shared_bytes());
     rec.kernels = lp.finish ? 2 : 1;
 
     const uint64_t context = cuda::context_id(cuda::ensure_context(options.device));
